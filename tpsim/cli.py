@@ -1,0 +1,350 @@
+"""`tpsim ...` / `python -m tpsim ...`.
+
+Exit codes: 0 every property holds; 1 a property failed; 2 bad input; 3 a rank failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tpsim import __version__
+from tpsim.capture import CONVENTIONS, Resolution, check_convention, ids_for, resolve
+from tpsim.config import ModelConfig, load_config
+from tpsim.errors import RankError, UsageError
+from tpsim.parallel.launch import under_torchrun
+
+BUILTIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_MODEL = "configs/tiny.yaml"
+TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}  # ‖TP=t − TP=1‖ / ‖TP=1‖
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+# --- argument helpers --------------------------------------------------------------------
+
+def int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
+    return values
+
+
+def positive_int(text: str, option: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not an integer") from None
+    if v < 1:
+        raise UsageError(f"{option} {v} must be at least 1")
+    return v
+
+
+def model_path(text: str) -> Path:
+    p = Path(text)
+    if not p.exists():
+        for cand in (BUILTIN_CONFIGS / text, BUILTIN_CONFIGS / f"{text}.yaml"):
+            if cand.is_file():
+                return cand
+        if text == DEFAULT_MODEL and (BUILTIN_CONFIGS / "tiny.yaml").is_file():
+            return BUILTIN_CONFIGS / "tiny.yaml"
+    return p
+
+
+def load_model_config(text: str) -> ModelConfig:
+    p = model_path(text)
+    if p.is_dir() and any(p.glob("*.safetensors")):
+        raise UsageError(f"{p} holds checkpoint weights, and loading them is not implemented yet; "
+                         "pass a YAML/JSON config to run with seeded random weights")
+    return load_config(p)
+
+
+def dtype_for(args) -> str:
+    if args.dtype == "auto":
+        return "bfloat16" if args.device == "cuda" else "float32"
+    return args.dtype
+
+
+def layer_ids(args) -> list[int] | None:
+    return None if args.layers is None else int_list(args.layers, "--layers")
+
+
+def tokens_for(args, cfg: ModelConfig) -> list[int]:
+    from tpsim.jobs import input_ids_for
+    if getattr(args, "tokens", None) is not None:
+        ids = int_list(args.tokens, "--tokens")
+        bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise UsageError(f"--tokens: id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1} "
+                             f"(vocab_size={cfg.vocab_size})")
+        return ids
+    n = positive_int(args.seq_len, "--seq-len")
+    if n > cfg.max_position_embeddings:
+        raise UsageError(f"--seq-len {n} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+    return input_ids_for(cfg, args.seed, n)
+
+
+def emit_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# --- tpsim resolve -----------------------------------------------------------------------
+
+def cmd_resolve(args) -> int:
+    if args.num_layers is None and args.model is None:
+        raise UsageError("resolve needs --num-layers L or --model M")
+    L = positive_int(args.num_layers, "--num-layers") if args.num_layers is not None \
+        else load_model_config(args.model).num_hidden_layers
+    res = resolve(args.convention, layer_ids(args), L)
+    equivalents = {}
+    for conv in ("sglang", "sglang-boundary", "vllm", "specforge", "hf", "eagle"):
+        try:
+            equivalents[conv] = ids_for(conv, res.positions, L)
+        except UsageError as e:
+            equivalents[conv] = f"unreachable: {e}"
+    if args.json:
+        emit_json({**res.to_dict(), "equivalent_ids": equivalents})
+        return 0
+    ids = "default" if res.ids is None else ",".join(map(str, res.ids))
+    print(f"{res.convention} ids {ids} on {L} layers -> {', '.join(map(str, res.positions))}")
+    print(f"{res.internal_name}: {res.internal}")
+    for n in res.notes:
+        print(f"note: {n}")
+    print("same positions in other conventions:")
+    for conv, v in equivalents.items():
+        print(f"  {conv:16} {v if isinstance(v, str) else ','.join(map(str, v))}")
+    return 0
+
+
+# --- tpsim check -------------------------------------------------------------------------
+
+def tp_degrees(args) -> list[int]:
+    if args.tp is None:
+        if under_torchrun():
+            world = int(os.environ["WORLD_SIZE"])
+            return [t for t in range(1, world + 1) if world % t == 0]
+        return [1, 2, 4, 8]
+    tps = int_list(args.tp, "--tp")
+    for t in tps:
+        if t < 1:
+            raise UsageError(f"--tp {t} must be a positive integer")
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        for t in tps:
+            if world % t:
+                raise UsageError(f"--tp {t} does not divide the torchrun world size {world}; "
+                                 f"use degrees that divide {world}")
+    return sorted(set(tps))
+
+
+def prepare(args, tps: list[int]):
+    """Everything validated before any rank starts: config, degrees, capture, tokens."""
+    from tpsim.runner import check_world
+    cfg = load_model_config(args.model)
+    for t in tps:
+        cfg.check_tp(t)
+    res = resolve(args.convention, layer_ids(args), cfg.num_hidden_layers)
+    tokens = tokens_for(args, cfg)
+    check_world(max(tps), args.device, args.force)
+    return cfg, res, tokens
+
+
+def cmd_check(args) -> int:
+    from tpsim.runner import is_reporting_process, run_on_ranks
+    from tpsim.ui import ProgressLine, stdout, table
+    tps = tp_degrees(args)
+    cfg, res, tokens = prepare(args, tps)
+    dtype = dtype_for(args)
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        results = run_on_ranks("tpsim.jobs:check_job", max(tps), device=args.device, backend=args.backend,
+                               timeout_s=args.timeout, progress=progress, cfg=cfg.to_dict(), seed=args.seed,
+                               dtype=dtype, input_ids=tokens, positions=[str(p) for p in res.positions], tps=tps)
+    finally:
+        progress.stop()
+    if results is None:  # a torchrun rank other than 0
+        return 0
+    rows = [r for per_rank in results.values() for r in per_rank]
+    report = summarize(cfg, res, tokens, dtype, tps, rows)
+    if args.json:
+        emit_json(report)
+    else:
+        H, L = cfg.hidden_size, cfg.num_hidden_layers
+        ids = "default " + str(res.internal) if res.ids is None else str(res.ids)
+        stdout.print(f"tpsim check: {args.model} (L={L}, hidden={H}), {dtype}, {len(tokens)} tokens, "
+                     f"seed {args.seed}")
+        stdout.print(f"capture: {res.convention} ids {ids} -> {res.positions_text} "
+                     f"(width {len(res.positions)} x {H} = {len(res.positions) * H})")
+        for n in res.notes:
+            stdout.print(f"note: {n}")
+        stdout.print(f"tolerance: {report['tolerance_metric']} <= {report['tolerance']:.0e} ({dtype}); "
+                     "ranks identical means bitwise equal to the group's rank 0")
+        stdout.print(table(
+            "", ["TP", "ranks", "capture shape per rank", "expected", "ranks identical", "rel err vs TP=1",
+                 "all-reduces (expected)", "ok"],
+            [[str(r["tp"]), str(r["ranks"]), r["shapes"], str(r["expected_shape"]),
+              "yes" if r["identical"] else "NO", "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}",
+              f"{r['all_reduces']} ({r['expected_all_reduces']})", "ok" if r["ok"] else "FAIL"]
+             for r in report["rows"]]))
+        if report["ok"]:
+            stdout.print(f"PASS: capture is [T, {len(res.positions)} x {H}], all tokens, identical on every rank "
+                         f"and equal to TP=1 at TP {', '.join(map(str, tps))}")
+        else:
+            for r in report["rows"]:
+                for why in r["failures"]:
+                    stdout.print(f"FAIL TP={r['tp']}: {why}")
+    return 0 if report["ok"] else 1
+
+
+def summarize(cfg: ModelConfig, res: Resolution, tokens: list[int], dtype: str, tps: list[int],
+              rows: list[dict]) -> dict:
+    tol = TOLERANCE[dtype]
+    expected_shape = [len(tokens), len(res.positions) * cfg.hidden_size]
+    out = []
+    for tp in tps:
+        mine = [r for r in rows if r["tp"] == tp]
+        shapes = sorted({tuple(r["shape"]) for r in mine})
+        errs = [r["rel_err"] for r in mine if r["rel_err"] is not None]
+        counts = sorted({r["all_reduces"] for r in mine})
+        expected_ar = 1 + 2 * cfg.num_hidden_layers if tp > 1 else 0
+        failures = []
+        if shapes != [tuple(expected_shape)]:
+            failures.append(f"capture shapes {[list(s) for s in shapes]} != {expected_shape}")
+        if not all(r["identical"] for r in mine):
+            bad = [r["rank"] for r in mine if not r["identical"]]
+            failures.append(f"ranks {bad} differ from their group's rank 0")
+        if not all(r["finite"] for r in mine):
+            failures.append("the capture holds NaN or Inf")
+        rel = max(errs) if errs else None
+        if rel is not None and not rel <= tol:
+            failures.append(f"relative error {rel:.3e} against TP=1 exceeds {tol:.0e}")
+        if counts != [expected_ar]:
+            failures.append(f"{counts} all-reduces per forward, expected {expected_ar} (1 + 2L)")
+        n_ranks = len(mine)
+        out.append({"tp": tp, "ranks": n_ranks,
+                    "shapes": " ".join(f"{list(s)} x{sum(tuple(r['shape']) == s for r in mine)}" for s in shapes),
+                    "expected_shape": expected_shape, "identical": all(r["identical"] for r in mine),
+                    "rel_err": rel, "all_reduces": counts[0] if len(counts) == 1 else counts,
+                    "expected_all_reduces": expected_ar,
+                    "all_reduce_bytes": mine[0]["all_reduce_bytes"] if mine else 0,
+                    "ok": not failures, "failures": failures})
+    return {"model": cfg.to_dict(), "convention": res.to_dict(), "dtype": dtype, "tokens": len(tokens),
+            "tolerance": tol, "tolerance_metric": "||TP=t - TP=1||_F / ||TP=1||_F",
+            "rows": out, "ok": all(r["ok"] for r in out), "tpsim_version": __version__}
+
+
+# --- tpsim capture -----------------------------------------------------------------------
+
+def cmd_capture(args) -> int:
+    from tpsim.capture_file import write_capture
+    from tpsim.runner import is_reporting_process, run_on_ranks
+    from tpsim.ui import ProgressLine
+    tp = positive_int(args.tp, "--tp")
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) % tp:
+        raise UsageError(f"--tp {tp} does not divide the torchrun world size {os.environ['WORLD_SIZE']}")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist; create it first")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name like {out / 'capture.safetensors'}")
+    if not os.access(out.parent, os.W_OK):
+        raise UsageError(f"--out {out}: directory {out.parent} is not writable")
+    cfg, res, tokens = prepare(args, [tp])
+    dtype = dtype_for(args)
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        results = run_on_ranks("tpsim.jobs:capture_job", tp, device=args.device, backend=args.backend,
+                               timeout_s=args.timeout, progress=progress, cfg=cfg.to_dict(), seed=args.seed,
+                               dtype=dtype, input_ids=tokens, positions=[str(p) for p in res.positions], tp=tp)
+    finally:
+        progress.stop()
+    if results is None:
+        return 0
+    got = [r for r in results.values() if r is not None]
+    if not all(r["identical"] for r in got):
+        print(f"tpsim: error: the capture differs between ranks at TP={tp}; nothing written", file=sys.stderr)
+        return 1
+    cap = next(r["capture"] for r in got if r["capture"] is not None)
+    meta = {"layers": "default" if res.ids is None else ",".join(map(str, res.ids)),
+            "convention": res.convention, "positions": res.positions_text, "tp": str(tp), "dtype": dtype,
+            "seed": str(args.seed), "config_sha256": cfg.sha256(), "placement": "Replicate()",
+            "tpsim_version": __version__}
+    write_capture(out, cap, tokens, meta)
+    print(f"wrote {out}: aux_hidden_states {list(cap.shape)} ({res.positions_text}), input_ids [{len(tokens)}], "
+          f"TP={tp}, identical on all {tp} rank{'s' if tp > 1 else ''}")
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="YAML/JSON config with HF DeepseekV2Config fields, a built-in name (tiny, "
+                        "deepseek-v2-lite, deepseek-v3), or an HF model directory")
+    p.add_argument("--layers", help="layer ids in the convention's numbering, e.g. --layers=-1,2,30 "
+                                    "(default: the convention's default ids)")
+    p.add_argument("--convention", default="sglang", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--seq-len", default="16", help="number of random tokens drawn from --seed (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, gloo on CPU")
+    p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    p.add_argument("--force", action="store_true", help="spawn more CPU ranks than the machine should run")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="tpsim", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tpsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("check", help="run the model at each TP degree on real ranks and check the capture")
+    add_run_options(p)
+    p.add_argument("--tp", help="TP degrees, e.g. 1,2,4,8 (default 1,2,4,8; under torchrun every divisor "
+                                "of the world size)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("capture", help="capture on real ranks and write a safetensors file")
+    add_run_options(p)
+    p.add_argument("--tp", default="1", help="TP degree (default 1)")
+    p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
+    p.add_argument("--out", required=True, help="output .safetensors file")
+    p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("resolve", help="layer ids -> positions, without running a model")
+    p.add_argument("--convention", required=True, type=check_convention,
+                   metavar="{" + ",".join(CONVENTIONS) + "}")
+    p.add_argument("--layers", help="layer ids, e.g. --layers=-1,2,30 (default: the convention's default)")
+    p.add_argument("--num-layers", help="num_hidden_layers of the model")
+    p.add_argument("--model", help="or read num_hidden_layers from this config")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_resolve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tpsim.runner import is_reporting_process
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as e:
+        if is_reporting_process():
+            print(f"tpsim: error: {e}", file=sys.stderr)
+        return 2
+    except RankError as e:
+        print(f"tpsim: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        if os.environ.get("TPSIM_DEBUG"):
+            print(str(e), file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("tpsim: interrupted", file=sys.stderr)
+        return 130

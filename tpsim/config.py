@@ -1,0 +1,209 @@
+"""Model config: the field names of Hugging Face's DeepseekV2Config / DeepseekV3Config."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpsim.errors import UsageError
+
+VOCAB_PADDING = 64  # SGLang / vLLM DEFAULT_VOCAB_PADDING_SIZE
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+SCORING_FUNCS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A DeepSeek-V2/V3 decoder. Required fields have no default; the rest follow HF."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    intermediate_size: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    n_shared_experts: int | None = None
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    topk_method: str = "greedy"
+    scoring_func: str = "softmax"
+    n_group: int | None = None
+    topk_group: int | None = None
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    num_key_value_heads: int | None = None
+    hidden_act: str = "silu"
+    model_type: str = "deepseek_v2"
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    # --- derived sizes -------------------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+
+    def is_moe_layer(self, k: int) -> bool:
+        return (
+            self.n_routed_experts is not None
+            and k >= self.first_k_dense_replace
+            and k % self.moe_layer_freq == 0
+        )
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**self.extra, **d}
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    def check_tp(self, tp: int) -> None:
+        """Raise UsageError naming the first dimension that `tp` does not divide."""
+        if tp < 1:
+            raise UsageError(f"--tp {tp} must be a positive integer")
+        dims = [("num_attention_heads", self.num_attention_heads),
+                ("intermediate_size", self.intermediate_size)]
+        if self.n_routed_experts is not None:
+            dims.append(("moe_intermediate_size", self.moe_intermediate_size))
+        dims.append(("padded vocab_size", self.padded_vocab_size))
+        for name, value in dims:
+            if value % tp:
+                raise UsageError(f"--tp {tp} does not divide {name}={value}; "
+                                 f"pick a --tp that divides it")
+
+
+_REQUIRED = [f.name for f in dataclasses.fields(ModelConfig)
+             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig) if f.name != "extra"}
+
+
+def _check_type(name: str, value: Any) -> Any:
+    ann = str(_FIELDS[name].type)
+    optional = "None" in ann
+    if value is None:
+        if optional:
+            return None
+        raise UsageError(f"config field {name} must not be null")
+    if ann.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"config field {name} must be an integer, got {value!r}")
+        if value < 0 or (value == 0 and name not in ("first_k_dense_replace",)):
+            raise UsageError(f"config field {name} must be positive, got {value}")
+    elif ann.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"config field {name} must be a number, got {value!r}")
+        value = float(value)
+    elif ann.startswith("bool"):
+        if not isinstance(value, bool):
+            raise UsageError(f"config field {name} must be true or false, got {value!r}")
+    elif ann.startswith("str"):
+        if not isinstance(value, str):
+            raise UsageError(f"config field {name} must be a string, got {value!r}")
+    elif ann.startswith("dict"):
+        if not isinstance(value, dict):
+            raise UsageError(f"config field {name} must be a mapping, got {value!r}")
+    return value
+
+
+def config_from_dict(raw: dict, source: str = "config") -> ModelConfig:
+    """Validate a parsed config.json / YAML mapping; every error names the field."""
+    if not isinstance(raw, dict):
+        raise UsageError(f"{source} must be a mapping of HF config fields, got {type(raw).__name__}")
+    missing = [k for k in _REQUIRED if k not in raw]
+    if missing:
+        raise UsageError(f"{source} is missing required field {missing[0]}; "
+                         f"add it (HF DeepseekV2Config name)")
+    known = {k: _check_type(k, v) for k, v in raw.items() if k in _FIELDS}
+    if known.get("q_lora_rank") == 0:  # DeepSeek's own configs write 0 for "no q LoRA"
+        known["q_lora_rank"] = None
+    extra = {k: v for k, v in raw.items() if k not in _FIELDS}
+    cfg = ModelConfig(**known, extra=extra)
+    _check_consistency(cfg, source)
+    return cfg
+
+
+def _check_consistency(cfg: ModelConfig, source: str) -> None:
+    if cfg.num_key_value_heads not in (None, cfg.num_attention_heads):
+        raise UsageError(f"{source}: num_key_value_heads={cfg.num_key_value_heads} must equal "
+                         f"num_attention_heads={cfg.num_attention_heads} (MLA has no GQA)")
+    if cfg.hidden_act != "silu":
+        raise UsageError(f"{source}: hidden_act={cfg.hidden_act!r} is not supported; use silu")
+    if cfg.qk_rope_head_dim % 2:
+        raise UsageError(f"{source}: qk_rope_head_dim={cfg.qk_rope_head_dim} must be even for RoPE")
+    if cfg.topk_method not in TOPK_METHODS:
+        raise UsageError(f"{source}: topk_method={cfg.topk_method!r} is unknown; "
+                         f"use one of {', '.join(TOPK_METHODS)}")
+    if cfg.scoring_func not in SCORING_FUNCS:
+        raise UsageError(f"{source}: scoring_func={cfg.scoring_func!r} is unknown; "
+                         f"use one of {', '.join(SCORING_FUNCS)}")
+    if cfg.n_routed_experts is not None:
+        for name in ("num_experts_per_tok", "moe_intermediate_size"):
+            if getattr(cfg, name) is None:
+                raise UsageError(f"{source}: field {name} is required when n_routed_experts is set")
+        if cfg.num_experts_per_tok > cfg.n_routed_experts:
+            raise UsageError(f"{source}: num_experts_per_tok={cfg.num_experts_per_tok} exceeds "
+                             f"n_routed_experts={cfg.n_routed_experts}")
+        if cfg.topk_method != "greedy":
+            n_group, topk_group = cfg.n_group or 1, cfg.topk_group or 1
+            if cfg.n_routed_experts % n_group:
+                raise UsageError(f"{source}: n_group={n_group} does not divide "
+                                 f"n_routed_experts={cfg.n_routed_experts}")
+            if topk_group > n_group:
+                raise UsageError(f"{source}: topk_group={topk_group} exceeds n_group={n_group}")
+            if cfg.num_experts_per_tok > topk_group * (cfg.n_routed_experts // n_group):
+                raise UsageError(f"{source}: num_experts_per_tok={cfg.num_experts_per_tok} exceeds the "
+                                 f"experts in topk_group={topk_group} groups")
+            if cfg.topk_method == "noaux_tc" and cfg.n_routed_experts // n_group < 2:
+                raise UsageError(f"{source}: noaux_tc scores groups by their top-2 experts; "
+                                 f"n_routed_experts/n_group must be at least 2")
+    if cfg.rope_scaling is not None:
+        rs = cfg.rope_scaling
+        kind = rs.get("type", rs.get("rope_type"))
+        if kind != "yarn":
+            raise UsageError(f"{source}: rope_scaling type {kind!r} is not supported; use yarn or null")
+        if "factor" not in rs:
+            raise UsageError(f"{source}: rope_scaling needs a factor")
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """Read a YAML or JSON config file, or the config.json inside an HF model directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise UsageError(f"config file {p} does not exist; pass a YAML/JSON config or an HF model directory")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read config {p}: {e.__class__.__name__}; check the path and permissions")
+    if not text.strip():
+        raise UsageError(f"config {p} is empty; write HF DeepseekV2Config fields into it")
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+            raw = yaml.safe_load(text)
+        else:
+            raw = json.loads(text)
+    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError
+        first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        raise UsageError(f"config {p} is not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {first}")
+    return config_from_dict(raw, source=str(p))

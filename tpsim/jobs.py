@@ -1,0 +1,95 @@
+"""Jobs that run on every rank: build the model at a TP degree, run it, capture, compare.
+
+Each job is `fn(ctx, **kwargs)`; kwargs are plain picklable values (the config as a dict,
+ids as lists) so the same job runs in a self-spawned pool or under torchrun.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tpsim.capture import Position, Recorder
+from tpsim.config import ModelConfig, config_from_dict
+from tpsim.model import DeepseekForCausalLM
+from tpsim.parallel.group import TPGroup
+from tpsim.parallel.launch import RankContext
+from tpsim.weights import init_random_weights
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str) -> DeepseekForCausalLM:
+    model = DeepseekForCausalLM(cfg, group, DTYPES[dtype])
+    init_random_weights(model, seed)
+    return model
+
+
+def input_ids_for(cfg: ModelConfig, seed: int, seq_len: int) -> list[int]:
+    """Random token ids drawn from `seed` (the same on every rank and every run)."""
+    g = torch.Generator().manual_seed(seed ^ 0x5EED)
+    return torch.randint(0, cfg.vocab_size, (seq_len,), generator=g).tolist()
+
+
+def capture_once(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str, input_ids: list[int],
+                 positions: list[Position]) -> torch.Tensor:
+    """This rank's capture `[T, len(positions) * hidden]`; the group's tracer holds exactly the
+    collectives of this one forward."""
+    model = build_model(cfg, group, seed, dtype)
+    ids = torch.tensor(input_ids, dtype=torch.long, device=group.device)
+    group.tracer.clear()
+    recorder = Recorder(positions)
+    model(ids, recorder=recorder)
+    return recorder.concat()
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖x − ref‖ / ‖ref‖ (Frobenius, in float64)."""
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
+              positions: list[str], tps: list[int]) -> list[dict]:
+    """For each TP degree this rank takes part in: capture, then compare against this group's
+    rank 0 (exact) and against the TP=1 capture of this rank (relative error)."""
+    config = config_from_dict(cfg)
+    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    reference, rows = None, []
+    for tp in sorted(set(tps) | {1}):
+        if not ctx.participates(tp):
+            continue
+        group = ctx.groups[tp]
+        ctx.progress(f"TP={tp}: forward on {tp} rank{'s' if tp > 1 else ''}")
+        cap = capture_once(config, group, seed, dtype, input_ids, pos)
+        records = list(group.tracer.records)
+        if tp == 1:
+            reference = cap
+        first = group.broadcast(cap.clone(), "check.rank_identity")
+        rows.append({
+            "tp": tp, "rank": ctx.rank, "group_rank": group.rank, "group": list(group.ranks),
+            "shape": list(cap.shape), "identical": bool(torch.equal(cap, first)),
+            "finite": bool(torch.isfinite(cap).all()),
+            "rel_err": rel_err(cap, reference) if reference is not None else None,
+            "all_reduces": sum(r.op == "all_reduce" for r in records),
+            "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),
+            "collectives": [(r.op, r.caller, r.bytes) for r in records],
+        })
+    return rows
+
+
+def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
+                positions: list[str], tp: int):
+    """The capture of group rank 0 (on that rank; None elsewhere), after checking that every
+    rank of the group holds exactly the same tensor."""
+    if not ctx.participates(tp):
+        return None
+    config = config_from_dict(cfg)
+    group = ctx.groups[tp]
+    ctx.progress(f"TP={tp}: forward on {tp} rank{'s' if tp > 1 else ''}")
+    cap = capture_once(config, group, seed, dtype, input_ids,
+                       [Position.parse(p, config.num_hidden_layers) for p in positions])
+    first = group.broadcast(cap.clone(), "capture.rank_identity")
+    same = torch.tensor([int(torch.equal(cap, first))], device=cap.device)
+    group.all_reduce(same, "capture.rank_identity")
+    return {"identical": int(same.item()) == tp, "capture": cap.cpu() if group.rank == 0 else None,
+            "rank": ctx.rank, "group": list(group.ranks)}

@@ -1,0 +1,16 @@
+"""Tensor-parallel layers. Every leaf layer takes its TPGroup and a `prefix` (its Hugging Face
+module name, used for the collective trace and for weight names) and lists the full-size
+tensors it loads with `weight_specs()`."""
+
+from tpsim.layers.attention import MLA
+from tpsim.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from tpsim.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear,
+                                 RowParallelLinear, WeightSpec)
+from tpsim.layers.mlp import DenseMLP
+from tpsim.layers.moe import MoE, MoEGate
+from tpsim.layers.norm import RMSNorm
+from tpsim.layers.rope import DeepseekRotaryEmbedding
+
+__all__ = ["MLA", "ParallelLMHead", "VocabParallelEmbedding", "ColumnParallelLinear",
+           "MergedColumnParallelLinear", "ReplicatedLinear", "RowParallelLinear", "WeightSpec", "DenseMLP",
+           "MoE", "MoEGate", "RMSNorm", "DeepseekRotaryEmbedding"]

@@ -1,0 +1,71 @@
+"""Vocab-parallel embedding and LM head (SGLang/vLLM `vocab_parallel_embedding.py`).
+
+The vocabulary is padded globally to a multiple of 64 and split contiguously, so padding
+rows sit at the end of the last rank(s); they are zero-filled.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tpsim.config import VOCAB_PADDING
+from tpsim.layers.linear import WeightSpec, _copy, divide
+from tpsim.parallel.group import TPGroup
+
+
+def pad_vocab_size(vocab_size: int, pad_to: int = VOCAB_PADDING) -> int:
+    return -(-vocab_size // pad_to) * pad_to
+
+
+class VocabParallelEmbedding(nn.Module):
+    """ids `[T]` (Replicate()) → `[T, hidden]` Replicate(), after one all-reduce of the
+    per-rank partial lookups (rows of other ranks' ids are zero)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, group: TPGroup, prefix: str, dtype: torch.dtype):
+        super().__init__()
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.group, self.prefix = group, prefix
+        self.padded = pad_vocab_size(vocab_size)
+        self.per_rank = divide(self.padded, group.size, "padded vocab size")
+        self.start = group.rank * self.per_rank
+        self.end = self.start + self.per_rank
+        self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size, dtype=dtype, device=group.device),
+                                   requires_grad=False)
+
+    def weight_specs(self):
+        def load(t):
+            real = max(0, min(self.end, self.vocab_size) - self.start)
+            with torch.no_grad():
+                self.weight.zero_()
+            _copy(self.weight[:real], t[self.start:self.start + real])
+        yield WeightSpec(f"{self.prefix}.weight", (self.vocab_size, self.hidden_size), load)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.group.size == 1:
+            return F.embedding(input_ids, self.weight)
+        outside = (input_ids < self.start) | (input_ids >= self.end)
+        local = torch.where(outside, 0, input_ids - self.start)
+        out = F.embedding(local, self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return self.group.all_reduce(out, self.prefix)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """final hidden `[T, hidden]` Replicate() → logits `[T, vocab_size]` Replicate(): local
+    logits `[T, padded/tp]` (Shard(-1)), all-gathered along vocab, sliced to vocab_size."""
+
+    def __init__(self, vocab_size, hidden_size, group, prefix, dtype, tie_to: VocabParallelEmbedding | None = None):
+        super().__init__(vocab_size, hidden_size, group, prefix, dtype)
+        if tie_to is not None:
+            self.weight = tie_to.weight
+        self.tied = tie_to is not None
+
+    def weight_specs(self):
+        return () if self.tied else super().weight_specs()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)
+        logits = self.group.all_gather(logits, self.prefix, dim=-1)
+        return logits[..., : self.vocab_size]

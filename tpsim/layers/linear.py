@@ -1,0 +1,139 @@
+"""Linear layers in the vLLM/SGLang layout. Weights are `[out, in]`, `y = x W^T (+ b)`.
+
+| layer                        | this rank's weight                   | communication          |
+|------------------------------|--------------------------------------|------------------------|
+| ReplicatedLinear             | `[out, in]`                          | none                   |
+| ColumnParallelLinear         | rows `[r*out/tp, (r+1)*out/tp)`      | none (output Shard(-1))|
+| MergedColumnParallelLinear   | each logical matrix's rows, stacked  | none                   |
+| RowParallelLinear            | columns `[r*in/tp, (r+1)*in/tp)`     | one all-reduce         |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tpsim.parallel.group import TPGroup
+
+
+@dataclass
+class WeightSpec:
+    """One tensor of the Hugging Face checkpoint: its name, full shape, and how this rank
+    copies its slice of the full tensor into its parameter."""
+
+    name: str
+    shape: tuple[int, ...]
+    load: Callable[[torch.Tensor], None]
+
+
+def divide(n: int, d: int, what: str) -> int:
+    if n % d:
+        raise ValueError(f"tp={d} does not divide {what}={n}")
+    return n // d
+
+
+def _copy(param: torch.Tensor, src: torch.Tensor) -> None:
+    assert tuple(param.shape) == tuple(src.shape), (param.shape, src.shape)
+    with torch.no_grad():
+        param.copy_(src)
+
+
+class _Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, group: TPGroup, prefix: str,
+                 dtype: torch.dtype, bias: bool, local_shape: tuple[int, int]):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.group, self.prefix = group, prefix
+        self.weight = nn.Parameter(torch.empty(local_shape, dtype=dtype, device=group.device), requires_grad=False)
+        self.bias = None
+        if bias:
+            n = local_shape[0] if isinstance(self, (ColumnParallelLinear,)) else out_features
+            self.bias = nn.Parameter(torch.empty(n, dtype=dtype, device=group.device), requires_grad=False)
+
+
+class ReplicatedLinear(_Linear):
+    """Full weight on every rank; input and output Replicate()."""
+
+    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False):
+        super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, in_features))
+
+    def weight_specs(self):
+        yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
+                         lambda t: _copy(self.weight, t))
+        if self.bias is not None:
+            yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t))
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(_Linear):
+    """Output features split contiguously: `[T, in]` Replicate() → `[T, out/tp]` Shard(-1)."""
+
+    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False):
+        self.out_per_rank = divide(out_features, group.size, f"{prefix} output size")
+        super().__init__(in_features, out_features, group, prefix, dtype, bias, (self.out_per_rank, in_features))
+
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        return t.narrow(0, self.group.rank * self.out_per_rank, self.out_per_rank)
+
+    def weight_specs(self):
+        yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
+                         lambda t: _copy(self.weight, self._rows(t)))
+        if self.bias is not None:
+            yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, self._rows(t)))
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several logical column-parallel matrices in one GEMM (gate_up_proj = [gate; up]).
+
+    Each logical matrix is split separately, so rank r holds `[gate rows of r ; up rows of r]`:
+    a contiguous split of the concatenation would pair the wrong rows.
+    """
+
+    def __init__(self, in_features, output_sizes: list[int], group, prefix, dtype, hf_names: list[str]):
+        self.output_sizes, self.hf_names = list(output_sizes), list(hf_names)
+        self.sizes_per_rank = [divide(o, group.size, f"{prefix} output size") for o in output_sizes]
+        super().__init__(in_features, sum(output_sizes), group, prefix, dtype, bias=False)
+
+    def weight_specs(self):
+        offset = 0
+        for name, size, local in zip(self.hf_names, self.output_sizes, self.sizes_per_rank):
+            def load(t, offset=offset, local=local):
+                _copy(self.weight[offset:offset + local], t.narrow(0, self.group.rank * local, local))
+            yield WeightSpec(name, (size, self.in_features), load)
+            offset += local
+
+
+class RowParallelLinear(_Linear):
+    """Input features split: `[T, in/tp]` Shard(-1) → partial `[T, out]` → all-reduce →
+    Replicate(). The bias is added once, after the reduce."""
+
+    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, reduce_results=True):
+        self.in_per_rank = divide(in_features, group.size, f"{prefix} input size")
+        self.reduce_results = reduce_results
+        if bias and not reduce_results:
+            raise ValueError("a row-parallel bias needs reduce_results=True (it would be added tp times)")
+        super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, self.in_per_rank))
+
+    def weight_specs(self):
+        yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
+                         lambda t: _copy(self.weight, t.narrow(1, self.group.rank * self.in_per_rank,
+                                                               self.in_per_rank)))
+        if self.bias is not None:
+            yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t))
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)
+        if self.reduce_results:
+            y = self.group.all_reduce(y, self.prefix)
+        if self.bias is not None:
+            y = y + self.bias
+        return y

@@ -1,0 +1,63 @@
+"""Interleaved (GPT-J style, adjacent pairs) rotary embedding with DeepSeek's YaRN scaling
+(vLLM `DeepseekScalingRotaryEmbedding`), applied to the rope part of q and k only."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:
+    return (dim * math.log(max_pos / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def softmax_scale(qk_head_dim: int, rope_scaling: dict | None) -> float:
+    """`qk_head_dim**-0.5`, times YaRN's mscale(factor, mscale_all_dim)**2 when scaling is set."""
+    scale = qk_head_dim ** -0.5
+    if rope_scaling:
+        m = yarn_get_mscale(rope_scaling["factor"], float(rope_scaling.get("mscale_all_dim", 0) or 0))
+        scale *= m * m
+    return scale
+
+
+class DeepseekRotaryEmbedding(nn.Module):
+    def __init__(self, rope_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
+        super().__init__()
+        exponents = torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim
+        pos_freqs = base ** exponents
+        inv_freq = 1.0 / pos_freqs
+        self.mscale = 1.0
+        if rope_scaling:
+            factor = rope_scaling["factor"]
+            orig_max = rope_scaling.get("original_max_position_embeddings", 4096)
+            beta_fast, beta_slow = rope_scaling.get("beta_fast", 32), rope_scaling.get("beta_slow", 1)
+            low = max(math.floor(_correction_dim(beta_fast, rope_dim, base, orig_max)), 0)
+            high = min(math.ceil(_correction_dim(beta_slow, rope_dim, base, orig_max)), rope_dim - 1)
+            if low == high:
+                high += 0.001
+            ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+            extrapolate = 1 - ramp  # 1 where the original frequency is kept
+            inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
+            self.mscale = (yarn_get_mscale(factor, rope_scaling.get("mscale", 1))
+                           / yarn_get_mscale(factor, rope_scaling.get("mscale_all_dim", 0) or 0)
+                           * rope_scaling.get("attn_factor", 1))
+        self.register_buffer("inv_freq", inv_freq.float().to(device), persistent=False)
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor):
+        """positions `[T]`; each x `[T, heads, rope_dim]` → rotated, same shape and dtype."""
+        freqs = positions.float()[:, None] * self.inv_freq[None]  # [T, rope_dim/2]
+        cos = (freqs.cos() * self.mscale)[:, None]
+        sin = (freqs.sin() * self.mscale)[:, None]
+        out = []
+        for x in xs:
+            pairs = x.float().unflatten(-1, (-1, 2))
+            even, odd = pairs[..., 0], pairs[..., 1]
+            rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+            out.append(rotated.flatten(-2).to(x.dtype))
+        return out

@@ -1,0 +1,3 @@
+from tpsim.parallel.group import CollectiveRecord, TPGroup, Tracer
+
+__all__ = ["CollectiveRecord", "TPGroup", "Tracer"]

@@ -1,0 +1,103 @@
+"""The TP group object every layer receives, and its traced collectives.
+
+Layers communicate only through these wrappers, so the trace says exactly which
+collectives ran, from which module, with what shape, dtype and bytes. At size 1 no
+collective runs (engines skip them too) and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CollectiveRecord:
+    op: str
+    caller: str  # the calling module's name, e.g. "model.layers.3.self_attn.o_proj"
+    shape: tuple
+    dtype: str
+    bytes: int  # bytes of this rank's input tensor
+
+
+@dataclass
+class Tracer:
+    records: list[CollectiveRecord] = field(default_factory=list)
+
+    def record(self, op: str, caller: str, t: torch.Tensor) -> None:
+        self.records.append(CollectiveRecord(op, caller, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                                             t.numel() * t.element_size()))
+
+    def count(self, op: str) -> int:
+        return sum(r.op == op for r in self.records)
+
+    def clear(self) -> None:
+        self.records.clear()
+
+
+@dataclass
+class TPGroup:
+    """One tensor-parallel group, seen from one of its ranks.
+
+    rank/size: position in the group. pg: the torch process group (None when size == 1).
+    ranks: the global ranks of the members. device: where this rank's tensors live.
+    """
+
+    rank: int = 0
+    size: int = 1
+    pg: dist.ProcessGroup | None = None
+    ranks: tuple[int, ...] = (0,)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    tracer: Tracer = field(default_factory=Tracer)
+
+    def all_reduce(self, x: torch.Tensor, caller: str) -> torch.Tensor:
+        """Sum of `x` over the group, replicated on every rank (same shape as x)."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        self.tracer.record("all_reduce", caller, x)
+        dist.all_reduce(x, group=self.pg)
+        return x
+
+    def all_gather(self, x: torch.Tensor, caller: str, dim: int = -1) -> torch.Tensor:
+        """Concatenation of every rank's `x` along `dim`, in rank order."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        self.tracer.record("all_gather", caller, x)
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x, group=self.pg)
+        return torch.cat(parts, dim=dim)
+
+    def reduce_scatter(self, x: torch.Tensor, caller: str, dim: int = 0) -> torch.Tensor:
+        """Sum over the group, then this rank's contiguous 1/size slice along `dim`."""
+        if self.size == 1:
+            return x
+        self.tracer.record("reduce_scatter", caller, x)
+        chunks = [c.contiguous() for c in x.chunk(self.size, dim=dim)]
+        out = torch.empty_like(chunks[self.rank])
+        dist.reduce_scatter(out, chunks, group=self.pg)
+        return out
+
+    def all_to_all(self, x: torch.Tensor, caller: str, out_splits: list[int] | None = None,
+                   in_splits: list[int] | None = None) -> torch.Tensor:
+        """`all_to_all_single` along dim 0 with optional uneven splits."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        self.tracer.record("all_to_all", caller, x)
+        rows = sum(out_splits) if out_splits is not None else x.shape[0]
+        out = x.new_empty((rows, *x.shape[1:]))
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=self.pg)
+        return out
+
+    def broadcast(self, x: torch.Tensor, caller: str, src: int = 0) -> torch.Tensor:
+        """Group rank `src`'s `x` on every rank (in place)."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        self.tracer.record("broadcast", caller, x)
+        dist.broadcast(x, src=self.ranks[src], group=self.pg)
+        return x

@@ -1,0 +1,258 @@
+"""Getting ranks: self-spawned local ranks (a reusable pool) or ranks started by torchrun.
+
+Both give every rank a `RankContext` holding one `TPGroup` per TP degree that divides the
+world size: with 8 ranks, one TP=8 group, two TP=4, four TP=2 and eight TP=1. Under
+torchrun every block runs; in a self-spawned pool only the first block of each degree
+(global ranks 0..tp-1) runs, so 8 CPU ranks on a laptop do not repeat the same work.
+
+A job is a function `fn(ctx, **kwargs)` named by its import path; it runs on every rank
+and returns something picklable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tpsim.errors import RankError, UsageError
+from tpsim.parallel.group import TPGroup
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ
+                                                    and "LOCAL_RANK" in os.environ)
+
+
+def default_backend(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+@dataclass
+class RankContext:
+    """What a job sees on one rank: its global rank, its TP groups, its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    groups: dict[int, TPGroup] = field(default_factory=dict)
+    all_blocks: bool = True  # torchrun: every block of every degree runs
+    progress_fn: object = None
+
+    def participates(self, tp: int) -> bool:
+        return tp in self.groups and (self.all_blocks or self.rank < tp)
+
+    def progress(self, msg: str) -> None:
+        if self.rank == 0 and self.progress_fn is not None:
+            self.progress_fn(msg)
+
+
+def build_groups(rank: int, world: int, device: torch.device, timeout_s: float) -> dict[int, TPGroup]:
+    """One TPGroup per degree dividing `world`: contiguous blocks of ranks, built in the same
+    order on every rank (new_group is collective over the world)."""
+    groups = {}
+    for tp in range(1, world + 1):
+        if world % tp:
+            continue
+        for start in range(0, world, tp):
+            members = tuple(range(start, start + tp))
+            pg = None
+            if tp > 1:
+                pg = dist.new_group(list(members), timeout=timedelta(seconds=timeout_s)) if tp < world \
+                    else dist.group.WORLD
+            if rank in members:
+                groups[tp] = TPGroup(rank=rank - start, size=tp, pg=pg, ranks=members, device=device)
+    return groups
+
+
+def resolve_job(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# --- torchrun ---------------------------------------------------------------------------
+
+def init_from_env(device: str, backend: str | None, timeout_s: float) -> RankContext:
+    """Join the torchrun world (env rendezvous) and build the TP groups."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but CUDA is not available here; use --device cpu")
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    backend = backend or default_backend(device)
+    kwargs = {"device_id": dev} if backend == "nccl" else {}
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return RankContext(rank, world, dev, backend, build_groups(rank, world, dev, timeout_s), all_blocks=True,
+                       progress_fn=lambda m: print(f"[rank 0] {m}", file=sys.stderr, flush=True))
+
+
+def gather_to_rank0(obj):
+    """Every rank's `obj` on rank 0 as {rank: obj}; None elsewhere."""
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return dict(enumerate(out)) if out is not None else None
+
+
+# --- self-spawned pool ------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Linux: deliver SIGKILL to this worker when the launching process dies."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results):
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and kills us
+    torch.set_num_threads(1)
+    try:
+        dev = torch.device(device)
+        if device == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            dev = torch.device("cuda", torch.cuda.current_device())
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        ctx = RankContext(rank, world, dev, backend, build_groups(rank, world, dev, timeout_s), all_blocks=False,
+                          progress_fn=lambda m: results.put(("progress", rank, m)))
+    except BaseException:
+        results.put(("error", rank, traceback.format_exc()))
+        return
+    results.put(("ready", rank, None))
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, kwargs = task
+        try:
+            results.put(("ok", rank, resolve_job(fn)(ctx, **kwargs)))
+        except UsageError as e:
+            results.put(("usage", rank, str(e)))
+        except BaseException:
+            results.put(("error", rank, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class RankPool:
+    """`world` local ranks over gloo (CPU) with a file rendezvous, reused for many jobs.
+
+    `run` sends one job to every rank and returns {rank: result}. A rank that raises, dies
+    or stalls past `timeout_s` kills the whole pool and raises RankError naming it.
+    """
+
+    def __init__(self, world: int, backend: str = "gloo", device: str = "cpu", timeout_s: float = 60.0,
+                 env: dict | None = None, on_progress=None):
+        self.world, self.backend, self.device, self.timeout_s = world, backend, device, timeout_s
+        self.on_progress = on_progress
+        self._tmp = tempfile.mkdtemp(prefix="tpsim-rdzv-")
+        mp = torch.multiprocessing.get_context("spawn")
+        self._results = mp.Queue()
+        self._tasks = [mp.Queue() for _ in range(world)]
+        child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
+        if sys.platform.startswith("linux"):
+            child_env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        saved = {k: os.environ.get(k) for k in child_env}
+        os.environ.update(child_env)  # spawn copies the parent's environment at start
+        try:
+            self._procs = [mp.Process(target=_worker, daemon=True,
+                                      args=(r, world, os.path.join(self._tmp, "store"), backend, device,
+                                            timeout_s, self._tasks[r], self._results))
+                           for r in range(world)]
+            for p in self._procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.closed = False
+        try:
+            self._collect("ready", "starting")
+        except BaseException:
+            self.kill()
+            raise
+
+    def _collect(self, want: str, doing: str, deadline_s: float | None = None) -> dict:
+        got: dict[int, object] = {}
+        deadline = time.monotonic() + (deadline_s or self.timeout_s + 30)
+        while len(got) < self.world:
+            try:
+                kind, rank, payload = self._results.get(timeout=0.2)
+            except queue.Empty:
+                for r, p in enumerate(self._procs):
+                    if p.exitcode is not None and r not in got:
+                        self.kill()
+                        raise RankError(f"rank {r} died (exit code {p.exitcode}) while {doing}")
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(self.world)) - set(got))
+                    self.kill()
+                    raise RankError(f"rank {missing[0]} stalled while {doing} "
+                                    f"(no answer after {deadline_s or self.timeout_s + 30:.0f} s)")
+                continue
+            if kind == "progress":
+                if self.on_progress:
+                    self.on_progress(payload)
+            elif kind == "usage":
+                self.kill()
+                raise UsageError(payload)
+            elif kind == "error":
+                self.kill()
+                last = payload.strip().splitlines()[-1]
+                raise RankError(f"rank {rank} failed while {doing}: {last}\n{payload}")
+            else:
+                got[rank] = payload
+        return got
+
+    def run(self, fn: str, **kwargs) -> dict:
+        if self.closed:
+            raise RankError("the rank pool is closed")
+        for q in self._tasks:
+            q.put((fn, kwargs))
+        return self._collect("ok", f"running {fn.rpartition(':')[2]}")
+
+    def kill(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(timeout=5)
+        self._cleanup()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        for q in self._tasks:
+            q.put(None)
+        for p in self._procs:
+            p.join(timeout=10)
+        self.kill()
+
+    def _cleanup(self) -> None:
+        self.closed = True
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

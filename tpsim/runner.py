@@ -1,0 +1,69 @@
+"""Run a job on real ranks: under torchrun when launched by it, else a self-spawned pool."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from tpsim.errors import UsageError
+from tpsim.parallel.launch import RankPool, default_backend, gather_to_rank0, init_from_env, resolve_job, \
+    under_torchrun
+
+_TORCHRUN_CTX = None
+
+
+def max_cpu_ranks() -> int:
+    """The most CPU ranks tpsim spawns without --force."""
+    return max(8, os.cpu_count() or 1)
+
+
+def is_reporting_process() -> bool:
+    """The process that prints results: the launcher, or global rank 0 under torchrun."""
+    return not under_torchrun() or os.environ.get("RANK", "0") == "0"
+
+
+def torchrun_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_world(world: int, device: str, force: bool) -> None:
+    """Refuse a self-spawned world the machine should not run without --force."""
+    if under_torchrun():
+        return
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but CUDA is not available here; use --device cpu")
+        return
+    limit = max_cpu_ranks()
+    if world > limit and not force:
+        raise UsageError(f"--tp {world} would spawn {world} CPU ranks on a {os.cpu_count()}-core machine; "
+                         f"the limit is {limit}: pass --force to run it anyway")
+
+
+def pick_backend(device: str, backend: str | None, world: int) -> str:
+    if backend:
+        if backend == "nccl" and device != "cuda":
+            raise UsageError("--backend nccl needs --device cuda; use gloo on CPU")
+        return backend
+    if device == "cuda" and not under_torchrun() and torch.cuda.device_count() < world:
+        print(f"tpsim: warning: {world} ranks but {torch.cuda.device_count()} GPU(s): using gloo over CUDA "
+              "tensors, which measures nothing about speed", file=sys.stderr)
+        return "gloo"
+    return default_backend(device)
+
+
+def run_on_ranks(job: str, world: int, *, device: str, backend: str | None, timeout_s: float,
+                 progress=None, **kwargs) -> dict | None:
+    """{global rank: job result} on the reporting process; None on other torchrun ranks."""
+    global _TORCHRUN_CTX
+    if under_torchrun():
+        if _TORCHRUN_CTX is None:
+            _TORCHRUN_CTX = init_from_env(device, backend, timeout_s)
+        return gather_to_rank0(resolve_job(job)(_TORCHRUN_CTX, **kwargs))
+    backend = pick_backend(device, backend, world)
+    if progress:
+        progress(f"starting {world} {backend} rank{'s' if world > 1 else ''}")
+    with RankPool(world, backend, device, timeout_s, on_progress=progress) as pool:
+        return pool.run(job, **kwargs)

@@ -1,0 +1,47 @@
+"""Terminal output: tables (rich) and the progress line."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+_probe = Console()
+# Not a terminal (a pipe, CI): wide enough that the check table never wraps.
+stdout = Console(highlight=False, width=None if _probe.is_terminal else 200)
+stderr = Console(stderr=True, highlight=False)
+
+
+class ProgressLine:
+    """A live status line on a terminal; plain `tpsim: ...` lines on stderr otherwise."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._status = None
+
+    def __call__(self, msg: str) -> None:
+        if not self.enabled:
+            return
+        if stderr.is_terminal:
+            if self._status is None:
+                self._status = stderr.status(msg)
+                self._status.start()
+            else:
+                self._status.update(msg)
+        else:
+            print(f"tpsim: {msg}", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    return t

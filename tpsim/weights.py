@@ -1,0 +1,42 @@
+"""Seeded weights: master weight then split.
+
+Every tensor of the Hugging Face checkpoint is generated full size, in float32, on the
+CPU, from a generator seeded by (model seed, tensor name), then each rank copies its slice.
+So TP=1 and TP=8 hold bit-identical weights, and one tensor's values never depend on
+which other tensors exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def init_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The full float32 tensor `name` for model seed `seed`.
+
+    Linear weights ~ N(0, 1/fan_in); embeddings ~ N(0, 1); norm weights ~ 1 + N(0, 0.1²)
+    (not all ones, so a norm applied to the wrong slice shows); the noaux_tc correction
+    bias ~ N(0, 0.05²).
+    """
+    g = torch.Generator().manual_seed(tensor_seed(seed, name))
+    x = torch.randn(shape, generator=g, dtype=torch.float32)
+    if name.endswith("norm.weight"):
+        return 1 + 0.1 * x
+    if name.endswith("e_score_correction_bias"):
+        return 0.05 * x
+    if name.endswith("embed_tokens.weight") or len(shape) == 1:
+        return x
+    return x / shape[-1] ** 0.5
+
+
+def init_random_weights(model: torch.nn.Module, seed: int) -> None:
+    """Fill every parameter of a tpsim model (any TP degree) from `seed`."""
+    for spec in model.weight_specs():
+        spec.load(init_tensor(seed, spec.name, spec.shape))
