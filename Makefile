@@ -1,0 +1,29 @@
+# make check: the main job (tpsim check on configs/tiny.yaml at TP 1,2,4,8 over gloo).
+# make test:  the test suite. Both create .venv on first use.
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+# torch 2.13.0: on the project machines this is a CPU build from local disk; override with
+# `make TORCH=torch` to keep whatever torch a CUDA node should get.
+TORCH ?= torch==2.13.0
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: check test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH)"
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+check: $(VENV)/.installed
+	$(VENV)/bin/tpsim check
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/capture_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
