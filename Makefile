@@ -11,7 +11,6 @@ export OMP_NUM_THREADS ?= 1
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH)"
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
