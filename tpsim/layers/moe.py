@@ -30,6 +30,7 @@ class MoEGate(nn.Module):
         self.weight = nn.Parameter(torch.empty(E, cfg.hidden_size, dtype=dtype, device=group.device),
                                    requires_grad=False)
         self.e_score_correction_bias = None
+        self.last_ids: torch.Tensor | None = None  # the experts the last forward picked, for tests and traces
         if self.method == "noaux_tc":  # used for selection only, kept in float32
             self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=torch.float32, device=group.device),
                                                         requires_grad=False)
@@ -55,6 +56,7 @@ class MoEGate(nn.Module):
         weights = scores.gather(1, ids)  # from the un-biased scores
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
+        self.last_ids = ids
         return weights, ids
 
 

@@ -1,0 +1,117 @@
+"""Test jobs: run one layer or the whole model at a TP degree and return every rank's output.
+
+`sabotage` injects a deliberate sharding bug for the negative control:
+- "wrong_shard": layer 0's o_proj loads the next rank's input slice;
+- "bias_every_rank": layer 0's o_proj partial sum gets a bias on every rank before the reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tpsim.capture import Position, Recorder
+from tpsim.config import config_from_dict
+from tpsim.jobs import DTYPES, build_model
+from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
+                          RowParallelLinear, VocabParallelEmbedding)
+from tpsim.parallel.launch import RankContext
+from tpsim.weights import init_tensor
+
+
+def layer_input(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed ^ 0xACE)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def make_layer(kind: str, cfg, group, dtype):
+    H = cfg.hidden_size
+    if kind == "embedding":
+        return VocabParallelEmbedding(cfg.vocab_size, H, group, "model.embed_tokens", dtype)
+    if kind == "lm_head":
+        return ParallelLMHead(cfg.vocab_size, H, group, "lm_head", dtype)
+    if kind == "column":
+        return ColumnParallelLinear(H, cfg.intermediate_size, group, "col", dtype, bias=True)
+    if kind == "merged":
+        return MergedColumnParallelLinear(H, [cfg.intermediate_size, cfg.intermediate_size], group, "mlp.gate_up_proj",
+                                          dtype, hf_names=["mlp.gate_proj.weight", "mlp.up_proj.weight"])
+    if kind == "row":
+        return RowParallelLinear(cfg.intermediate_size, H, group, "row", dtype, bias=True)
+    if kind == "mlp":
+        return DenseMLP(H, cfg.intermediate_size, group, "model.layers.0.mlp", dtype)
+    if kind == "mla":
+        return MLA(cfg, group, "model.layers.0.self_attn", dtype)
+    if kind == "moe":
+        return MoE(cfg, group, "model.layers.0.mlp", dtype)
+    raise ValueError(kind)
+
+
+def run_layer(kind: str, cfg, group, seed: int, dtype: str, T: int) -> torch.Tensor:
+    """One layer with seeded weights on a seeded input (ids for the embedding, `[T, in]` otherwise)."""
+    dt = DTYPES[dtype]
+    layer = make_layer(kind, cfg, group, dt)
+    for spec in layer.weight_specs():
+        spec.load(init_tensor(seed, spec.name, spec.shape))
+    if kind == "embedding":
+        g = torch.Generator().manual_seed(seed)
+        return layer(torch.randint(0, cfg.vocab_size, (T,), generator=g))
+    width = cfg.intermediate_size if kind == "row" else cfg.hidden_size
+    x = layer_input(seed, (T, width), dt)
+    if kind == "row":  # the row-parallel layer takes this rank's slice of the input
+        x = x.chunk(group.size, dim=-1)[group.rank]
+    if kind == "mla":
+        return layer(torch.arange(T), x)
+    return layer(x)
+
+
+def layer_job(ctx: RankContext, kind: str, cfg: dict, seed: int, dtype: str, T: int, tp: int):
+    if not ctx.participates(tp):
+        return None
+    group = ctx.groups[tp]
+    return {"out": run_layer(kind, config_from_dict(cfg), group, seed, dtype, T),
+            "all_reduces": group.tracer.count("all_reduce"), "all_gathers": group.tracer.count("all_gather")}
+
+
+def _sabotage(model, how: str) -> None:
+    o_proj = model.model.layers[0].self_attn.o_proj
+    g = model.group
+    if how == "wrong_shard":
+        other = (g.rank + 1) % g.size
+        for spec in o_proj.weight_specs():
+            full = init_tensor(model.seed, spec.name, spec.shape)
+            with torch.no_grad():
+                o_proj.weight.copy_(full.narrow(1, other * o_proj.in_per_rank, o_proj.in_per_rank))
+    elif how == "bias_every_rank":
+        bias = 0.1 * torch.ones(o_proj.out_features, dtype=o_proj.weight.dtype)
+        o_proj.forward = lambda x: _biased(x, bias, o_proj)
+    else:
+        raise ValueError(how)
+
+
+def _biased(x, bias, o_proj):
+    """The classic bug: the bias is added to every rank's partial sum, i.e. tp times after the reduce."""
+    y = torch.nn.functional.linear(x, o_proj.weight) + bias
+    return o_proj.group.all_reduce(y, o_proj.prefix)
+
+
+def model_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], positions: list[str],
+              tp: int, sabotage: str | None = None):
+    """Every group rank's capture `[T, n * hidden]`, its logits, and its all-reduce count."""
+    if not ctx.participates(tp):
+        return None
+    config = config_from_dict(cfg)
+    group = ctx.groups[tp]
+    model = build_model(config, group, seed, dtype)
+    model.seed = seed
+    if sabotage:
+        _sabotage(model, sabotage)
+    group.tracer.clear()
+    recorder = Recorder([Position.parse(p, config.num_hidden_layers) for p in positions])
+    logits = model(torch.tensor(input_ids), recorder=recorder)
+    return {"capture": recorder.concat(), "logits": logits, "all_reduces": group.tracer.count("all_reduce"),
+            "all_gathers": group.tracer.count("all_gather"), "routing": routing(model)}
+
+
+def routing(model) -> dict[int, torch.Tensor]:
+    """{MoE layer k: the experts each token picked `[T, top_k]`, sorted} of the last forward."""
+    return {k: layer.mlp.gate.last_ids.sort(-1).values for k, layer in enumerate(model.model.layers)
+            if hasattr(layer.mlp, "gate")}
