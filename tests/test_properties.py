@@ -18,7 +18,7 @@ from tpsim.config import config_from_dict, load_config
 from tpsim.jobs import build_model, rel_err
 from tpsim.parallel import TPGroup
 from tpsim.testing.jobs import routing
-from tpsim.weights import init_tensor
+from tpsim.weights import init_tensor, weight_specs
 
 FP32_TOL = 1e-5  # ‖Δ‖/‖ref‖, float32
 # bfloat16: a norm-relative bound (elementwise bounds fail under search). bf16 keeps 8 mantissa
@@ -32,7 +32,7 @@ TINY = load_config(ROOT / "configs/tiny.yaml").to_dict()
 
 def full_weights(cfg, seed):
     model = build_model(cfg, TPGroup(), seed, "float32")
-    return {s.name: init_tensor(seed, s.name, s.shape) for s in model.weight_specs()}
+    return {s.name: init_tensor(seed, s.name, s.shape) for s in weight_specs(model)}
 
 
 def tp1_run(cfg, seed, dtype, ids, positions):

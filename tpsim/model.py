@@ -70,12 +70,6 @@ class DeepseekForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, group, "lm_head", dtype,
                                       tie_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
 
-    def weight_specs(self):
-        """Every checkpoint tensor (HF name, full shape, loader into this rank's slice)."""
-        for module in self.modules():
-            if module is not self and hasattr(module, "weight_specs"):
-                yield from module.weight_specs()
-
     @torch.no_grad()
     def forward(self, input_ids, positions=None, recorder: Recorder | None = None, logits: bool = True):
         if positions is None:

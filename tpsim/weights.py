@@ -36,7 +36,15 @@ def init_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return x / shape[-1] ** 0.5
 
 
+def weight_specs(module: torch.nn.Module):
+    """Every checkpoint tensor a module (a layer or the whole model) loads: the leaf layers'
+    WeightSpecs (HF name, full shape, loader into this rank's slice)."""
+    for m in module.modules():
+        if hasattr(m, "weight_specs"):
+            yield from m.weight_specs()
+
+
 def init_random_weights(model: torch.nn.Module, seed: int) -> None:
-    """Fill every parameter of a tpsim model (any TP degree) from `seed`."""
-    for spec in model.weight_specs():
+    """Fill every parameter of a tpsim model or layer (any TP degree) from `seed`."""
+    for spec in weight_specs(model):
         spec.load(init_tensor(seed, spec.name, spec.shape))

@@ -15,7 +15,7 @@ from tpsim.jobs import DTYPES, build_model
 from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.launch import RankContext
-from tpsim.weights import init_tensor
+from tpsim.weights import init_random_weights, init_tensor
 
 
 def layer_input(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -49,8 +49,7 @@ def run_layer(kind: str, cfg, group, seed: int, dtype: str, T: int) -> torch.Ten
     """One layer with seeded weights on a seeded input (ids for the embedding, `[T, in]` otherwise)."""
     dt = DTYPES[dtype]
     layer = make_layer(kind, cfg, group, dt)
-    for spec in layer.weight_specs():
-        spec.load(init_tensor(seed, spec.name, spec.shape))
+    init_random_weights(layer, seed)
     if kind == "embedding":
         g = torch.Generator().manual_seed(seed)
         return layer(torch.randint(0, cfg.vocab_size, (T,), generator=g))
@@ -67,6 +66,7 @@ def layer_job(ctx: RankContext, kind: str, cfg: dict, seed: int, dtype: str, T: 
     if not ctx.participates(tp):
         return None
     group = ctx.groups[tp]
+    group.tracer.clear()
     return {"out": run_layer(kind, config_from_dict(cfg), group, seed, dtype, T),
             "all_reduces": group.tracer.count("all_reduce"), "all_gathers": group.tracer.count("all_gather")}
 

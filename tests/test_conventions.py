@@ -1,0 +1,92 @@
+"""Conventions, as pure functions: defaults agree, translation round-trips, ranges are enforced."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from strategies import ID_RANGES
+from tpsim.capture import Position, default_ids, ids_for, resolve
+from tpsim.errors import UsageError
+
+LOOP_ORDER = {"sglang", "sglang-boundary", "vllm", "eagle"}  # capture ascending, each position once
+DEFAULT_CONVENTIONS = ["sglang", "sglang-boundary", "vllm", "specforge", "eagle"]
+
+
+def capture_order(conv, positions):
+    return sorted(set(positions), key=Position.sort_key) if conv in LOOP_ORDER else list(positions)
+
+
+@given(L=st.integers(5, 200))
+def test_defaults_select_the_same_tensors(L):
+    """The four defaults (SGLang's, vLLM's, SpecForge's, EAGLE's) are out(1), out(L//2-1), out(L-4)."""
+    want = [Position("out", 1), Position("out", L // 2 - 1), Position("out", L - 4)]
+    for conv in DEFAULT_CONVENTIONS:
+        got = resolve(conv, None, L).positions
+        assert set(got) == set(want), conv
+        if L >= 7:  # three distinct layers: the concatenations are identical too
+            assert got == want, conv
+
+
+def test_sglang_default_is_not_shifted_but_explicit_ids_are():
+    assert resolve("sglang", None, 61).internal == [2, 30, 58]
+    assert resolve("sglang", [2, 30, 58], 61).internal == [3, 31, 59]  # PR #23569's review point
+    assert resolve("sglang", [1, 29, 57], 61).positions == resolve("sglang", None, 61).positions
+
+
+@example(src="sglang", ids=[-1, 2, 30], L=61, dst="vllm")
+@given(src=st.sampled_from(sorted(ID_RANGES)), L=st.integers(1, 80), dst=st.sampled_from(sorted(ID_RANGES) + ["sglang-boundary"]),
+       ids=st.lists(st.integers(-2, 90), min_size=1, max_size=5))
+def test_translation_round_trips(src, ids, L, dst):
+    lo, hi = ID_RANGES[src](L)
+    ids = [lo + (i % (hi - lo + 1)) for i in ids]  # fold into the valid range
+    positions = resolve(src, ids, L).positions
+    try:
+        translated = ids_for(dst, positions, L)
+    except UsageError as e:  # only genuinely unreachable positions may fail, and the error says why
+        assert "cannot" in str(e)
+        return
+    assert resolve(dst, translated, L).positions == capture_order(dst, positions)
+    back = ids_for(src, resolve(dst, translated, L).positions, L)
+    assert resolve(src, back, L).positions == capture_order(src, resolve(dst, translated, L).positions)
+
+
+@given(conv=st.sampled_from(sorted(ID_RANGES)), L=st.integers(1, 80), j=st.integers(-100, 200))
+def test_ids_outside_the_range_are_errors_that_name_it(conv, L, j):
+    lo, hi = ID_RANGES[conv](L)
+    if lo <= j <= hi:
+        assert len(resolve(conv, [j], L).positions) == 1
+    else:
+        with pytest.raises(UsageError, match=r"valid|negative"):
+            resolve(conv, [j], L)
+
+
+def test_worked_examples_deepseek_v3():
+    L = 61
+    assert [str(p) for p in resolve("sglang", [-1, 2, 30], L).positions] == ["embed", "out(2)", "out(30)"]
+    assert [str(p) for p in resolve("specforge", [1, 29, 57], L).positions] == ["out(1)", "out(29)", "out(57)"]
+    # vLLM given SpecForge's ids at top level: shifted by one layer (vLLM PR #43671's failure class)
+    assert [str(p) for p in resolve("vllm", [1, 29, 57], L).positions] == ["out(0)", "out(28)", "out(56)"]
+    assert [str(p) for p in resolve("hf", [0, 61], L).positions] == ["embed", "final"]
+    assert resolve("vllm", [61], L).positions == [Position("out", 60)]
+    with pytest.raises(UsageError, match=r"out\(60\) is unreachable.*vllm id 61"):
+        resolve("sglang", [60], L)
+
+
+def test_sglang_boundary_heuristic():
+    assert resolve("sglang-boundary", [1, 29, 57], 61).internal == [2, 30, 58]  # first id 1: +1
+    assert resolve("sglang-boundary", [2, 30, 58], 61).internal == [2, 30, 58]  # else as-is
+    with pytest.raises(UsageError, match="silently skip"):
+        resolve("sglang-boundary", [-1, 2], 61)
+
+
+def test_loop_order_dedupes_list_order_keeps():
+    assert len(resolve("sglang", [2, 2, 5], 8).positions) == 2
+    assert [str(p) for p in resolve("vllm", [5, 1], 8).positions] == ["out(0)", "out(4)"]
+    assert [str(p) for p in resolve("specforge", [4, 0, 4], 8).positions] == ["out(4)", "out(0)", "out(4)"]
+
+
+def test_unknown_convention_lists_the_valid_ones():
+    with pytest.raises(UsageError, match="sglang, sglang-boundary, vllm"):
+        default_ids("megatron", 8)
