@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich import box
 from rich.table import Table
 
 _probe = Console()
@@ -39,7 +40,7 @@ class ProgressLine:
 
 
 def table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
-    t = Table(title=title, title_justify="left", show_lines=False)
+    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD)
     for c in columns:
         t.add_column(c, overflow="fold")
     for r in rows:

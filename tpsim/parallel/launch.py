@@ -11,6 +11,7 @@ and returns something picklable.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib
 import os
@@ -98,6 +99,7 @@ def init_from_env(device: str, backend: str | None, timeout_s: float) -> RankCon
     backend = backend or default_backend(device)
     kwargs = {"device_id": dev} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    atexit.register(dist.destroy_process_group)
     rank, world = dist.get_rank(), dist.get_world_size()
     return RankContext(rank, world, dev, backend, build_groups(rank, world, dev, timeout_s), all_blocks=True,
                        progress_fn=lambda m: print(f"[rank 0] {m}", file=sys.stderr, flush=True))
