@@ -14,7 +14,7 @@ from tpsim.parallel.launch import RankPool
 torch.set_num_threads(1)  # the in-process TP=1 reference runs the same kernels as a rank
 
 # `ci` keeps Hypothesis' built-in CI settings (derandomize, no database, print_blob).
-settings.register_profile("ci", settings.get_profile("ci"), max_examples=100, deadline=None,
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from tpsim import __version__
@@ -29,11 +30,15 @@ class Parser(argparse.ArgumentParser):
 
 # --- argument helpers --------------------------------------------------------------------
 
+LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "--layers=-1,2,30", "--tokens": "1,2,3"}
+
+
 def int_list(text: str, option: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:
-        raise UsageError(f"{option} {text!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
+        raise UsageError(f"{option} {text!r} is not a comma-separated list of integers, "
+                         f"e.g. {LIST_EXAMPLES.get(option, '1,2,3')}") from None
     return values
 
 
@@ -147,6 +152,9 @@ def tp_degrees(args) -> list[int]:
 def prepare(args, tps: list[int]):
     """Everything validated before any rank starts: config, degrees, capture, tokens."""
     from tpsim.runner import check_world
+    if not 0 < args.timeout < timedelta.max.total_seconds():  # also rejects nan and inf
+        raise UsageError(f"--timeout {args.timeout:g} must be a positive, finite number of seconds "
+                         f"(below {timedelta.max.total_seconds():.2g}), e.g. 60")
     cfg = load_model_config(args.model)
     for t in tps:
         cfg.check_tp(t)

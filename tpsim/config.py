@@ -96,31 +96,31 @@ _REQUIRED = [f.name for f in dataclasses.fields(ModelConfig)
 _FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig) if f.name != "extra"}
 
 
-def _check_type(name: str, value: Any) -> Any:
+def _check_type(name: str, value: Any, source: str) -> Any:
     ann = str(_FIELDS[name].type)
     optional = "None" in ann
     if value is None:
         if optional:
             return None
-        raise UsageError(f"config field {name} must not be null")
+        raise UsageError(f"{source}: field {name} must not be null")
     if ann.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(f"config field {name} must be an integer, got {value!r}")
+            raise UsageError(f"{source}: field {name} must be an integer, got {value!r}")
         if value < 0 or (value == 0 and name not in ("first_k_dense_replace",)):
-            raise UsageError(f"config field {name} must be positive, got {value}")
+            raise UsageError(f"{source}: field {name} must be positive, got {value}")
     elif ann.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"config field {name} must be a number, got {value!r}")
+            raise UsageError(f"{source}: field {name} must be a number, got {value!r}")
         value = float(value)
     elif ann.startswith("bool"):
         if not isinstance(value, bool):
-            raise UsageError(f"config field {name} must be true or false, got {value!r}")
+            raise UsageError(f"{source}: field {name} must be true or false, got {value!r}")
     elif ann.startswith("str"):
         if not isinstance(value, str):
-            raise UsageError(f"config field {name} must be a string, got {value!r}")
+            raise UsageError(f"{source}: field {name} must be a string, got {value!r}")
     elif ann.startswith("dict"):
         if not isinstance(value, dict):
-            raise UsageError(f"config field {name} must be a mapping, got {value!r}")
+            raise UsageError(f"{source}: field {name} must be a mapping, got {value!r}")
     return value
 
 
@@ -132,7 +132,7 @@ def config_from_dict(raw: dict, source: str = "config") -> ModelConfig:
     if missing:
         raise UsageError(f"{source} is missing required field {missing[0]}; "
                          f"add it (HF DeepseekV2Config name)")
-    known = {k: _check_type(k, v) for k, v in raw.items() if k in _FIELDS}
+    known = {k: _check_type(k, v, source) for k, v in raw.items() if k in _FIELDS}
     if known.get("q_lora_rank") == 0:  # DeepSeek's own configs write 0 for "no q LoRA"
         known["q_lora_rank"] = None
     extra = {k: v for k, v in raw.items() if k not in _FIELDS}
@@ -204,6 +204,8 @@ def load_config(path: str | Path) -> ModelConfig:
         else:
             raw = json.loads(text)
     except Exception as e:  # yaml.YAMLError / json.JSONDecodeError
-        first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        mark = getattr(e, "problem_mark", None)  # YAML: where the parser gave up
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        first = (getattr(e, "problem", None) or str(e).splitlines()[0] or e.__class__.__name__) + where
         raise UsageError(f"config {p} is not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {first}")
     return config_from_dict(raw, source=str(p))

@@ -42,6 +42,12 @@ def capture_once(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str, input_
     return recorder.concat()
 
 
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (so a NaN equals the same NaN, unlike torch.equal)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """‖x − ref‖ / ‖ref‖ (Frobenius, in float64)."""
     x, ref = x.double(), ref.double()
@@ -67,7 +73,7 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
         first = group.broadcast(cap.clone(), "check.rank_identity")
         rows.append({
             "tp": tp, "rank": ctx.rank, "group_rank": group.rank, "group": list(group.ranks),
-            "shape": list(cap.shape), "identical": bool(torch.equal(cap, first)),
+            "shape": list(cap.shape), "identical": bitwise_equal(cap, first),
             "finite": bool(torch.isfinite(cap).all()),
             "rel_err": rel_err(cap, reference) if reference is not None else None,
             "all_reduces": sum(r.op == "all_reduce" for r in records),
@@ -89,7 +95,7 @@ def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: l
     cap = capture_once(config, group, seed, dtype, input_ids,
                        [Position.parse(p, config.num_hidden_layers) for p in positions])
     first = group.broadcast(cap.clone(), "capture.rank_identity")
-    same = torch.tensor([int(torch.equal(cap, first))], device=cap.device)
+    same = torch.tensor([int(bitwise_equal(cap, first))], device=cap.device)
     group.all_reduce(same, "capture.rank_identity")
     return {"identical": int(same.item()) == tp, "capture": cap.cpu() if group.rank == 0 else None,
             "rank": ctx.rank, "group": list(group.ranks)}
