@@ -340,6 +340,14 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = run_command(argv)
+    if under_torchrun():
+        from tpsim.parallel.launch import exit_torchrun_rank
+        exit_torchrun_rank(code)
+    return code
+
+
+def run_command(argv: list[str] | None) -> int:
     from tpsim.runner import is_reporting_process
     try:
         args = build_parser().parse_args(argv)

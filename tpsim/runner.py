@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import torch
 
-from tpsim.errors import UsageError
+from tpsim.errors import RankError, UsageError
 from tpsim.parallel.launch import RankPool, default_backend, gather_to_rank0, init_from_env, resolve_job, \
     under_torchrun
 
@@ -61,7 +62,14 @@ def run_on_ranks(job: str, world: int, *, device: str, backend: str | None, time
     if under_torchrun():
         if _TORCHRUN_CTX is None:
             _TORCHRUN_CTX = init_from_env(device, backend, timeout_s)
-        return gather_to_rank0(resolve_job(job)(_TORCHRUN_CTX, **kwargs))
+        try:
+            result = resolve_job(job)(_TORCHRUN_CTX, **kwargs)
+        except (UsageError, RankError):
+            raise
+        except Exception as e:
+            raise RankError(f"rank {_TORCHRUN_CTX.rank} failed while running {job.rpartition(':')[2]}: "
+                            f"{e.__class__.__name__}: {e}\n{traceback.format_exc()}") from e
+        return gather_to_rank0(result)
     backend = pick_backend(device, backend, world)
     if progress:
         progress(f"starting {world} {backend} rank{'s' if world > 1 else ''}")
