@@ -105,7 +105,6 @@ def resolve(convention: str, ids: list[int] | None, L: int) -> Resolution:
         lo = -1 if shift else 0
         for j, b in zip(ids, internal):
             if b < 0 or b > L - 1:
-                what = "layer id"
                 if b == L:
                     raise UsageError(f"layer id {j} is out of range for {convention} with num_layers={L}: "
                                      f"valid {lo}..{L - 1 + lo}; out({L - 1}) is unreachable in SGLang's "
@@ -113,7 +112,8 @@ def resolve(convention: str, ids: list[int] | None, L: int) -> Resolution:
                 if b < 0 and convention == "sglang-boundary":
                     raise UsageError(f"layer id {j} matches no layer in sglang-boundary (no +1 because the "
                                      f"first id is not 1; SGLang would silently skip it); use 0 for the embedding")
-                _before_layer(convention, b if 0 <= b <= L else j, L, lo, L - 1 + lo, what)
+                raise UsageError(f"layer id {j} is out of range for {convention} with num_layers={L}: "
+                                 f"valid {lo}..{L - 1 + lo}")
         if 0 in internal:
             notes.append("embed: SGLang's DeepSeek/Llama loop computes hidden_states + None there and crashes; "
                          "tpsim captures the embedding output as models that guard residual=None do")

@@ -203,27 +203,28 @@ class RankPool:
                     os.environ[k] = v
         self.closed = False
         try:
-            self._collect("ready", "starting")
+            self._collect("starting")
         except BaseException:
             self.kill()
             raise
 
-    def _collect(self, want: str, doing: str, deadline_s: float | None = None) -> dict:
+    def _collect(self, doing: str) -> dict:
         got: dict[int, object] = {}
-        deadline = time.monotonic() + (deadline_s or self.timeout_s + 30)
+        limit = self.timeout_s + 30  # the collective timeout fires first; this catches a rank stuck elsewhere
+        deadline = time.monotonic() + limit
         while len(got) < self.world:
             try:
                 kind, rank, payload = self._results.get(timeout=0.2)
             except queue.Empty:
-                for r, p in enumerate(self._procs):
-                    if p.exitcode is not None and r not in got:
-                        self.kill()
-                        raise RankError(f"rank {r} died (exit code {p.exitcode}) while {doing}")
+                dead = self._dead(exclude=got)
+                if dead is not None:
+                    self.kill()
+                    raise RankError(f"rank {dead} died (exit code {self._procs[dead].exitcode}) while {doing}")
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.world)) - set(got))
                     self.kill()
                     raise RankError(f"rank {missing[0]} stalled while {doing} "
-                                    f"(no answer after {deadline_s or self.timeout_s + 30:.0f} s)")
+                                    f"(no answer after {limit:.0f} s)")
                 continue
             if kind == "progress":
                 if self.on_progress:
@@ -232,19 +233,35 @@ class RankPool:
                 self.kill()
                 raise UsageError(payload)
             elif kind == "error":
-                self.kill()
                 last = payload.strip().splitlines()[-1]
+                # A peer's death reaches the survivors as "connection closed" errors: name the root cause.
+                dead = self._dead(exclude=got, grace_s=1.0)
+                self.kill()
+                if dead is not None and dead != rank:
+                    raise RankError(f"rank {dead} died (exit code {self._procs[dead].exitcode}) while {doing}; "
+                                    f"rank {rank} then failed: {last}\n{payload}")
                 raise RankError(f"rank {rank} failed while {doing}: {last}\n{payload}")
             else:
                 got[rank] = payload
         return got
+
+    def _dead(self, exclude, grace_s: float = 0.0) -> int | None:
+        """The first rank whose process has exited (waiting up to grace_s for one to)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for r, p in enumerate(self._procs):
+                if p.exitcode is not None and r not in exclude:
+                    return r
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def run(self, fn: str, **kwargs) -> dict:
         if self.closed:
             raise RankError("the rank pool is closed")
         for q in self._tasks:
             q.put((fn, kwargs))
-        return self._collect("ok", f"running {fn.rpartition(':')[2]}")
+        return self._collect(f"running {fn.rpartition(':')[2]}")
 
     def kill(self) -> None:
         for p in self._procs:

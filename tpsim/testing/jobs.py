@@ -71,13 +71,13 @@ def layer_job(ctx: RankContext, kind: str, cfg: dict, seed: int, dtype: str, T: 
             "all_reduces": group.tracer.count("all_reduce"), "all_gathers": group.tracer.count("all_gather")}
 
 
-def _sabotage(model, how: str) -> None:
+def _sabotage(model, how: str, seed: int) -> None:
     o_proj = model.model.layers[0].self_attn.o_proj
     g = model.group
     if how == "wrong_shard":
         other = (g.rank + 1) % g.size
         for spec in o_proj.weight_specs():
-            full = init_tensor(model.seed, spec.name, spec.shape)
+            full = init_tensor(seed, spec.name, spec.shape)
             with torch.no_grad():
                 o_proj.weight.copy_(full.narrow(1, other * o_proj.in_per_rank, o_proj.in_per_rank))
     elif how == "bias_every_rank":
@@ -101,9 +101,8 @@ def model_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
     model = build_model(config, group, seed, dtype)
-    model.seed = seed
     if sabotage:
-        _sabotage(model, sabotage)
+        _sabotage(model, sabotage, seed)
     group.tracer.clear()
     recorder = Recorder([Position.parse(p, config.num_hidden_layers) for p in positions])
     logits = model(torch.tensor(input_ids), recorder=recorder)
@@ -115,3 +114,15 @@ def routing(model) -> dict[int, torch.Tensor]:
     """{MoE layer k: the experts each token picked `[T, top_k]`, sorted} of the last forward."""
     return {k: layer.mlp.gate.last_ids.sort(-1).values for k, layer in enumerate(model.model.layers)
             if hasattr(layer.mlp, "gate")}
+
+
+def fault_job(ctx: RankContext, rank: int, how: str):
+    """Rank `rank` raises ("raise") or dies without a word ("die"); the others wait in a
+    collective on the world group, as ranks do when a peer fails mid-forward."""
+    if ctx.rank == rank:
+        if how == "die":
+            import os
+            os._exit(7)
+        raise RuntimeError(f"injected fault on rank {rank}")
+    group = ctx.groups[ctx.world_size]
+    return group.all_reduce(torch.ones(1), "fault_job").item()

@@ -1,0 +1,29 @@
+"""The self-spawned rank pool fails fast and says which rank failed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tpsim.errors import RankError
+from tpsim.parallel.launch import RankPool
+
+
+@pytest.mark.parametrize("how,message", [("raise", "rank 1 failed while running fault_job: RuntimeError"),
+                                         ("die", "rank 1 died (exit code 7) while running fault_job")])
+def test_a_failing_rank_brings_the_pool_down_with_its_name(how, message):
+    pool = RankPool(3, timeout_s=20)
+    start = time.monotonic()
+    with pytest.raises(RankError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        pool.run("tpsim.testing.jobs:fault_job", rank=1, how=how)
+    assert time.monotonic() - start < 20  # well before the collective timeout
+    assert pool.closed
+    assert all(not p.is_alive() for p in pool._procs)  # no orphan ranks
+
+
+def test_pool_answers_many_jobs():
+    with RankPool(2) as pool:
+        for _ in range(3):
+            out = pool.run("tpsim.testing.jobs:fault_job", rank=-1, how="raise")
+            assert out == {0: 2.0, 1: 2.0}  # a real all-reduce over both ranks
