@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from reference import reference_capture
 from strategies import TP_DEGREES, captures, config_dicts
-from tpsim.capture import Position, Recorder, resolve
+from tpsim.capture import resolve
 from tpsim.config import config_from_dict, load_config
-from tpsim.jobs import build_model, rel_err
+from tpsim.jobs import build_model, rel_err, run_captured
 from tpsim.parallel import TPGroup
 from tpsim.testing.jobs import routing
 from tpsim.weights import init_tensor, weight_specs
@@ -38,9 +38,8 @@ def full_weights(cfg, seed):
 def tp1_run(cfg, seed, dtype, ids, positions):
     """The in-process TP=1 model: (capture, logits, routing)."""
     model = build_model(cfg, TPGroup(), seed, dtype)
-    rec = Recorder(positions)
-    logits = model(torch.tensor(ids), recorder=rec)
-    return rec.concat(), logits, routing(model)
+    capture, logits = run_captured(model, ids, positions)
+    return capture, logits, routing(model)
 
 
 def comparable_rows(positions, hidden: int, routing_a: dict, routing_b: dict, T: int) -> torch.Tensor:

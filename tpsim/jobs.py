@@ -30,16 +30,20 @@ def input_ids_for(cfg: ModelConfig, seed: int, seq_len: int) -> list[int]:
     return torch.randint(0, cfg.vocab_size, (seq_len,), generator=g).tolist()
 
 
-def capture_once(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str, input_ids: list[int],
-                 positions: list[Position]) -> torch.Tensor:
-    """This rank's capture `[T, len(positions) * hidden]`; the group's tracer holds exactly the
-    collectives of this one forward."""
-    model = build_model(cfg, group, seed, dtype)
-    ids = torch.tensor(input_ids, dtype=torch.long, device=group.device)
+def run_captured(model: DeepseekForCausalLM, input_ids: list[int], positions: list[Position]):
+    """One forward: (this rank's capture `[T, len(positions) * hidden]`, logits `[T, vocab_size]`).
+    Afterwards the group's tracer holds exactly the collectives of this forward."""
+    group = model.group
     group.tracer.clear()
     recorder = Recorder(positions)
-    model(ids, recorder=recorder)
-    return recorder.concat()
+    logits = model(torch.tensor(input_ids, dtype=torch.long, device=group.device), recorder=recorder)
+    return recorder.concat(), logits
+
+
+def capture_once(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str, input_ids: list[int],
+                 positions: list[Position]) -> torch.Tensor:
+    """Build the seeded model at this group's TP degree and return this rank's capture."""
+    return run_captured(build_model(cfg, group, seed, dtype), input_ids, positions)[0]
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from tpsim.capture import Position, Recorder
+from tpsim.capture import Position
 from tpsim.config import config_from_dict
-from tpsim.jobs import DTYPES, build_model
+from tpsim.jobs import DTYPES, build_model, run_captured
 from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.launch import RankContext
@@ -103,10 +103,9 @@ def model_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
     model = build_model(config, group, seed, dtype)
     if sabotage:
         _sabotage(model, sabotage, seed)
-    group.tracer.clear()
-    recorder = Recorder([Position.parse(p, config.num_hidden_layers) for p in positions])
-    logits = model(torch.tensor(input_ids), recorder=recorder)
-    return {"capture": recorder.concat(), "logits": logits, "all_reduces": group.tracer.count("all_reduce"),
+    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    capture, logits = run_captured(model, input_ids, pos)
+    return {"capture": capture, "logits": logits, "all_reduces": group.tracer.count("all_reduce"),
             "all_gathers": group.tracer.count("all_gather"), "routing": routing(model)}
 
 
