@@ -9,12 +9,13 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 from tpsim import __version__
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, ids_for, resolve
-from tpsim.config import ModelConfig, load_config
+from tpsim.config import ModelConfig, load_config, with_overrides
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel.launch import under_torchrun
 
@@ -64,11 +65,35 @@ def model_path(text: str) -> Path:
 
 
 def load_model_config(text: str) -> ModelConfig:
-    p = model_path(text)
-    if p.is_dir() and any(p.glob("*.safetensors")):
-        raise UsageError(f"{p} holds checkpoint weights, and loading them is not implemented yet; "
-                         "pass a YAML/JSON config to run with seeded random weights")
-    return load_config(p)
+    """The config of --model (a file, a built-in name, or an HF directory's config.json)."""
+    return load_config(model_path(text))
+
+
+@dataclass
+class ModelSource:
+    """What --model names: its config (with --override applied) and, for an HF directory, the
+    validated checkpoint the ranks will read (`notes` say what it holds beyond the config)."""
+
+    cfg: ModelConfig
+    checkpoint: Path | None = None
+    fingerprint: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def weights(self) -> str:
+        return f"checkpoint {self.checkpoint}" if self.checkpoint else "seeded random"
+
+
+def load_model(args, tps: list[int]) -> ModelSource:
+    p = model_path(args.model)
+    cfg = with_overrides(load_config(p), args.override or [])
+    for t in tps:
+        cfg.check_tp(t)
+    if not p.is_dir():
+        return ModelSource(cfg)
+    from tpsim.checkpoint import Checkpoint, validate
+    ckpt = Checkpoint(p)
+    return ModelSource(cfg, p.resolve(), ckpt.fingerprint(), validate(ckpt, cfg))
 
 
 def dtype_for(args) -> str:
@@ -155,39 +180,47 @@ def prepare(args, tps: list[int]):
     if not 0 < args.timeout < timedelta.max.total_seconds():  # also rejects nan and inf
         raise UsageError(f"--timeout {args.timeout:g} must be a positive, finite number of seconds "
                          f"(below {timedelta.max.total_seconds():.2g}), e.g. 60")
-    cfg = load_model_config(args.model)
-    for t in tps:
-        cfg.check_tp(t)
-    res = resolve(args.convention, layer_ids(args), cfg.num_hidden_layers)
-    tokens = tokens_for(args, cfg)
+    src = load_model(args, tps)
+    res = resolve(args.convention, layer_ids(args), src.cfg.num_hidden_layers)
+    tokens = tokens_for(args, src.cfg)
     check_world(max(tps), args.device, args.force)
-    return cfg, res, tokens
+    return src, res, tokens
+
+
+def job_args(src: ModelSource, args, res: Resolution, tokens: list[int]) -> dict:
+    """The keyword arguments every rank job takes, as plain picklable values."""
+    return dict(cfg=src.cfg.to_dict(), seed=args.seed, dtype=dtype_for(args), input_ids=tokens,
+                positions=[str(p) for p in res.positions],
+                checkpoint=None if src.checkpoint is None else str(src.checkpoint))
 
 
 def cmd_check(args) -> int:
     from tpsim.runner import is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine, stdout, table
     tps = tp_degrees(args)
-    cfg, res, tokens = prepare(args, tps)
-    dtype = dtype_for(args)
+    src, res, tokens = prepare(args, tps)
+    cfg, dtype = src.cfg, dtype_for(args)
     progress = ProgressLine(enabled=is_reporting_process())
     try:
         results = run_on_ranks("tpsim.jobs:check_job", max(tps), device=args.device, backend=args.backend,
-                               timeout_s=args.timeout, progress=progress, cfg=cfg.to_dict(), seed=args.seed,
-                               dtype=dtype, input_ids=tokens, positions=[str(p) for p in res.positions], tps=tps)
+                               timeout_s=args.timeout, progress=progress, tps=tps,
+                               **job_args(src, args, res, tokens))
     finally:
         progress.stop()
     if results is None:  # a torchrun rank other than 0
         return 0
     rows = [r for per_rank in results.values() for r in per_rank]
     report = summarize(cfg, res, tokens, dtype, tps, rows)
+    report.update(weights=src.weights, checkpoint_fingerprint=src.fingerprint, notes=src.notes)
     if args.json:
         emit_json(report)
     else:
         H, L = cfg.hidden_size, cfg.num_hidden_layers
         ids = "default " + str(res.internal) if res.ids is None else str(res.ids)
         stdout.print(f"tpsim check: {args.model} (L={L}, hidden={H}), {dtype}, {len(tokens)} tokens, "
-                     f"seed {args.seed}")
+                     f"seed {args.seed}, {src.weights} weights")
+        for n in src.notes:
+            stdout.print(f"note: {n}")
         stdout.print(f"capture: {res.convention} ids {ids} -> {res.positions_text} "
                      f"(width {len(res.positions)} x {H} = {len(res.positions) * H})")
         for n in res.notes:
@@ -264,13 +297,12 @@ def cmd_capture(args) -> int:
         raise UsageError(f"--out {out} is a directory; give a file name like {out / 'capture.safetensors'}")
     if not os.access(out.parent, os.W_OK):
         raise UsageError(f"--out {out}: directory {out.parent} is not writable")
-    cfg, res, tokens = prepare(args, [tp])
-    dtype = dtype_for(args)
+    src, res, tokens = prepare(args, [tp])
+    cfg, dtype = src.cfg, dtype_for(args)
     progress = ProgressLine(enabled=is_reporting_process())
     try:
         results = run_on_ranks("tpsim.jobs:capture_job", tp, device=args.device, backend=args.backend,
-                               timeout_s=args.timeout, progress=progress, cfg=cfg.to_dict(), seed=args.seed,
-                               dtype=dtype, input_ids=tokens, positions=[str(p) for p in res.positions], tp=tp)
+                               timeout_s=args.timeout, progress=progress, tp=tp, **job_args(src, args, res, tokens))
     finally:
         progress.stop()
     if results is None:
@@ -283,10 +315,70 @@ def cmd_capture(args) -> int:
     meta = {"layers": "default" if res.ids is None else ",".join(map(str, res.ids)),
             "convention": res.convention, "positions": res.positions_text, "tp": str(tp), "dtype": dtype,
             "seed": str(args.seed), "config_sha256": cfg.sha256(), "placement": "Replicate()",
-            "tpsim_version": __version__}
+            "weights": src.weights, "tpsim_version": __version__}
+    if src.fingerprint:
+        meta["checkpoint_fingerprint"] = src.fingerprint
     write_capture(out, cap, tokens, meta)
+    for n in src.notes:
+        print(f"note: {n}")
     print(f"wrote {out}: aux_hidden_states {list(cap.shape)} ({res.positions_text}), input_ids [{len(tokens)}], "
           f"TP={tp}, identical on all {tp} rank{'s' if tp > 1 else ''}")
+    return 0
+
+
+# --- tpsim export ------------------------------------------------------------------------
+
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str, option: str) -> int:
+    t = text.strip().upper()
+    num = t.rstrip("KMGTIB")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = float("nan")
+    if unit not in SIZE_UNITS or not value > 0 or value == float("inf"):
+        raise UsageError(f"{option} {text!r} is not a size such as 5GB, 500MB or 2GiB")
+    return max(1, int(value * SIZE_UNITS[unit]))
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} TB"
+
+
+def cmd_export(args) -> int:
+    import shutil
+
+    from tpsim.checkpoint.export import export_checkpoint, total_bytes
+    from tpsim.ui import progress_bar
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a directory for the checkpoint")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise UsageError(f"--out {out} is not empty; pass --force to replace it, or pick a new directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist; create it first")
+    if not os.access(out.parent, os.W_OK):
+        raise UsageError(f"--out {out}: directory {out.parent} is not writable")
+    dtype = "float32" if args.dtype == "auto" else args.dtype
+    shard = parse_size(args.max_shard_size, "--max-shard-size")
+    cfg = with_overrides(load_model_config(args.model), args.override or [])
+    need, free = total_bytes(cfg, getattr(__import__("torch"), dtype)), shutil.disk_usage(out.parent).free
+    if need > free:
+        raise UsageError(f"the {dtype} checkpoint needs {human_bytes(need)} and {out.parent} has "
+                         f"{human_bytes(free)} free; free space, pick another --out or --override num_hidden_layers")
+    from tpsim.checkpoint import expected_tensors
+    with progress_bar("export", len(expected_tensors(cfg))) as advance:
+        files = export_checkpoint(cfg, args.seed, out, dtype, shard, on_tensor=lambda name: advance())
+    print(f"wrote {out}: {', '.join(files)} ({human_bytes(need)}, {dtype}, seed {args.seed}, "
+          f"{cfg.model_type}, {cfg.num_hidden_layers} layers)")
     return 0
 
 
@@ -307,6 +399,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, gloo on CPU")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")
     p.add_argument("--force", action="store_true", help="spawn more CPU ranks than the machine should run")
+    add_override(p)
+
+
+def add_override(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--override", action="append", metavar="FIELD=VALUE",
+                   help="change one config field, e.g. --override num_hidden_layers=4 (repeatable)")
 
 
 def build_parser() -> Parser:
@@ -327,6 +425,17 @@ def build_parser() -> Parser:
     p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
     p.add_argument("--out", required=True, help="output .safetensors file")
     p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("export", help="write the seeded model as an HF checkpoint (config.json + safetensors)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="YAML/JSON config or built-in name (default tiny)")
+    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    p.add_argument("--out", required=True, help="output directory (created; must be empty unless --force)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights dtype (auto: float32)")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file before sharding (default 5GB)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    add_override(p)
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("resolve", help="layer ids -> positions, without running a model")
     p.add_argument("--convention", required=True, type=check_convention,

@@ -14,6 +14,7 @@ from tpsim.errors import UsageError
 
 VOCAB_PADDING = 64  # SGLang / vLLM DEFAULT_VOCAB_PADDING_SIZE
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 SCORING_FUNCS = ("softmax", "sigmoid")
 
 
@@ -132,6 +133,9 @@ def config_from_dict(raw: dict, source: str = "config") -> ModelConfig:
     if missing:
         raise UsageError(f"{source} is missing required field {missing[0]}; "
                          f"add it (HF DeepseekV2Config name)")
+    raw = _standardize_rope(raw, source)
+    if raw.get("model_type") == "deepseek_v3":  # transformers' V3 config leaves these out: V3 implies them
+        raw = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", **raw}
     known = {k: _check_type(k, v, source) for k, v in raw.items() if k in _FIELDS}
     if known.get("q_lora_rank") == 0:  # DeepSeek's own configs write 0 for "no q LoRA"
         known["q_lora_rank"] = None
@@ -141,7 +145,34 @@ def config_from_dict(raw: dict, source: str = "config") -> ModelConfig:
     return cfg
 
 
+def _standardize_rope(raw: dict, source: str) -> dict:
+    """transformers >= 5 writes `rope_parameters` (rope_theta inside, rope_type "default" for no
+    scaling) instead of the Hub's `rope_theta` + `rope_scaling`; read both."""
+    if "rope_parameters" not in raw or "rope_scaling" in raw:
+        return raw
+    rp = raw["rope_parameters"]
+    if not isinstance(rp, dict):
+        raise UsageError(f"{source}: field rope_parameters must be a mapping, got {rp!r}")
+    out = {k: v for k, v in raw.items() if k != "rope_parameters"}
+    rp = dict(rp)
+    if "rope_theta" in rp:
+        out["rope_theta"] = rp.pop("rope_theta")
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    out["rope_scaling"] = None if kind == "default" else rp
+    return out
+
+
 def _check_consistency(cfg: ModelConfig, source: str) -> None:
+    if cfg.model_type not in MODEL_TYPES:
+        raise UsageError(f"{source}: model_type={cfg.model_type!r} is not supported; "
+                         f"tpsim models {', '.join(MODEL_TYPES)}")
+    quant = cfg.extra.get("quantization_config")
+    if quant is not None:
+        from tpsim.checkpoint.fp8 import check_quantization_config
+        check_quantization_config(quant, source)
+    if cfg.extra.get("rope_interleave") is False:
+        raise UsageError(f"{source}: rope_interleave=false (NeoX-permuted rope weights) is not supported; "
+                         "tpsim reads DeepSeek's interleaved layout, as SGLang and vLLM do")
     if cfg.num_key_value_heads not in (None, cfg.num_attention_heads):
         raise UsageError(f"{source}: num_key_value_heads={cfg.num_key_value_heads} must equal "
                          f"num_attention_heads={cfg.num_attention_heads} (MLA has no GQA)")
@@ -182,6 +213,25 @@ def _check_consistency(cfg: ModelConfig, source: str) -> None:
             raise UsageError(f"{source}: rope_scaling type {kind!r} is not supported; use yarn or null")
         if "factor" not in rs:
             raise UsageError(f"{source}: rope_scaling needs a factor")
+
+
+def with_overrides(cfg: ModelConfig, overrides: list[str]) -> ModelConfig:
+    """Apply `field=value` overrides (value parsed as YAML: 4, 2.5, null, true) and re-validate."""
+    import yaml
+    raw = cfg.to_dict()
+    for item in overrides:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise UsageError(f"--override {item!r} is not FIELD=VALUE, e.g. --override num_hidden_layers=4")
+        if key not in _FIELDS:
+            raise UsageError(f"--override {key}: unknown config field; use an HF DeepseekV2Config field "
+                             f"such as num_hidden_layers")
+        try:
+            raw[key] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UsageError(f"--override {item!r}: the value is not a number, true/false, null or a string")
+    return config_from_dict(raw, source="--override")
 
 
 def load_config(path: str | Path) -> ModelConfig:

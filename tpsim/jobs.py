@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from tpsim.capture import Position, Recorder
+from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.config import ModelConfig, config_from_dict
 from tpsim.model import DeepseekForCausalLM
 from tpsim.parallel.group import TPGroup
@@ -18,9 +19,15 @@ from tpsim.weights import init_random_weights
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str) -> DeepseekForCausalLM:
+def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
+                checkpoint: str | None = None) -> DeepseekForCausalLM:
+    """This rank's shard of the model: weights from the checkpoint directory when given (read
+    slice by slice), else seeded from `seed`."""
     model = DeepseekForCausalLM(cfg, group, DTYPES[dtype])
-    init_random_weights(model, seed)
+    if checkpoint is None:
+        init_random_weights(model, seed)
+    else:
+        load_weights(model, Checkpoint(checkpoint))
     return model
 
 
@@ -41,9 +48,9 @@ def run_captured(model: DeepseekForCausalLM, input_ids: list[int], positions: li
 
 
 def capture_once(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str, input_ids: list[int],
-                 positions: list[Position]) -> torch.Tensor:
-    """Build the seeded model at this group's TP degree and return this rank's capture."""
-    return run_captured(build_model(cfg, group, seed, dtype), input_ids, positions)[0]
+                 positions: list[Position], checkpoint: str | None = None) -> torch.Tensor:
+    """Build the model at this group's TP degree and return this rank's capture."""
+    return run_captured(build_model(cfg, group, seed, dtype, checkpoint), input_ids, positions)[0]
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -59,7 +66,7 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
-              positions: list[str], tps: list[int]) -> list[dict]:
+              positions: list[str], tps: list[int], checkpoint: str | None = None) -> list[dict]:
     """For each TP degree this rank takes part in: capture, then compare against this group's
     rank 0 (exact) and against the TP=1 capture of this rank (relative error)."""
     config = config_from_dict(cfg)
@@ -70,7 +77,7 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
             continue
         group = ctx.groups[tp]
         ctx.progress(f"TP={tp}: forward on {tp} rank{'s' if tp > 1 else ''}")
-        cap = capture_once(config, group, seed, dtype, input_ids, pos)
+        cap = capture_once(config, group, seed, dtype, input_ids, pos, checkpoint)
         records = list(group.tracer.records)
         if tp == 1:
             reference = cap
@@ -88,7 +95,7 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
 
 
 def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
-                positions: list[str], tp: int):
+                positions: list[str], tp: int, checkpoint: str | None = None):
     """The capture of group rank 0 (on that rank; None elsewhere), after checking that every
     rank of the group holds exactly the same tensor."""
     if not ctx.participates(tp):
@@ -97,7 +104,7 @@ def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: l
     group = ctx.groups[tp]
     ctx.progress(f"TP={tp}: forward on {tp} rank{'s' if tp > 1 else ''}")
     cap = capture_once(config, group, seed, dtype, input_ids,
-                       [Position.parse(p, config.num_hidden_layers) for p in positions])
+                       [Position.parse(p, config.num_hidden_layers) for p in positions], checkpoint)
     first = group.broadcast(cap.clone(), "capture.rank_identity")
     same = torch.tensor([int(bitwise_equal(cap, first))], device=cap.device)
     group.all_reduce(same, "capture.rank_identity")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich import box
 from rich.table import Table
 
@@ -46,3 +48,15 @@ def table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
     for r in rows:
         t.add_row(*r)
     return t
+
+
+@contextmanager
+def progress_bar(what: str, total: int):
+    """A rich progress bar on a terminal (nothing otherwise); yields `advance()`."""
+    if not stderr.is_terminal:
+        yield lambda: None
+        return
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=stderr, transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda: bar.advance(task)

@@ -39,7 +39,8 @@ class VocabParallelEmbedding(nn.Module):
             real = max(0, min(self.end, self.vocab_size) - self.start)
             with torch.no_grad():
                 self.weight.zero_()
-            _copy(self.weight[:real], t[self.start:self.start + real])
+            if real:  # a rank may hold only padding rows
+                _copy(self.weight[:real], t[self.start:self.start + real])
         yield WeightSpec(f"{self.prefix}.weight", (self.vocab_size, self.hidden_size), load)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,12 @@ from tpsim.parallel.group import TPGroup
 @dataclass
 class WeightSpec:
     """One tensor of the Hugging Face checkpoint: its name, full shape, and how this rank
-    copies its slice of the full tensor into its parameter."""
+    copies its slice into its parameter.
+
+    `load(src)` indexes `src` with plain slices (`src[a:b]`, `src[:, a:b]`, `src[:]`) and
+    copies the result: `src` is either the full tensor (seeded weights) or a lazy
+    checkpoint slice (safetensors `get_slice`), so a rank reads only its part of the file.
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -37,6 +42,7 @@ def divide(n: int, d: int, what: str) -> int:
 
 
 def _copy(param: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy a (sliced) source tensor into a parameter, casting to its dtype and device."""
     assert tuple(param.shape) == tuple(src.shape), (param.shape, src.shape)
     with torch.no_grad():
         param.copy_(src)
@@ -63,9 +69,9 @@ class ReplicatedLinear(_Linear):
 
     def weight_specs(self):
         yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
-                         lambda t: _copy(self.weight, t))
+                         lambda t: _copy(self.weight, t[:]))
         if self.bias is not None:
-            yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t))
+            yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t[:]))
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
@@ -78,8 +84,9 @@ class ColumnParallelLinear(_Linear):
         self.out_per_rank = divide(out_features, group.size, f"{prefix} output size")
         super().__init__(in_features, out_features, group, prefix, dtype, bias, (self.out_per_rank, in_features))
 
-    def _rows(self, t: torch.Tensor) -> torch.Tensor:
-        return t.narrow(0, self.group.rank * self.out_per_rank, self.out_per_rank)
+    def _rows(self, t):
+        start = self.group.rank * self.out_per_rank
+        return t[start:start + self.out_per_rank]
 
     def weight_specs(self):
         yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
@@ -107,7 +114,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = 0
         for name, size, local in zip(self.hf_names, self.output_sizes, self.sizes_per_rank):
             def load(t, offset=offset, local=local):
-                _copy(self.weight[offset:offset + local], t.narrow(0, self.group.rank * local, local))
+                start = self.group.rank * local
+                _copy(self.weight[offset:offset + local], t[start:start + local])
             yield WeightSpec(name, (size, self.in_features), load)
             offset += local
 
@@ -124,11 +132,11 @@ class RowParallelLinear(_Linear):
         super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, self.in_per_rank))
 
     def weight_specs(self):
+        start = self.group.rank * self.in_per_rank
         yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
-                         lambda t: _copy(self.weight, t.narrow(1, self.group.rank * self.in_per_rank,
-                                                               self.in_per_rank)))
+                         lambda t: _copy(self.weight, t[:, start:start + self.in_per_rank]))
         if self.bias is not None:
-            yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t))
+            yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t[:]))
 
     def forward(self, x):
         y = F.linear(x, self.weight)

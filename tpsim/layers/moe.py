@@ -36,10 +36,10 @@ class MoEGate(nn.Module):
                                                         requires_grad=False)
 
     def weight_specs(self):
-        yield WeightSpec(f"{self.prefix}.weight", tuple(self.weight.shape), lambda t: _copy(self.weight, t))
+        yield WeightSpec(f"{self.prefix}.weight", tuple(self.weight.shape), lambda t: _copy(self.weight, t[:]))
         if self.e_score_correction_bias is not None:
             yield WeightSpec(f"{self.prefix}.e_score_correction_bias", tuple(self.e_score_correction_bias.shape),
-                             lambda t: _copy(self.e_score_correction_bias, t))
+                             lambda t: _copy(self.e_score_correction_bias, t[:]))
 
     def forward(self, x: torch.Tensor):
         logits = F.linear(x.float(), self.weight.float())

@@ -22,7 +22,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=group.device), requires_grad=False)
 
     def weight_specs(self):
-        yield WeightSpec(f"{self.prefix}.weight", tuple(self.weight.shape), lambda t: _copy(self.weight, t))
+        yield WeightSpec(f"{self.prefix}.weight", tuple(self.weight.shape), lambda t: _copy(self.weight, t[:]))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         dtype = x.dtype

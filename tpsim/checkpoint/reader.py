@@ -1,0 +1,230 @@
+"""Read an HF DeepSeek-V2/V3 checkpoint directory, each rank only its own slices.
+
+A directory holds `config.json` and one or more `*.safetensors`, with or without
+`model.safetensors.index.json`. The launcher validates it once from the file headers
+(`validate`: every tensor the config implies is present with the right shape and a
+supported dtype) before any rank starts; each rank then `load_weights` through
+safetensors `get_slice`, so it reads its shard and never a full tensor it does not keep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import struct
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tpsim.checkpoint.fp8 import Fp8Source, check_quantization_config, scale_shape
+from tpsim.config import ModelConfig
+from tpsim.errors import UsageError
+from tpsim.weights import weight_specs
+
+INDEX = "model.safetensors.index.json"
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+            "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+WEIGHT_DTYPES = ("F32", "BF16", "F16", "F8_E4M3")
+LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def read_header(path: Path) -> dict[str, dict]:
+    """The tensor table of a safetensors file, checked against the file's size, so a truncated
+    or corrupt file is a UsageError naming it, never a crash when a slice is read."""
+    fix = "re-download or re-export it"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise UsageError(f"{path} is not a safetensors file ({size} bytes, too short for a header); {fix}")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise UsageError(f"{path} is not a complete safetensors file (its header claims {n} bytes, "
+                                 f"the file holds {size}); {fix}")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        if isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, PermissionError)):
+            raise UsageError(f"cannot read {path}: {e.strerror or e}; {fix}")
+        if isinstance(e, OSError):
+            raise UsageError(f"cannot read {path}: {e.strerror}; check that it exists and is readable")
+        raise UsageError(f"{path} is not a safetensors file (its header is not JSON); {fix}")
+    if not isinstance(header, dict):
+        raise UsageError(f"{path} is not a safetensors file (its header is not a table); {fix}")
+    header.pop("__metadata__", None)
+    data = size - 8 - n
+    for name, info in header.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(f"{path} is not a safetensors file (bad entry for {name}); {fix}")
+        if dtype not in ITEMSIZE or end - begin != math.prod(shape) * ITEMSIZE[dtype]:
+            raise UsageError(f"{path} is corrupt: tensor {name} ({dtype} {list(shape)}) has "
+                             f"{end - begin} bytes; {fix}")
+        if end > data:
+            raise UsageError(f"{path} is truncated: tensor {name} ends at byte {end} of the data, the file "
+                             f"holds {data}; {fix}")
+    return header
+
+
+class Checkpoint:
+    """A checkpoint directory seen through its headers. `source(name)` is the lazy slice
+    object `WeightSpec.load` indexes (fp8 weights come dequantized); `elements_read` counts
+    what this process read, in elements."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise UsageError(f"{self.path} is not a directory; pass an HF model directory")
+        if not (self.path / "config.json").is_file():
+            raise UsageError(f"{self.path} has no config.json; an HF model directory needs config.json "
+                             "next to its *.safetensors")
+        self.index: dict[str, str] | None = None
+        if (self.path / INDEX).is_file():
+            files = self._read_index()
+        else:
+            files = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not files:
+            raise UsageError(f"{self.path} holds config.json but no *.safetensors; pass {self.path / 'config.json'} "
+                             "to run its config with seeded random weights")
+        self.tensors: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # name -> (file, dtype, shape)
+        for fname in files:
+            for name, info in read_header(self.path / fname).items():
+                self.tensors[name] = (fname, info["dtype"], tuple(info["shape"]))
+        if self.index is not None:
+            for name, fname in self.index.items():
+                if name not in self.tensors or self.tensors[name][0] != fname:
+                    raise UsageError(f"{self.path / INDEX} puts {name} in {fname}, which does not hold it; "
+                                     "the index and the files disagree: re-download the checkpoint")
+        self.block = None
+        raw = json.loads((self.path / "config.json").read_text())
+        if isinstance(raw, dict) and raw.get("quantization_config") is not None:
+            self.block = check_quantization_config(raw["quantization_config"], str(self.path / "config.json"))
+        self.elements_read = 0
+        self._handles: dict[str, object] = {}
+
+    def _read_index(self) -> list[str]:
+        p = self.path / INDEX
+        try:
+            weight_map = json.loads(p.read_text())["weight_map"]
+            assert isinstance(weight_map, dict)
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            raise UsageError(f"{p} is not a safetensors index (JSON with a weight_map); re-download it or delete it")
+        missing = sorted({f for f in weight_map.values() if not (self.path / str(f)).is_file()})
+        if missing:
+            raise UsageError(f"{p} lists {missing[0]}, which is not in {self.path}; download every shard")
+        self.index = weight_map
+        return sorted(set(weight_map.values()))
+
+    def fingerprint(self) -> str:
+        """sha256 of config.json and every tensor's file, dtype, shape and the file sizes (the
+        headers, not the data: cheap for a 1 TB checkpoint, and it changes when any shard does)."""
+        h = hashlib.sha256((self.path / "config.json").read_bytes())
+        for name in sorted(self.tensors):
+            h.update(repr((name, *self.tensors[name])).encode())
+        for fname in sorted({f for f, _, _ in self.tensors.values()}):
+            h.update(f"{fname}:{(self.path / fname).stat().st_size}".encode())
+        return h.hexdigest()
+
+    def where(self, name: str) -> str:
+        """The file that holds `name`, or should: the one holding its layer's other tensors."""
+        if name in self.tensors:
+            return self.tensors[name][0]
+        m = LAYER.match(name)
+        prefix = m.group(0) if m else "model."
+        near = sorted({f for n, (f, _, _) in self.tensors.items() if n.startswith(prefix)})
+        files = sorted({f for f, _, _ in self.tensors.values()})
+        return (near or files)[0] if len(near or files) == 1 else f"one of {', '.join(near or files)}"
+
+    def _slice(self, name: str):
+        fname = self.tensors[name][0]
+        if fname not in self._handles:
+            self._handles[fname] = safe_open(str(self.path / fname), framework="pt")
+        return self._handles[fname].get_slice(name)
+
+    def source(self, name: str) -> "_Counted":
+        _, dtype, shape = self.tensors[name]
+        if dtype == "F8_E4M3":
+            return _Counted(self, Fp8Source(self._slice(name), self._slice(f"{name}_scale_inv"), self.block, shape))
+        return _Counted(self, self._slice(name))
+
+
+class _Counted:
+    def __init__(self, ckpt: Checkpoint, src):
+        self.ckpt, self.src = ckpt, src
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        t = self.src[idx]
+        self.ckpt.elements_read += t.numel()
+        return t
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor `cfg` implies (HF name -> full shape), in model order, from a
+    TP=1 model built on the meta device (no memory)."""
+    from tpsim.model import DeepseekForCausalLM
+    from tpsim.parallel.group import TPGroup
+    model = DeepseekForCausalLM(cfg, TPGroup(device=torch.device("meta")))
+    return {s.name: tuple(s.shape) for s in weight_specs(model)}
+
+
+def validate(ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
+    """Check, from the headers only, that the checkpoint holds what `cfg` needs; return notes
+    on what it holds beyond that (layers past num_hidden_layers, tensors tpsim does not use)."""
+    expected = expected_tensors(cfg)
+    for name, shape in expected.items():
+        if name not in ckpt.tensors:
+            raise UsageError(f"tensor {name} is missing from {ckpt.path / ckpt.where(name)}; "
+                             "the checkpoint does not match its config.json")
+        fname, dtype, found = ckpt.tensors[name]
+        if found != shape:
+            raise UsageError(f"tensor {name} in {ckpt.path / fname} has shape {list(found)}, the config implies "
+                             f"{list(shape)}; the checkpoint does not match its config.json")
+        if dtype not in WEIGHT_DTYPES:
+            raise UsageError(f"tensor {name} in {ckpt.path / fname} is {dtype}; tpsim reads "
+                             f"{', '.join(WEIGHT_DTYPES)} weights")
+        if dtype == "F8_E4M3":
+            _check_fp8(ckpt, name, shape)
+    used = set(expected) | {f"{n}_scale_inv" for n in expected}
+    beyond, other = [], []
+    for name in ckpt.tensors:
+        if name in used:
+            continue
+        m = LAYER.match(name)
+        (beyond if m and int(m.group(1)) >= cfg.num_hidden_layers else other).append(name)
+    notes = []
+    if beyond:
+        layers = sorted({int(LAYER.match(n).group(1)) for n in beyond})
+        span = str(layers[0]) if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
+        notes.append(f"skipped {len(beyond)} tensors of layer{'s' if len(layers) > 1 else ''} {span}, beyond "
+                     f"num_hidden_layers={cfg.num_hidden_layers} (an MTP layer, or a truncated run)")
+    if other:
+        notes.append(f"ignored {len(other)} tensor{'s' if len(other) > 1 else ''} tpsim does not use, "
+                     f"e.g. {sorted(other)[0]}")
+    return notes
+
+
+def _check_fp8(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> None:
+    fname = ckpt.tensors[name][0]
+    if ckpt.block is None:
+        raise UsageError(f"tensor {name} in {ckpt.path / fname} is float8 but config.json has no "
+                         "quantization_config; add DeepSeek-V3's (quant_method fp8, weight_block_size [128, 128])")
+    if len(shape) != 2:
+        raise UsageError(f"tensor {name} in {ckpt.path / fname} is float8 but not a matrix; "
+                         "tpsim dequantizes fp8 linear weights only")
+    scale = f"{name}_scale_inv"
+    if scale not in ckpt.tensors:
+        raise UsageError(f"tensor {name} is float8 but {scale} is missing from {ckpt.path / ckpt.where(scale)}")
+    want = scale_shape(shape, ckpt.block)
+    if ckpt.tensors[scale][2] != want:
+        raise UsageError(f"tensor {scale} has shape {list(ckpt.tensors[scale][2])}, expected {list(want)} for "
+                         f"{list(shape)} in {ckpt.block[0]}x{ckpt.block[1]} blocks")
+
+
+def load_weights(model: torch.nn.Module, ckpt: Checkpoint) -> None:
+    """Fill every parameter of a tpsim model (any TP degree) with this rank's slices."""
+    for spec in weight_specs(model):
+        spec.load(ckpt.source(spec.name))
