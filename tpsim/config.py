@@ -238,6 +238,9 @@ def load_config(path: str | Path) -> ModelConfig:
     """Read a YAML or JSON config file, or the config.json inside an HF model directory."""
     p = Path(path)
     if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise UsageError(f"{p} has no config.json; an HF model directory needs config.json next to "
+                             "its *.safetensors")
         p = p / "config.json"
     if not p.exists():
         raise UsageError(f"config file {p} does not exist; pass a YAML/JSON config or an HF model directory")

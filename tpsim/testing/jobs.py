@@ -12,6 +12,7 @@ import torch
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
 from tpsim.jobs import DTYPES, build_model, run_captured
+from tpsim.model import DeepseekForCausalLM
 from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.launch import RankContext
@@ -94,13 +95,14 @@ def _biased(x, bias, o_proj):
 
 
 def model_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], positions: list[str],
-              tp: int, sabotage: str | None = None):
-    """Every group rank's capture `[T, n * hidden]`, its logits, and its all-reduce count."""
+              tp: int, sabotage: str | None = None, checkpoint: str | None = None):
+    """Every group rank's capture `[T, n * hidden]`, its logits, and its all-reduce count
+    (weights seeded from `seed`, or read from the `checkpoint` directory)."""
     if not ctx.participates(tp):
         return None
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
-    model = build_model(config, group, seed, dtype)
+    model = build_model(config, group, seed, dtype, checkpoint)
     if sabotage:
         _sabotage(model, sabotage, seed)
     pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
@@ -125,3 +127,23 @@ def fault_job(ctx: RankContext, rank: int, how: str):
         raise RuntimeError(f"injected fault on rank {rank}")
     group = ctx.groups[ctx.world_size]
     return group.all_reduce(torch.ones(1), "fault_job").item()
+
+
+def load_job(ctx: RankContext, cfg: dict, dtype: str, checkpoint: str, tp: int, seed: int | None = None,
+             reference: str | None = None):
+    """Load `checkpoint` at TP=tp and compare every parameter bitwise with the seeded model
+    (`seed`) or with loading the `reference` directory. Per rank: the names that differ, the
+    elements read from the files, and the elements this rank's parameters hold."""
+    if not ctx.participates(tp):
+        return None
+    from tpsim.checkpoint import Checkpoint, load_weights
+    from tpsim.jobs import bitwise_equal
+    config, group = config_from_dict(cfg), ctx.groups[tp]
+    ckpt = Checkpoint(checkpoint)
+    model = DeepseekForCausalLM(config, group, DTYPES[dtype])
+    load_weights(model, ckpt)
+    expected = build_model(config, group, seed, dtype, reference)
+    theirs = dict(expected.named_parameters())
+    differ = [n for n, p in model.named_parameters() if not bitwise_equal(p, theirs[n])]
+    return {"differ": differ, "elements_read": ckpt.elements_read,
+            "local_elements": sum(p.numel() for p in model.parameters())}
