@@ -199,3 +199,56 @@ def test_exception_mscale_without_mscale_all_dim():
     ours = DeepseekRotaryEmbedding(8, 10000.0, rs, torch.device("cpu")).mscale
     assert ours == pytest.approx(0.1 * 0.8 * math.log(4.0) + 1)  # engines: mscale(factor, mscale) / 1
     assert abs(hf_factor - ours) > 1e-3
+
+
+def test_cli_capture_of_a_transformers_checkpoint_at_tp4(tmp_path):
+    """The issue's end-to-end statement: `tpsim capture --model <dir saved by transformers>
+    --tp 4` writes the aux hidden states transformers' output_hidden_states gives."""
+    from safetensors import safe_open
+
+    from test_cli import run_cli
+    cfg = hf_config("deepseek_v3", q_lora_rank=24, norm_topk_prob=True, routed_scaling_factor=2.5,
+                    rope_scaling=yarn(1.0, 0.707), vocab_size=333)
+    model = save_hf(cfg, 9, tmp_path / "hf")
+    ids = [5, 17, 2, 300, 41, 9, 77, 128, 6]
+    hidden, _ = hf_reference(model, ids)
+    out = tmp_path / "cap.safetensors"
+    r = run_cli("capture", "--model", tmp_path / "hf", "--tp", "4", "--convention", "hf", "--layers", "0,2,3",
+                "--tokens", ",".join(map(str, ids)), "--out", out)
+    assert r.returncode == 0, r
+    with safe_open(str(out), "pt") as f:
+        cap = f.get_tensor("aux_hidden_states")
+        assert f.get_tensor("input_ids").tolist() == ids
+    H = cfg["hidden_size"]
+    assert cap.shape == (len(ids), 3 * H)
+    for slot, index in enumerate([0, 2, 3]):
+        assert rel_err(cap[:, slot * H:(slot + 1) * H], hidden[index]) <= TOL
+
+
+@pytest.mark.parametrize("over", [[], ["model_type=deepseek_v3", "topk_method=noaux_tc", "scoring_func=sigmoid",
+                                       "q_lora_rank=16", "norm_topk_prob=true", "routed_scaling_factor=2.5"]],
+                         ids=["tiny-v2", "tiny-as-v3"])
+def test_transformers_loads_an_export(tmp_path, over):
+    """`tpsim export` writes what transformers' from_pretrained reads, and transformers then
+    computes tpsim's seeded model (TP=1 in process; the TP degrees agree by the main property)."""
+    from tpsim.capture import Position
+    from tpsim.checkpoint.export import export_checkpoint
+    from tpsim.config import with_overrides
+    from tpsim.jobs import build_model, run_captured
+    from tpsim.parallel import TPGroup
+    from pathlib import Path
+    cfg = with_overrides(load_config(Path(__file__).resolve().parents[1] / "configs/tiny.yaml"),
+                         ["num_hidden_layers=3", *over])
+    export_checkpoint(cfg, 11, tmp_path / "x", "float32", 10**9)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "x", dtype=torch.float32).eval()
+    assert type(model).__name__ == {"deepseek_v2": "DeepseekV2ForCausalLM",
+                                    "deepseek_v3": "DeepseekV3ForCausalLM"}[cfg.model_type]
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    hidden, logits = hf_reference(model, ids)
+    positions = positions_for(3)
+    cap, ours = run_captured(build_model(cfg, TPGroup(), 11, "float32"), ids,
+                             [Position.parse(p, 3) for p in positions])
+    H = cfg.hidden_size
+    for i, pos in enumerate(positions):
+        assert rel_err(cap[:, i * H:(i + 1) * H], hidden[i]) <= TOL, pos
+    assert rel_err(ours, logits) <= TOL
