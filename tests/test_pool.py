@@ -27,3 +27,15 @@ def test_pool_answers_many_jobs():
         for _ in range(3):
             out = pool.run("tpsim.testing.jobs:fault_job", rank=-1, how="raise")
             assert out == {0: 2.0, 1: 2.0}  # a real all-reduce over both ranks
+
+
+def test_the_stall_watchdog_counts_silence_not_total_time():
+    """Loading a full-size model takes minutes: a job that keeps reporting progress runs past
+    the watchdog's limit, and a silent one is stopped at it with the rank named."""
+    with RankPool(2, timeout_s=1, stall_grace_s=1) as pool:  # silence limit: 2 s
+        assert pool.run("tpsim.testing.jobs:slow_job", seconds=4, report_every=0.3) == {0: 0, 1: 1}
+        start = time.monotonic()
+        with pytest.raises(RankError, match=r"rank 0 stalled while running slow_job \(silent for 2 s\)"):
+            pool.run("tpsim.testing.jobs:slow_job", seconds=30, report_every=None)
+        assert time.monotonic() - start < 10
+        assert all(not p.is_alive() for p in pool._procs)

@@ -20,14 +20,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
-                checkpoint: str | None = None) -> DeepseekForCausalLM:
+                checkpoint: str | None = None, progress=None) -> DeepseekForCausalLM:
     """This rank's shard of the model: weights from the checkpoint directory when given (read
     slice by slice), else seeded from `seed`."""
     model = DeepseekForCausalLM(cfg, group, DTYPES[dtype])
     if checkpoint is None:
-        init_random_weights(model, seed)
+        init_random_weights(model, seed, progress)
     else:
-        load_weights(model, Checkpoint(checkpoint))
+        load_weights(model, Checkpoint(checkpoint), progress)
     return model
 
 
@@ -48,9 +48,12 @@ def run_captured(model: DeepseekForCausalLM, input_ids: list[int], positions: li
 
 
 def capture_once(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str, input_ids: list[int],
-                 positions: list[Position], checkpoint: str | None = None) -> torch.Tensor:
+                 positions: list[Position], checkpoint: str | None = None, progress=None) -> torch.Tensor:
     """Build the model at this group's TP degree and return this rank's capture."""
-    return run_captured(build_model(cfg, group, seed, dtype, checkpoint), input_ids, positions)[0]
+    model = build_model(cfg, group, seed, dtype, checkpoint, progress)
+    if progress is not None:
+        progress("forward")
+    return run_captured(model, input_ids, positions)[0]
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -65,6 +68,11 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
+def _progress(ctx: RankContext, tp: int):
+    ranks = f"{tp} rank{'s' if tp > 1 else ''}"
+    return lambda msg: ctx.progress(f"TP={tp} on {ranks}: {msg}")
+
+
 def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
               positions: list[str], tps: list[int], checkpoint: str | None = None) -> list[dict]:
     """For each TP degree this rank takes part in: capture, then compare against this group's
@@ -76,8 +84,7 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
         if not ctx.participates(tp):
             continue
         group = ctx.groups[tp]
-        ctx.progress(f"TP={tp}: forward on {tp} rank{'s' if tp > 1 else ''}")
-        cap = capture_once(config, group, seed, dtype, input_ids, pos, checkpoint)
+        cap = capture_once(config, group, seed, dtype, input_ids, pos, checkpoint, _progress(ctx, tp))
         records = list(group.tracer.records)
         if tp == 1:
             reference = cap
@@ -102,9 +109,8 @@ def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: l
         return None
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
-    ctx.progress(f"TP={tp}: forward on {tp} rank{'s' if tp > 1 else ''}")
     cap = capture_once(config, group, seed, dtype, input_ids,
-                       [Position.parse(p, config.num_hidden_layers) for p in positions], checkpoint)
+                       [Position.parse(p, config.num_hidden_layers) for p in positions], checkpoint, _progress(ctx, tp))
     first = group.broadcast(cap.clone(), "capture.rank_identity")
     same = torch.tensor([int(bitwise_equal(cap, first))], device=cap.device)
     group.all_reduce(same, "capture.rank_identity")

@@ -9,6 +9,8 @@ which other tensors exist.
 from __future__ import annotations
 
 import hashlib
+import time
+from contextlib import nullcontext
 
 import torch
 
@@ -44,7 +46,22 @@ def weight_specs(module: torch.nn.Module):
             yield from m.weight_specs()
 
 
-def init_random_weights(model: torch.nn.Module, seed: int) -> None:
+def fill_weights(model: torch.nn.Module, open_source, what: str, progress=None) -> None:
+    """Fill every parameter of `model`: `open_source(spec)` is a context manager that gives what
+    `spec.load` indexes (a full tensor, or a lazy checkpoint slice). `progress(msg)` hears how
+    far it got every couple of seconds (a full-size model takes minutes; the pool's stall
+    watchdog counts silence, not total time)."""
+    specs = list(weight_specs(model))
+    last = time.monotonic()
+    for i, spec in enumerate(specs):
+        with open_source(spec) as src:
+            spec.load(src)
+        if progress is not None and time.monotonic() - last > 2:
+            progress(f"{what}: {i + 1}/{len(specs)} tensors")
+            last = time.monotonic()
+
+
+def init_random_weights(model: torch.nn.Module, seed: int, progress=None) -> None:
     """Fill every parameter of a tpsim model or layer (any TP degree) from `seed`."""
-    for spec in weight_specs(model):
-        spec.load(init_tensor(seed, spec.name, spec.shape))
+    fill_weights(model, lambda spec: nullcontext(init_tensor(seed, spec.name, spec.shape)), "seeding weights",
+                 progress)

@@ -14,6 +14,7 @@ import json
 import math
 import re
 import struct
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from safetensors import safe_open
 from tpsim.checkpoint.fp8 import Fp8Source, check_quantization_config, scale_shape
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
-from tpsim.weights import weight_specs
+from tpsim.weights import fill_weights, weight_specs
 
 INDEX = "model.safetensors.index.json"
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
@@ -72,7 +73,7 @@ def read_header(path: Path) -> dict[str, dict]:
 
 class Checkpoint:
     """A checkpoint directory seen through its headers. `source(name)` is the lazy slice
-    object `WeightSpec.load` indexes (fp8 weights come dequantized); `elements_read` counts
+    object `WeightSpec.load` indexes (`open(name)`); `elements_read` counts
     what this process read, in elements."""
 
     def __init__(self, path: str | Path):
@@ -104,7 +105,6 @@ class Checkpoint:
         if isinstance(raw, dict) and raw.get("quantization_config") is not None:
             self.block = check_quantization_config(raw["quantization_config"], str(self.path / "config.json"))
         self.elements_read = 0
-        self._handles: dict[str, object] = {}
 
     def _read_index(self) -> list[str]:
         p = self.path / INDEX
@@ -139,17 +139,18 @@ class Checkpoint:
         files = sorted({f for f, _, _ in self.tensors.values()})
         return (near or files)[0] if len(near or files) == 1 else f"one of {', '.join(near or files)}"
 
-    def _slice(self, name: str):
-        fname = self.tensors[name][0]
-        if fname not in self._handles:
-            self._handles[fname] = safe_open(str(self.path / fname), framework="pt")
-        return self._handles[fname].get_slice(name)
-
-    def source(self, name: str) -> "_Counted":
+    @contextmanager
+    def open(self, name: str):
+        """The lazy slice object of tensor `name` (fp8 weights come dequantized), with its file
+        mapped only while the block runs: a rank's memory then holds its parameters and the
+        slice being copied, not every page of the checkpoint it touched."""
         _, dtype, shape = self.tensors[name]
-        if dtype == "F8_E4M3":
-            return _Counted(self, Fp8Source(self._slice(name), self._slice(f"{name}_scale_inv"), self.block, shape))
-        return _Counted(self, self._slice(name))
+        with ExitStack() as stack:
+            def lazy(n):
+                return stack.enter_context(safe_open(str(self.path / self.tensors[n][0]), framework="pt")).get_slice(n)
+            src = Fp8Source(lazy(name), lazy(f"{name}_scale_inv"), self.block, shape) if dtype == "F8_E4M3" \
+                else lazy(name)
+            yield _Counted(self, src)
 
 
 class _Counted:
@@ -224,7 +225,6 @@ def _check_fp8(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> None:
                          f"{list(shape)} in {ckpt.block[0]}x{ckpt.block[1]} blocks")
 
 
-def load_weights(model: torch.nn.Module, ckpt: Checkpoint) -> None:
+def load_weights(model: torch.nn.Module, ckpt: Checkpoint, progress=None) -> None:
     """Fill every parameter of a tpsim model (any TP degree) with this rank's slices."""
-    for spec in weight_specs(model):
-        spec.load(ckpt.source(spec.name))
+    fill_weights(model, lambda spec: ckpt.open(spec.name), "reading weights", progress)

@@ -171,13 +171,15 @@ def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results):
 class RankPool:
     """`world` local ranks over gloo (CPU) with a file rendezvous, reused for many jobs.
 
-    `run` sends one job to every rank and returns {rank: result}. A rank that raises, dies
-    or stalls past `timeout_s` kills the whole pool and raises RankError naming it.
+    `run` sends one job to every rank and returns {rank: result}. A rank that raises, dies,
+    or stays silent (no result, no progress) for `timeout_s + stall_grace_s` kills the whole
+    pool and raises RankError naming it.
     """
 
     def __init__(self, world: int, backend: str = "gloo", device: str = "cpu", timeout_s: float = 60.0,
-                 env: dict | None = None, on_progress=None):
+                 env: dict | None = None, on_progress=None, stall_grace_s: float = 30.0):
         self.world, self.backend, self.device, self.timeout_s = world, backend, device, timeout_s
+        self.stall_grace_s = stall_grace_s
         self.on_progress = on_progress
         self._tmp = tempfile.mkdtemp(prefix="tpsim-rdzv-")
         mp = torch.multiprocessing.get_context("spawn")
@@ -210,7 +212,9 @@ class RankPool:
 
     def _collect(self, doing: str) -> dict:
         got: dict[int, object] = {}
-        limit = self.timeout_s + 30  # the collective timeout fires first; this catches a rank stuck elsewhere
+        # The collective timeout fires first; this catches a rank stuck elsewhere. It counts
+        # silence: every progress message (weights report every few seconds) restarts it.
+        limit = self.timeout_s + self.stall_grace_s
         deadline = time.monotonic() + limit
         while len(got) < self.world:
             try:
@@ -224,9 +228,10 @@ class RankPool:
                     missing = sorted(set(range(self.world)) - set(got))
                     self.kill()
                     raise RankError(f"rank {missing[0]} stalled while {doing} "
-                                    f"(no answer after {limit:.0f} s)")
+                                    f"(silent for {limit:.0f} s)")
                 continue
             if kind == "progress":
+                deadline = time.monotonic() + limit
                 if self.on_progress:
                     self.on_progress(payload)
             elif kind == "usage":

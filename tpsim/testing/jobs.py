@@ -147,3 +147,14 @@ def load_job(ctx: RankContext, cfg: dict, dtype: str, checkpoint: str, tp: int, 
     differ = [n for n, p in model.named_parameters() if not bitwise_equal(p, theirs[n])]
     return {"differ": differ, "elements_read": ckpt.elements_read,
             "local_elements": sum(p.numel() for p in model.parameters())}
+
+
+def slow_job(ctx: RankContext, seconds: float, report_every: float | None):
+    """Work for `seconds` without a collective, reporting progress every `report_every` s (or never)."""
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(report_every or 0.1)
+        if report_every:
+            ctx.progress("still working")
+    return ctx.rank
