@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from tpsim.capture import Position, Recorder
+from tpsim.capture.points import Taps
 from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.config import ModelConfig, config_from_dict
 from tpsim.model import DeepseekForCausalLM
@@ -116,3 +117,26 @@ def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: l
     group.all_reduce(same, "capture.rank_identity")
     return {"identical": int(same.item()) == tp, "capture": cap.cpu() if group.rank == 0 else None,
             "rank": ctx.rank, "group": list(group.ranks)}
+
+
+def points_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], tp: int,
+               points: list[str], everything: bool = False, checkpoint: str | None = None,
+               weights: bool = True):
+    """One forward at TP=tp with named points tapped. Per group rank: {name: Tap} (tensors for
+    `points`; with `everything`, every point's shape and placement) and the collective trace.
+    `weights=False` leaves the parameters uninitialised: shapes, placements and collectives
+    are those of the real model, at the memory cost of the pages the forward touches."""
+    if not ctx.participates(tp):
+        return None
+    config, group = config_from_dict(cfg), ctx.groups[tp]
+    model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp)) if weights \
+        else DeepseekForCausalLM(config, group, DTYPES[dtype])
+    ctx.progress(f"TP={tp}: forward")
+    group.tracer.clear()
+    group.taps = Taps(wanted=set(points), everything=everything)
+    try:
+        model(torch.tensor(input_ids, dtype=torch.long, device=group.device))
+    finally:
+        taps, group.taps = group.taps, None
+    return {"rank": group.rank, "taps": taps.got,
+            "collectives": [(r.op, r.caller, r.shape, r.dtype, r.bytes) for r in group.tracer.records]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tpsim.capture.points import R
 from tpsim.capture.recorder import Recorder
 from tpsim.config import ModelConfig
 from tpsim.layers import MLA, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
@@ -24,6 +25,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = MLA(cfg, group, f"{prefix}.self_attn", dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, group, f"{prefix}.post_attention_layernorm",
                                                 dtype)
+        self.group, self.point = group, f"layers.{k}"
         self.mlp = (MoE(cfg, group, f"{prefix}.mlp", dtype) if cfg.is_moe_layer(k)
                     else DenseMLP(cfg.hidden_size, cfg.intermediate_size, group, f"{prefix}.mlp", dtype))
 
@@ -33,8 +35,12 @@ class DecoderLayer(nn.Module):
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
+        tap, pt = self.group.tap, self.point
+        tap(f"{pt}.attn.in", hidden, R)
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
+        tap(f"{pt}.mid", residual, R)
+        tap(f"{pt}.mlp.in", hidden, R)
         return self.mlp(hidden), residual
 
 
@@ -44,6 +50,7 @@ class DeepseekModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group, "model.embed_tokens", dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, k, group, dtype) for k in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, group, "model.norm", dtype)
+        self.group = group
 
     def forward(self, input_ids, positions, recorder: Recorder | None = None):
         hidden, residual = self.embed_tokens(input_ids), None
@@ -51,9 +58,11 @@ class DeepseekModel(nn.Module):
             if recorder is not None:
                 recorder.at_boundary(k, hidden, residual)
             hidden, residual = layer(positions, hidden, residual)
+            self.group.tap(f"layers.{k}.out", lambda: hidden + residual, R)
         if recorder is not None:
             recorder.at_boundary(len(self.layers), hidden, residual)
         hidden, _ = self.norm(hidden, residual)
+        self.group.tap("final", hidden, R)
         if recorder is not None:
             recorder.at_final(hidden)
         return hidden

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpsim.capture.points import R, S, point_name
 from tpsim.config import ModelConfig
 from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide
 from tpsim.layers.norm import RMSNorm
@@ -42,17 +43,26 @@ class MLA(nn.Module):
         self.o_proj = RowParallelLinear(H * self.v_dim, hid, group, f"{prefix}.o_proj", dtype)
         self.rotary_emb = DeepseekRotaryEmbedding(self.rope, cfg.rope_theta, cfg.rope_scaling, group.device)
         self.scaling = softmax_scale(self.qk_dim, cfg.rope_scaling)
+        self.group, self.point = group, point_name(prefix)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T, h = x.shape[0], self.local_heads
+        tap, pt = self.group.tap, self.point
         q_in = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
+        tap(f"{pt}.q", q_in, S)
         q_nope, q_pe = q_in.view(T, h, self.qk_dim).split([self.nope, self.rope], dim=-1)
         kv_a, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(kv_a)).view(T, h, self.nope + self.v_dim)
+        latent = self.kv_a_layernorm(kv_a)
+        tap(f"{pt}.kv_latent", latent, R)
+        kv = self.kv_b_proj(latent)
+        tap(f"{pt}.kv", kv, S)
+        kv = kv.view(T, h, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe.unsqueeze(1))  # k_pe: one head shared by all
         q = torch.cat([q_nope, q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(T, h, self.rope)], dim=-1)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                              is_causal=True, scale=self.scaling)  # [h, T, v_dim]
-        return self.o_proj(out.transpose(0, 1).reshape(T, h * self.v_dim))
+        out = out.transpose(0, 1).reshape(T, h * self.v_dim)
+        tap(f"{pt}.out", out, S)
+        return self.o_proj(out)

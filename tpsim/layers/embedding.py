@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpsim.capture.points import P, R, S
 from tpsim.config import VOCAB_PADDING
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.parallel.group import TPGroup
@@ -45,12 +46,16 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1:
-            return F.embedding(input_ids, self.weight)
-        outside = (input_ids < self.start) | (input_ids >= self.end)
-        local = torch.where(outside, 0, input_ids - self.start)
-        out = F.embedding(local, self.weight)
-        out.masked_fill_(outside.unsqueeze(-1), 0)
-        return self.group.all_reduce(out, self.prefix)
+            out = F.embedding(input_ids, self.weight)
+        else:
+            outside = (input_ids < self.start) | (input_ids >= self.end)
+            local = torch.where(outside, 0, input_ids - self.start)
+            out = F.embedding(local, self.weight)
+            out.masked_fill_(outside.unsqueeze(-1), 0)
+        self.group.tap("embed.partial", out, P)
+        out = self.group.all_reduce(out, self.prefix)
+        self.group.tap("embed.out", out, R)
+        return out
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -68,5 +73,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)
-        logits = self.group.all_gather(logits, self.prefix, dim=-1)
-        return logits[..., : self.vocab_size]
+        self.group.tap("logits.local", logits, S)
+        logits = self.group.all_gather(logits, self.prefix, dim=-1)[..., : self.vocab_size]
+        self.group.tap("logits", logits, R)
+        return logits

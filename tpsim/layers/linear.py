@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpsim.capture.points import P, R, point_name
 from tpsim.parallel.group import TPGroup
 
 
@@ -126,7 +127,7 @@ class RowParallelLinear(_Linear):
 
     def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, reduce_results=True):
         self.in_per_rank = divide(in_features, group.size, f"{prefix} input size")
-        self.reduce_results = reduce_results
+        self.reduce_results, self.point = reduce_results, point_name(prefix)
         if bias and not reduce_results:
             raise ValueError("a row-parallel bias needs reduce_results=True (it would be added tp times)")
         super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, self.in_per_rank))
@@ -140,8 +141,11 @@ class RowParallelLinear(_Linear):
 
     def forward(self, x):
         y = F.linear(x, self.weight)
-        if self.reduce_results:
-            y = self.group.all_reduce(y, self.prefix)
+        if not self.reduce_results:
+            return y
+        self.group.tap(f"{self.point}.partial", y, P)
+        y = self.group.all_reduce(y, self.prefix)
         if self.bias is not None:
             y = y + self.bias
+        self.group.tap(f"{self.point}.out", y, R)
         return y

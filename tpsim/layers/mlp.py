@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpsim.capture.points import S, point_name
 from tpsim.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from tpsim.parallel.group import TPGroup
 
@@ -20,9 +21,13 @@ class DenseMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden, [intermediate, intermediate], group, f"{prefix}.gate_up_proj", dtype,
             hf_names=[f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"])
+        self.group, self.point, self.reduce_results = group, point_name(prefix), reduce_results
         self.down_proj = RowParallelLinear(intermediate, hidden, group, f"{prefix}.down_proj", dtype,
                                            reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.silu(gate) * up
+        if self.reduce_results:  # a dense MLP, not one expert's share inside the MoE
+            self.group.tap(f"{self.point}.act", act, S)
+        return self.down_proj(act)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpsim.capture.points import P, R, point_name
 from tpsim.config import ModelConfig
 from tpsim.layers.linear import WeightSpec, _copy
 from tpsim.layers.mlp import DenseMLP
@@ -22,7 +23,8 @@ class MoEGate(nn.Module):
 
     def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype):
         super().__init__()
-        self.prefix = prefix
+        self.prefix, self.group = prefix, group
+        self.point = point_name(prefix).removesuffix(".gate")
         self.top_k, self.method, self.scoring = cfg.num_experts_per_tok, cfg.topk_method, cfg.scoring_func
         self.n_group, self.topk_group = cfg.n_group or 1, cfg.topk_group or 1
         self.renormalize = cfg.norm_topk_prob
@@ -43,6 +45,7 @@ class MoEGate(nn.Module):
 
     def forward(self, x: torch.Tensor):
         logits = F.linear(x.float(), self.weight.float())
+        self.group.tap(f"{self.point}.router_logits", logits, R)
         scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
         if self.method != "greedy":
@@ -65,7 +68,7 @@ class MoE(nn.Module):
 
     def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype):
         super().__init__()
-        self.group, self.prefix = group, prefix
+        self.group, self.prefix, self.point = group, prefix, point_name(prefix)
         self.routed_scaling_factor = cfg.routed_scaling_factor
         self.gate = MoEGate(cfg, group, f"{prefix}.gate", dtype)
         self.experts = nn.ModuleList(
@@ -86,4 +89,7 @@ class MoE(nn.Module):
         out = (routed * self.routed_scaling_factor).to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return self.group.all_reduce(out, self.prefix)
+        self.group.tap(f"{self.point}.partial", out, P)
+        out = self.group.all_reduce(out, self.prefix)
+        self.group.tap(f"{self.point}.out", out, R)
+        return out

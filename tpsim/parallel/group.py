@@ -51,6 +51,13 @@ class TPGroup:
     ranks: tuple[int, ...] = (0,)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tracer: Tracer = field(default_factory=Tracer)
+    taps: object = None  # a tpsim.capture.points.Taps while a capture of named points runs
+
+    def tap(self, name: str, x, placement: str) -> None:
+        """Offer activation `name` (a tensor, or a function making it, so an unwanted point
+        costs nothing) with its placement at this group's size (Replicate() at size 1)."""
+        if self.taps is not None:
+            self.taps.record(name, x, placement if self.size > 1 else "Replicate()", len(self.tracer.records))
 
     def all_reduce(self, x: torch.Tensor, caller: str) -> torch.Tensor:
         """Sum of `x` over the group, replicated on every rank (same shape as x)."""
