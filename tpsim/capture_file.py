@@ -62,3 +62,18 @@ def write_rank_dump(out: Path, rank: int, tp: int, taps: dict, input_ids: list[i
     tensors = {name: tap.tensor for name, tap in taps.items()}
     write_safetensors(path, {**tensors, "input_ids": torch.tensor(input_ids, dtype=torch.long)}, meta)
     return path
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temporary name in the same directory, fsync, rename)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -297,6 +297,8 @@ def cmd_capture(args) -> int:
         raise UsageError(f"--out {out} is a directory; give a file name like {out / 'capture.safetensors'}")
     if not os.access(out.parent, os.W_OK):
         raise UsageError(f"--out {out}: directory {out.parent} is not writable")
+    if args.points is not None:
+        return capture_points(args, tp, out)
     src, res, tokens = prepare(args, [tp])
     cfg, dtype = src.cfg, dtype_for(args)
     progress = ProgressLine(enabled=is_reporting_process())
@@ -323,6 +325,42 @@ def cmd_capture(args) -> int:
         print(f"note: {n}")
     print(f"wrote {out}: aux_hidden_states {list(cap.shape)} ({res.positions_text}), input_ids [{len(tokens)}], "
           f"TP={tp}, identical on all {tp} rank{'s' if tp > 1 else ''}")
+    return 0
+
+
+def capture_points(args, tp: int, out: Path) -> int:
+    """`capture --points`: each rank's local tensor of each named point, one file per rank."""
+    from tpsim.capture.points import check_points
+    from tpsim.capture_file import rank_dump_path, write_rank_dump
+    from tpsim.runner import check_world, is_reporting_process, run_on_ranks
+    from tpsim.ui import ProgressLine
+    if args.layers is not None:
+        raise UsageError("--points and --layers both name what to capture; give one of them")
+    src = load_model(args, [tp])
+    points = check_points(src.cfg, [p.strip() for p in args.points.split(",") if p.strip()])
+    if not points:
+        raise UsageError("--points is empty; name points like layers.3.attn.o_proj.partial")
+    tokens = tokens_for(args, src.cfg)
+    check_world(tp, args.device, args.force)
+    dtype = dtype_for(args)
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        results = run_on_ranks("tpsim.jobs:points_job", tp, device=args.device, backend=args.backend,
+                               timeout_s=args.timeout, progress=progress, tp=tp, points=points, cfg=src.cfg.to_dict(),
+                               seed=args.seed, dtype=dtype, input_ids=tokens,
+                               checkpoint=None if src.checkpoint is None else str(src.checkpoint))
+    finally:
+        progress.stop()
+    if results is None:
+        return 0
+    meta = {"tp": str(tp), "dtype": dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(),
+            "hidden_size": str(src.cfg.hidden_size), "weights": src.weights, "tpsim_version": __version__}
+    ranks = sorted((r for r in results.values() if r is not None), key=lambda r: r["rank"])
+    for r in ranks:
+        write_rank_dump(out, r["rank"], tp, r["taps"], tokens, meta)
+    first = ranks[0]["taps"]
+    print(f"wrote {rank_dump_path(out, 0)} .. {rank_dump_path(out, tp - 1).name}: "
+          + ", ".join(f"{n} {list(first[n].shape)} {first[n].placement}" for n in points))
     return 0
 
 
@@ -423,7 +461,10 @@ def build_parser() -> Parser:
     add_run_options(p)
     p.add_argument("--tp", default="1", help="TP degree (default 1)")
     p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
-    p.add_argument("--out", required=True, help="output .safetensors file")
+    p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "
+                                                "OUT.rank0.safetensors ...)")
+    p.add_argument("--points", help="named points to capture per rank instead of --layers, e.g. "
+                                    "layers.3.attn.o_proj.partial,layers.3.mlp.in (tpsim explain lists them)")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("export", help="write the seeded model as an HF checkpoint (config.json + safetensors)")
@@ -436,6 +477,11 @@ def build_parser() -> Parser:
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     add_override(p)
     p.set_defaults(func=cmd_export)
+
+    from tpsim import align, diagnose, explain
+    explain.add_parser(sub, add_run_options)
+    align.add_parser(sub)
+    diagnose.add_parser(sub)
 
     p = sub.add_parser("resolve", help="layer ids -> positions, without running a model")
     p.add_argument("--convention", required=True, type=check_convention,

@@ -1,0 +1,190 @@
+"""`tpsim explain`: the dataflow of one decoder layer (plus the embedding and the head) at a
+TP degree, from a real run: every named point with its per-rank shape and placement, every
+collective with its bytes (from the collective trace), and where each convention's capture
+ids land. Also drawn as an SVG.
+
+The run uses uninitialised weights: shapes, placements and collectives do not depend on
+values, and an untouched page costs no memory, so V3 shapes run on a laptop. The model is
+truncated to layers 0..k (the explained layer is the last one run).
+"""
+
+from __future__ import annotations
+
+
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+from tpsim.capture import CONVENTIONS, ids_for
+from tpsim.capture.points import catalogue, position_of
+from tpsim.capture.positions import Position
+from tpsim.errors import UsageError
+
+PLACEMENT_COLOURS = {"Replicate()": "#d8f0d8", "Shard(dim=-1)": "#d8e4f8", "Partial(sum)": "#fde3c8"}
+CAPTURE_CONVENTIONS = [c for c in CONVENTIONS if c != "output-of"]
+
+
+@dataclass
+class Row:
+    kind: str  # "point" | "collective"
+    name: str  # point name, or "all_reduce <caller>"
+    shape: str  # per-rank shape
+    placement: str  # point placement, or the collective's result placement
+    detail: str  # what it is / bytes
+    capture: str = ""  # convention ids that capture this point
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def capture_ids(point: str, L: int) -> str:
+    """`sglang 2 / vllm 3 / ...`: the id each convention writes to capture this point."""
+    pos = position_of(point)
+    if pos is None:
+        return ""
+    out = []
+    for conv in CAPTURE_CONVENTIONS:
+        try:
+            out.append(f"{conv} {ids_for(conv, [Position.parse(pos, L)], L)[0]}")
+        except UsageError:
+            pass
+    return f"{pos}: " + (" / ".join(out) if out else "no convention captures it")
+
+
+def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
+    """Interleave layer k's (and the embedding's and head's) points with the collectives that
+    ran between them, in the order of the real run."""
+    what = {n: w for n, _, w in catalogue(cfg)}
+    shown = [n for n in result["taps"]
+             if n.startswith(("embed.", f"layers.{k}.")) or n in ("final", "logits.local", "logits")
+             or n == f"layers.{k - 1}.out"]
+    callers = ("model.embed_tokens", f"model.layers.{k}.", "lm_head")
+    rows, done = [], 0
+    colls = result["collectives"]
+    for n in shown:
+        tap = result["taps"][n]
+        for i in range(done, tap.order):
+            op, caller, shape, dtype, nbytes = colls[i]
+            if caller.startswith(callers):
+                res = "Replicate()" if op in ("all_reduce", "all_gather") else "?"
+                rows.append(Row("collective", f"{op} ({caller})", "x".join(map(str, shape)), res,
+                                f"{human_bytes(nbytes)} per rank, {dtype}"))
+        done = max(done, tap.order)
+        detail = what.get(n, "")
+        if n == f"layers.{k - 1}.out":
+            detail = f"layer {k}'s input: {detail}"
+        rows.append(Row("point", n, "x".join(map(str, tap.shape)), tap.placement, detail, capture_ids(n, L_full)))
+    return rows
+
+
+def svg(rows: list[Row], title: str) -> str:
+    """A column of boxes, one per point (coloured by placement), with each collective drawn
+    as a labelled arrow between them."""
+    w, box_h, gap = 900, 34, 10
+    y, parts = 50, []
+    for r in rows:
+        if r.kind == "collective":
+            parts.append(f'<line x1="180" y1="{y - gap}" x2="180" y2="{y + 18}" stroke="#c0392b" stroke-width="3" '
+                         f'marker-end="url(#arrow)"/><text x="195" y="{y + 8}" fill="#c0392b" font-size="12">'
+                         f'{escape(r.name)}: {escape(r.detail)}</text>')
+            y += 28
+            continue
+        fill = PLACEMENT_COLOURS.get(r.placement, "#eeeeee")
+        parts.append(f'<rect x="10" y="{y}" width="{w - 20}" height="{box_h}" rx="5" fill="{fill}" stroke="#555"/>'
+                     f'<text x="20" y="{y + 14}" font-size="13" font-weight="bold">{escape(r.name)}</text>'
+                     f'<text x="20" y="{y + 28}" font-size="11">[{escape(r.shape)}] {escape(r.placement)}'
+                     f'{"   capture " + escape(r.capture) if r.capture else ""}</text>'
+                     f'<text x="{w - 20}" y="{y + 14}" font-size="11" text-anchor="end" fill="#444">'
+                     f'{escape(r.detail[:70])}</text>')
+        y += box_h + gap
+    legend = "".join(f'<rect x="{10 + i * 170}" y="{y + 5}" width="14" height="14" fill="{c}" stroke="#555"/>'
+                     f'<text x="{30 + i * 170}" y="{y + 17}" font-size="12">{p}</text>'
+                     for i, (p, c) in enumerate(PLACEMENT_COLOURS.items()))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{y + 40}" font-family="monospace">'
+            '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="4" refY="4" orient="auto">'
+            '<path d="M0,0 L8,4 L0,8 z" fill="#c0392b"/></marker></defs>'
+            f'<text x="10" y="25" font-size="15" font-weight="bold">{escape(title)}</text>'
+            + "".join(parts) + legend + "</svg>\n")
+
+
+def add_parser(sub, add_run_options) -> None:
+    p = sub.add_parser("explain", help="where every activation of one layer lives at a TP degree, "
+                                       "and which collectives move it")
+    add_run_options(p)
+    p.set_defaults(seq_len="16", dtype="bfloat16")
+    p.add_argument("--tp", default="2", help="TP degree (default 2)")
+    p.add_argument("--layer", help="decoder layer to explain (default: the first MoE layer, else 0)")
+    p.add_argument("--svg", help="write the diagram here (default explain_<model>_tp<N>_layer<k>.svg)")
+    p.add_argument("--no-svg", action="store_true", help="do not write the diagram")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_explain)
+
+
+def cmd_explain(args) -> int:
+    from tpsim.capture_file import write_text
+    from tpsim.cli import dtype_for, emit_json, load_model, positive_int, tokens_for
+    from tpsim.config import with_overrides
+    from tpsim.runner import check_world, is_reporting_process, run_on_ranks
+    from tpsim.ui import ProgressLine, stdout, table
+    tp = positive_int(args.tp, "--tp")
+    src = load_model(args, [tp])
+    L = src.cfg.num_hidden_layers
+    first_moe = next((i for i in range(L) if src.cfg.is_moe_layer(i)), 0)
+    k = first_moe if args.layer is None else int_arg(args.layer, "--layer")
+    if not 0 <= k < L:
+        raise UsageError(f"--layer {k} does not exist: layers are 0..{L - 1}")
+    cfg = with_overrides(src.cfg, [f"num_hidden_layers={k + 1}"])
+    tokens = tokens_for(args, cfg)
+    check_world(tp, args.device, args.force)
+    out = None if args.no_svg else Path(args.svg or f"explain_{Path(str(args.model)).stem}_tp{tp}_layer{k}.svg")
+    if out is not None and not out.parent.is_dir():
+        raise UsageError(f"--svg {out}: directory {out.parent} does not exist; create it first")
+    dtype = dtype_for(args)
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        results = run_on_ranks("tpsim.jobs:points_job", tp, device=args.device, backend=args.backend,
+                               timeout_s=args.timeout, progress=progress, tp=tp, points=[], everything=True,
+                               weights=False, cfg=cfg.to_dict(), seed=args.seed, dtype=dtype, input_ids=tokens)
+    finally:
+        progress.stop()
+    if results is None:
+        return 0
+    per_rank = sorted((r for r in results.values() if r is not None), key=lambda r: r["rank"])
+    same = all({n: t.shape for n, t in r["taps"].items()} == {n: t.shape for n, t in per_rank[0]["taps"].items()}
+               for r in per_rank)
+    rows = build_rows(per_rank[0], cfg, k, L)
+    kind = "MoE" if cfg.is_moe_layer(k) else "dense"
+    title = (f"{args.model}: layer {k} ({kind}) of {L}, TP={tp}, {len(tokens)} tokens, {dtype}; "
+             f"shapes per rank{'' if same else ' (rank 0; ranks differ)'}")
+    if args.json:
+        emit_json({"model": str(args.model), "layer": k, "kind": kind, "tp": tp, "tokens": len(tokens), "dtype": dtype,
+                   "same_on_every_rank": same, "rows": [r.__dict__ for r in rows]})
+    else:
+        stdout.print(title)
+        stdout.print(table("", ["point / collective", "shape per rank", "placement", "what", "captured by"],
+                           [[("-> " if r.kind == "collective" else "") + r.name, r.shape, r.placement, r.detail,
+                             r.capture] for r in rows]))
+        stdout.print("Placements: Replicate() = every rank holds the whole tensor; Shard(dim=-1) = each rank "
+                     "a contiguous 1/tp of the last dim; Partial(sum) = each rank a summand (before an all-reduce).")
+        stdout.print(f"Captured by: the id each convention writes for that position (L={L}); engines compute "
+                     "hidden + residual at the start of the next layer, after every all-reduce.")
+    if out is not None:
+        write_text(out, svg(rows, title))
+        if not args.json:
+            stdout.print(f"diagram: {out}")
+    return 0
+
+
+def int_arg(text: str, option: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not an integer") from None
+
+
+
