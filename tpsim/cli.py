@@ -478,10 +478,11 @@ def build_parser() -> Parser:
     add_override(p)
     p.set_defaults(func=cmd_export)
 
-    from tpsim import align, diagnose, explain
+    from tpsim import align, diagnose, explain, scenario
     explain.add_parser(sub, add_run_options)
     align.add_parser(sub)
     diagnose.add_parser(sub)
+    scenario.add_parser(sub)
 
     p = sub.add_parser("resolve", help="layer ids -> positions, without running a model")
     p.add_argument("--convention", required=True, type=check_convention,

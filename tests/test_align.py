@@ -1,0 +1,368 @@
+"""`tpsim align`: train side vs serve side of an EAGLE-3 draft, slot by slot.
+
+The oracle is `resolve` (and the conventions table it implements): two sides are aligned exactly
+when their resolved position lists are equal. The properties below check that, the symmetry of
+the verdict and of the reasons, that every single-id perturbation of an aligned pair is caught
+with the precise reason, how each program reads a draft config.json, the cosine of a real run on
+configs/tiny.yaml, bad input through a real subprocess, and the align-* scenarios.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+
+from strategies import ID_RANGES
+from test_cli import run_cli
+from tpsim.align import align, make_side, read_draft_config, side_from_config
+from tpsim.capture import Position, ids_for, resolve
+from tpsim.cli import run_command
+from tpsim.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted((ROOT / "configs" / "scenarios").glob("align-*.yaml"))
+RANGES = {**ID_RANGES, "sglang-boundary": lambda L: (-1, L - 1)}  # valid ids of a single id
+CONVS = sorted(RANGES)
+LIST_ORDER = {"specforge", "hf"}
+EMBED = Position("embed")
+
+
+def positions_or_none(conv: str, ids: list[int], L: int):
+    try:
+        return resolve(conv, ids, L).positions
+    except UsageError:
+        return None
+
+
+def pair(a: str, ids_a, b: str, ids_b, L: int):
+    return align(make_side("train", a, ids_a, L), make_side("serve", b, ids_b, L))
+
+
+def codes(report) -> set[str]:
+    return {r.code for s in report.slots for r in s.reasons}
+
+
+def slot_codes(slot) -> set[str]:
+    return {r.code for r in slot.reasons}
+
+
+def expected_codes(tp: Position, sp: Position) -> set[str]:
+    """The reasons two different positions in one slot must be reported with (no reordering)."""
+    out = {"embed-never-trained"} if sp == EMBED and tp != EMBED else set()
+    if "final" in (tp.kind, sp.kind):
+        return out | {"post-norm"}
+    return out | {"off-by-one" if abs(tp.boundary - sp.boundary) == 1 else "different-layer"}
+
+
+# --- aligned iff the resolved positions are equal ---------------------------------------------
+
+@example(a="specforge", ids_a=[1, 29, 57], b="vllm", ids_b=[1, 29, 57], L=61)
+@example(a="specforge", ids_a=[1, 29, 57], b="sglang", ids_b=[-1, 2, 30], L=61)
+@example(a="hf", ids_a=[8, 2], b="sglang-boundary", ids_b=[1, 7], L=8)
+@given(L=st.integers(1, 70), a=st.sampled_from(CONVS), b=st.sampled_from(CONVS),
+       ids_a=st.lists(st.integers(-3, 73), min_size=1, max_size=5),
+       ids_b=st.lists(st.integers(-3, 73), min_size=1, max_size=5))
+def test_aligned_iff_resolved_positions_equal(L, a, ids_a, b, ids_b):
+    pa, pb = positions_or_none(a, ids_a, L), positions_or_none(b, ids_b, L)
+    report = pair(a, ids_a, b, ids_b, L)
+    assert report.aligned == (pa is not None and pa == pb)
+    for side, want in ((report.train, pa), (report.serve, pb)):
+        if want is None:  # resolve refuses the list: some slot of that side is unreachable, and says why
+            assert not side.resolved and all(c.error for c in side.slots if c.position is None)
+        else:
+            assert side.positions == want
+    back = pair(b, ids_b, a, ids_a, L)
+    assert back.aligned == report.aligned
+    for s, m in zip(report.slots, back.slots, strict=True):  # reasons mirror, except the embed one
+        assert slot_codes(s) - {"embed-never-trained"} == slot_codes(m) - {"embed-never-trained"}
+        for slot in (s, m):
+            t, v = slot.train, slot.serve
+            embed = t and v and v.position == EMBED and t.position not in (None, EMBED)
+            assert ("embed-never-trained" in slot_codes(slot)) == bool(embed and "order" not in slot_codes(slot))
+
+
+@st.composite
+def aligned_pairs(draw):
+    """(L, (conv, ids), (conv, ids)) with equal resolved positions, the second from ids_for."""
+    L = draw(st.integers(2, 70), label="L")
+    a = draw(st.sampled_from(CONVS), label="a")
+    lo, hi = RANGES[a](L)
+    ids = draw(st.lists(st.integers(lo, hi), min_size=1, max_size=4), label="ids")
+    if draw(st.booleans(), label="ascending"):
+        ids = sorted(set(ids))
+    pa = positions_or_none(a, ids, L)
+    assume(pa is not None)
+    b = draw(st.sampled_from(CONVS), label="b")
+    try:
+        ids_b = ids_for(b, pa, L)
+    except UsageError:
+        assume(False)
+    assume(positions_or_none(b, ids_b, L) == pa)
+    return L, (a, ids), (b, ids_b)
+
+
+@example(case=(61, ("specforge", [1, 29, 57]), ("vllm", [2, 30, 58])), train_first=False, i=0, d=-1)
+@example(case=(8, ("sglang-boundary", [1, 3, 5]), ("eagle", [2, 4, 6])), train_first=True, i=0, d=1)
+@example(case=(8, ("hf", [7, 2]), ("specforge", [6, 1])), train_first=True, i=0, d=1)
+@example(case=(3, ("sglang-boundary", [1, 0, 1]), ("eagle", [1, 2])), train_first=True, i=2, d=1)
+@example(case=(6, ("eagle", [4, 5, 5]), ("eagle", [4, 5])), train_first=True, i=1, d=-1)
+@given(case=aligned_pairs(), train_first=st.booleans(), i=st.integers(0, 3), d=st.sampled_from([-1, 1]))
+def test_every_single_id_perturbation_is_caught(case, train_first, i, d):
+    """Shift one id of an aligned pair by ±1 (staying in the convention's id range): caught, with
+    the reason the resolved positions call for."""
+    L, (a, ids_a), (b, ids_b) = case
+    assert pair(a, ids_a, b, ids_b, L).aligned and pair(b, ids_b, a, ids_a, L).aligned
+    (conv, ids), (other, other_ids) = ((a, ids_a), (b, ids_b)) if train_first else ((b, ids_b), (a, ids_a))
+    i %= len(ids)
+    new = ids[:i] + [ids[i] + d] + ids[i + 1:]
+    lo, hi = RANGES[conv](L)
+    assume(lo <= new[i] <= hi)
+    old, moved = resolve(conv, ids, L).positions, positions_or_none(conv, new, L)
+    report = pair(conv, new, other, other_ids, L) if train_first else pair(other, other_ids, conv, new, L)
+    if moved == old:  # one capture from two id lists: a repeated id of a loop-order engine moved
+        # onto another (the same set), or sglang-boundary's +1 heuristic (first id 1 or 2: out(1))
+        assert report.aligned
+        assert (conv not in LIST_ORDER and set(new) == set(ids)) or \
+            (conv == "sglang-boundary" and {ids[0], new[0]} == {1, 2})
+        return
+    assert not report.aligned
+    assert "order" not in codes(report)  # ±1 cannot reorder without colliding first
+    if moved is None:  # sglang-boundary: a first id of 1 shifts the others out of range
+        assert conv == "sglang-boundary" and "unreachable" in codes(report)
+        return
+    if len(moved) != len(old):  # a loop-order engine keeps a repeated id once: one made or split
+        assert conv not in LIST_ORDER and abs(len(moved) - len(old)) == 1 and "slot-count" in codes(report)
+        return
+    tr, sv = (moved, old) if train_first else (old, moved)
+    for s, tp, sp in zip(report.slots, tr, sv, strict=True):
+        assert slot_codes(s) == (set() if tp == sp else expected_codes(tp, sp)), s
+    toggled = conv == "sglang-boundary" and i == 0 and 1 in (ids[0], new[0])
+    if not toggled:  # the shift moved exactly one slot
+        assert sum(not s.match for s in report.slots) == 1
+
+
+@given(L=st.integers(8, 90), data=st.data())
+def test_list_order_against_ascending_is_an_order_mismatch(L, data):
+    """Same positions, permuted by a list-order trainer: aligned only when ascending, else every
+    displaced slot says order, and no server ids can fix it."""
+    trainer = data.draw(st.sampled_from(["specforge", "hf"]))
+    server = data.draw(st.sampled_from(["sglang", "vllm", "eagle", "sglang-boundary"]))
+    ks = data.draw(st.lists(st.integers(1, L - 3), min_size=2, max_size=4, unique=True))
+    positions = [Position("out", k) for k in ks]
+    report = pair(trainer, ids_for(trainer, positions, L), server, ids_for(server, positions, L), L)
+    assert report.aligned == (ks == sorted(ks))
+    if not report.aligned:
+        assert codes(report) == {"order"} and report.fix.ids is None
+        assert all(slot_codes(s) == ({"order"} if s.train.position != s.serve.position else set())
+                   for s in report.slots)
+
+
+@given(L=st.integers(4, 200), a=st.sampled_from(["sglang", "sglang-boundary", "vllm", "specforge", "eagle"]),
+       b=st.sampled_from(["sglang", "sglang-boundary", "vllm", "specforge", "eagle"]))
+def test_defaults_align_once_the_three_layers_are_distinct(L, a, b):
+    """The defaults all pick out(1), out(L//2-1), out(L-4); below L=7 two coincide, and specforge
+    concatenates the repeat twice while the engines capture it once."""
+    report = pair(a, None, b, None, L)
+    assert report.train.default and report.serve.default
+    split = L < 7 and (a == "specforge") != (b == "specforge")
+    assert report.aligned == (not split)
+    if split:
+        assert "slot-count" in codes(report)
+
+
+def test_off_by_one_names_the_fix():
+    report = pair("specforge", [1, 29, 57], "vllm", [1, 29, 57], 61)
+    assert [slot_codes(s) for s in report.slots] == [{"off-by-one"}] * 3
+    assert report.fix.ids == [2, 30, 58]
+    assert "vllm id 30 captures out(29)" in str(report.slots[1].reasons[0])
+    embed = pair("vllm", [1, 5], "vllm", [0, 5], 8)  # serve embed where training saw out(0)
+    assert slot_codes(embed.slots[0]) == {"embed-never-trained", "off-by-one"}
+    assert slot_codes(pair("vllm", [0, 5], "vllm", [1, 5], 8).slots[0]) == {"off-by-one"}
+
+
+def test_unreachable_is_a_reason_not_an_error():
+    report = pair("specforge", [1, 29, 60], "sglang", [1, 29, 60], 61)  # sglang cannot reach out(60)
+    assert not report.aligned and slot_codes(report.slots[2]) == {"unreachable"}
+    assert "use vllm id 61" in report.slots[2].reasons[0].text
+    assert report.fix.ids is None and "cannot capture out(60)" in report.fix.text
+    neg = pair("specforge", [-1, 2], "vllm", [0, 3], 8)
+    assert slot_codes(neg.slots[0]) == {"unreachable"} and neg.slots[0].reasons[0].text.startswith("train")
+
+
+# --- draft config.json ------------------------------------------------------------------------
+
+N, T = [10, 35, 55], [11, 36, 56]  # output-of ids and the same layers as vLLM ids, L = 61
+LAYOUTS = {"nested": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": N}},
+           "top": {"eagle_aux_hidden_state_layer_ids": T},
+           "both": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": N}, "eagle_aux_hidden_state_layer_ids": T},
+           "neither": {"eagle_config": {"use_aux_hidden_state": True}}}
+# (layout, server) -> aligned. SpecForge and SGLang read only the nested key, vLLM only the top
+# level; sglang-boundary adds its +1 only when the first id is 1, so nested [10, ...] is off by one.
+ALIGNED = {("nested", "sglang"): True, ("nested", "sglang-boundary"): False, ("nested", "vllm"): False,
+           ("top", "sglang"): True, ("top", "sglang-boundary"): True, ("top", "vllm"): False,
+           ("both", "sglang"): True, ("both", "sglang-boundary"): False, ("both", "vllm"): True,
+           ("neither", "sglang"): True, ("neither", "sglang-boundary"): True, ("neither", "vllm"): True}
+
+
+def write_draft(tmp_path: Path, raw) -> Path:
+    p = tmp_path / "config.json"
+    p.write_text(raw if isinstance(raw, str) else json.dumps(raw))
+    return p
+
+
+@pytest.mark.parametrize("layout,server", sorted(ALIGNED))
+def test_draft_config_is_read_as_each_program_reads_it(tmp_path, layout, server):
+    draft = read_draft_config(str(write_draft(tmp_path, LAYOUTS[layout])))
+    train, serve = side_from_config("train", "specforge", draft, 61), side_from_config("serve", server, draft, 61)
+    nested, top = layout in ("nested", "both"), layout in ("top", "both")
+    assert train.ids == (N if nested else [1, 29, 57]) and train.default == (not nested)
+    reads = top if server == "vllm" else nested
+    assert serve.ids == ((T if server == "vllm" else N) if reads else [2, 30, 58]) and serve.default == (not reads)
+    assert (train.fallback is None) == nested and (serve.fallback is None) == reads
+    if server == "vllm" and layout == "nested":
+        assert "vllm reads only the top-level key, this config has it nested under eagle_config" in serve.fallback
+    if server != "vllm" and layout == "top":
+        assert "nested under eagle_config, this config has it at the top level" in serve.fallback
+    if layout == "neither":
+        assert "this config has neither key" in serve.fallback
+    report = align(train, serve)
+    assert report.aligned == ALIGNED[layout, server]
+    if not report.aligned:
+        assert report.fix.ids == (T if nested else [2, 30, 58])  # the trained layers, as server ids
+        assert ("default-fallback" in codes(report)) == (train.default or serve.default)
+        if layout in ("nested", "both") and server == "sglang-boundary":
+            assert codes(report) == {"off-by-one"}
+    elif train.default or serve.default:
+        assert any("works by coincidence" in n for n in report.notes)
+
+
+def test_draft_config_corner_cases(tmp_path):
+    empty_top = read_draft_config(str(write_draft(tmp_path, {"eagle_aux_hidden_state_layer_ids": []})))
+    assert "skips an empty list" in side_from_config("serve", "vllm", empty_top, 61).fallback  # `if layer_ids`
+    write_draft(tmp_path, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": None}})
+    null = read_draft_config(str(tmp_path))  # a directory holding config.json; a null key is an absent one
+    assert null.nested is None and null.top is None
+    shipped = read_draft_config(str(write_draft(tmp_path, {"eagle_config": {"eagle_aux_hidden_state_layer_ids":
+                                                                             [1, 29, 57]}})))
+    for server in ("sglang", "sglang-boundary"):  # first id 1: sglang-boundary adds the +1 too
+        assert align(side_from_config("train", "specforge", shipped, 61),
+                     side_from_config("serve", server, shipped, 61)).aligned
+
+
+# --- the --model run: cosine per slot --------------------------------------------------------
+
+def cli_json(*argv) -> tuple[int, dict]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = run_command([str(a) for a in argv])
+    return code, json.loads(out.getvalue())
+
+
+def test_model_run_cosine(tmp_path):
+    """configs/tiny.yaml (8 layers, hidden 64): vllm 1,4,5 is out(0), out(3), out(4) against
+    specforge out(1), out(3), out(4). Matching slots hold the same tensor (cosine 1), slot 0 does
+    not; an exported checkpoint of the same seed gives the same cosines; TP=2 agrees."""
+    argv = ["align", "--train", "specforge:1,3,4", "--serve", "vllm:1,4,5", "--json", "--timeout", "300"]
+    code, seeded = cli_json(*argv, "--model", ROOT / "configs/tiny.yaml")
+    assert code == 1 and seeded["run"]["weights"] == "seeded random" and seeded["run"]["identical_on_ranks"]
+    assert seeded["run"]["positions"] == ["out(0)", "out(1)", "out(3)", "out(4)"]
+    cos = [s["cosine"] for s in seeded["slots"]]
+    assert abs(cos[1] - 1) < 1e-6 and abs(cos[2] - 1) < 1e-6 and cos[0] < 1 - 1e-3
+    assert run_command(["export", "--model", str(ROOT / "configs/tiny.yaml"), "--out", str(tmp_path / "ckpt")]) == 0
+    code, ckpt = cli_json(*argv, "--model", tmp_path / "ckpt", "--tp", "2")
+    assert code == 1 and ckpt["run"]["weights"].startswith("checkpoint") and ckpt["run"]["tp"] == 2
+    assert [s["cosine"] for s in ckpt["slots"]] == pytest.approx(cos, abs=1e-5)
+
+
+def test_model_run_aligned_exits_0():
+    code, d = cli_json("align", "--train", "specforge:default", "--serve", "sglang:default",
+                       "--model", "tiny", "--seq-len", "4", "--json", "--timeout", "300")
+    assert code == 0 and d["aligned"] and d["num_layers"] == 8
+    assert all(abs(s["cosine"] - 1) < 1e-6 for s in d["slots"])
+
+
+# --- bad input: one line, exit 2 -------------------------------------------------------------
+
+V3 = ["--num-layers", "61"]
+BAD = {  # id -> (argv, substrings of the one error line); {draft:NAME} is a file written below
+    "unknown-convention": (["--train", "medusa:1,2", "--serve", "sglang:default", *V3], ["'medusa'", "sglang-boundary"]),
+    "unknown-trainer": (["--draft-config", "{draft:ok}", "--trainer", "eagle", "--server", "vllm", *V3],
+                        ["unknown trainer 'eagle'", "specforge"]),
+    "unknown-server": (["--draft-config", "{draft:ok}", "--server", "tgi", *V3], ["unknown server 'tgi'", "vllm"]),
+    "ids-not-integers": (["--train", "specforge:1,x,3", "--serve", "vllm:default", *V3], ["'1,x,3'", "integers"]),
+    "train-without-colon": (["--train", "specforge", "--serve", "vllm:default", *V3], ["no ':'", "CONVENTION:IDS"]),
+    "serve-missing": (["--train", "specforge:default", *V3], ["--serve is missing"]),
+    "hf-has-no-default": (["--train", "hf:default", "--serve", "vllm:default", *V3], ["hf has no default", "hf:"]),
+    "both-styles": (["--train", "specforge:default", "--serve", "vllm:default", "--draft-config", "{draft:ok}",
+                     "--server", "vllm", *V3], ["not both"]),
+    "neither-style": ([*V3], ["nothing to align", "--draft-config"]),
+    "no-layer-count": (["--train", "specforge:default", "--serve", "vllm:default"], ["--num-layers", "--model"]),
+    "num-layers-not-int": (["--train", "specforge:default", "--serve", "vllm:default", "--num-layers", "x"],
+                           ["--num-layers 'x'"]),
+    "server-without-config": (["--server", "vllm", *V3], ["--draft-config PATH"]),
+    "config-missing": (["--draft-config", "{draft:ok}.missing", "--server", "vllm", *V3], ["does not exist"]),
+    "config-not-json": (["--draft-config", "{draft:garbage}", "--server", "vllm", *V3], ["not valid JSON"]),
+    "config-ids-strings": (["--draft-config", "{draft:strings}", "--server", "sglang", *V3],
+                           ["eagle_config.eagle_aux_hidden_state_layer_ids", "[\"1\", \"29\", \"57\"]", "list of integer"]),
+    "config-ids-not-a-list": (["--draft-config", "{draft:scalar}", "--server", "vllm", *V3],
+                              ["top-level eagle_aux_hidden_state_layer_ids is 29", "list of integer"]),
+    "config-eagle-config-a-list": (["--draft-config", "{draft:eagle_list}", "--server", "vllm", *V3],
+                                   ["eagle_config is a list"]),
+}
+DRAFTS = {"ok": LAYOUTS["nested"], "garbage": "{not json", "scalar": {"eagle_aux_hidden_state_layer_ids": 29},
+          "strings": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ["1", "29", "57"]}},
+          "eagle_list": {"eagle_config": [1, 29, 57]}}
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    """Every bad-input subprocess, two at a time, started once."""
+    d = tmp_path_factory.mktemp("align-bad")
+    for name, raw in DRAFTS.items():
+        (d / f"{name}.json").write_text(raw if isinstance(raw, str) else json.dumps(raw))
+
+    def argv(args):
+        return ["align", *(a.replace("{draft:", str(d) + "/").replace("}", ".json") if "{draft:" in a else a
+                           for a in args)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {k: pool.submit(run_cli, *argv(a)) for k, (a, _) in BAD.items()}
+        yield {k: f.result() for k, f in futures.items()}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2(bad_runs, case):
+    r = bad_runs[case]
+    assert r.returncode == 2, r
+    assert "Traceback" not in r.stdout + r.stderr and r.stdout == "", r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpsim: error: "), r
+    for s in BAD[case][1]:
+        assert s in lines[0], f"{s!r} not in {lines[0]!r}"
+
+
+# --- scenarios --------------------------------------------------------------------------------
+
+def test_the_three_align_scenarios_exist():
+    names = {p.stem for p in SCENARIOS}
+    assert {"align-vllm-top-level-copy", "align-embed-slot-never-trained", "align-default-fallback"} <= names
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_scenario(path, monkeypatch):
+    s = yaml.safe_load(path.read_text())
+    assert set(s) == {"description", "argv", "expect_exit", "expect"} and s["argv"][0] == "align"
+    monkeypatch.chdir(ROOT)  # argv paths are relative to the repo root
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = run_command([str(a) for a in s["argv"]])
+    assert code == s["expect_exit"], out.getvalue()
+    for want in s["expect"]:
+        assert want in out.getvalue(), f"{want!r} not in:\n{out.getvalue()}"
