@@ -3,7 +3,8 @@
 For every drawn config and TP degree: the points the layers report in a real run are exactly
 the static catalogue (names, order, placements), and each point's per-rank tensors really are
 what its placement says about the TP=1 tensor (Replicate(): each rank holds it; Shard(dim=-1):
-the ranks' concatenation along the last dim is it; Partial(sum): the ranks' sum is it)."""
+the ranks' concatenation along the last dim is it; Partial(sum): the ranks' sum is it), and
+`tpsim diagnose` recovers that placement from the rank tensors alone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from strategies import TP_DEGREES, config_dicts
 from test_cli import run_cli
 from tpsim.capture.points import P, R, S, catalogue
 from tpsim.config import config_from_dict
+from tpsim.diagnose import diagnose_tensors
 from tpsim.jobs import rel_err
 
 TOL = 1e-5  # float32, as the main property
@@ -66,6 +68,8 @@ def test_every_point_is_what_its_placement_says(rank_pool, tp, data, seed, T):
         assert full.shape == ref[name].tensor.shape, (name, full.shape, ref[name].tensor.shape)
         err = rel_err(full, ref[name].tensor)
         assert err <= TOL, f"TP={tp} {name} ({placement}): rel err {err:.2e} against TP=1"
+        verdict = diagnose_tensors(local, {name: ref[name].tensor}, name)  # diagnose recovers the placement
+        assert (verdict.placement, verdict.matches) == (placement, name), (name, verdict)
 
 
 def test_capture_points_writes_one_file_per_rank(tmp_path):

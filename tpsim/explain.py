@@ -85,7 +85,7 @@ def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
 def svg(rows: list[Row], title: str) -> str:
     """A column of boxes, one per point (coloured by placement), with each collective drawn
     as a labelled arrow between them."""
-    w, box_h, gap = 900, 34, 10
+    w, box_h, gap = 1000, 34, 10
     y, parts = 50, []
     for r in rows:
         if r.kind == "collective":
@@ -100,7 +100,7 @@ def svg(rows: list[Row], title: str) -> str:
                      f'<text x="20" y="{y + 28}" font-size="11">[{escape(r.shape)}] {escape(r.placement)}'
                      f'{"   capture " + escape(r.capture) if r.capture else ""}</text>'
                      f'<text x="{w - 20}" y="{y + 14}" font-size="11" text-anchor="end" fill="#444">'
-                     f'{escape(r.detail[:70])}</text>')
+                     f'{escape(r.detail[:95])}</text>')
         y += box_h + gap
     legend = "".join(f'<rect x="{10 + i * 170}" y="{y + 5}" width="14" height="14" fill="{c}" stroke="#555"/>'
                      f'<text x="{30 + i * 170}" y="{y + 17}" font-size="12">{p}</text>'

@@ -1,0 +1,513 @@
+"""`tpsim diagnose`: the placement and position of what each rank captured.
+
+1. `diagnose_tensors` recovers the true placement (Replicate(), Partial(sum), Shard(dim=0) even
+   and uneven, Shard(dim=-1)) and candidate (the asked one or another) of drawn tensors, and
+   calls unrelated tensors unexplained (Hypothesis).
+2. Genuine per-rank tensors from real gloo collectives (partial sums before an all-reduce,
+   reduce-scatter shards, column-parallel shards, all-reduced and all-gathered results).
+3. The readers: tpsim rank dumps, the three SGLang dumper layouts, capture / rank-dump /
+   feature references; the CLI end to end in subprocesses, every bad input exit 2 with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+from safetensors.torch import save_file
+
+import diagnose_jobs
+from test_cli import run_cli
+from tpsim.capture_file import tensor_sha256
+from tpsim.diagnose import (P, R, S0, S1, UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors,
+                            match_threshold, read_rank_files, read_reference)
+from tpsim.errors import UsageError
+
+DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# --- 1. calc_diff and drawn placements ---------------------------------------------------------
+
+def test_calc_diff_values():
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    assert calc_diff(x, x) == 0.0
+    assert calc_diff(x, -x) == pytest.approx(2.0)
+    assert calc_diff(x, torch.zeros_like(x)) == pytest.approx(1.0)
+    assert calc_diff(torch.zeros(3, 3), torch.zeros(3, 3)) == 0.0
+    for c in (0.5, 2.0, 4.0):  # scale-aware: (1-c)^2 / (1+c^2); tp=2 equal halves: 0.2
+        assert calc_diff(c * x, x) == pytest.approx((1 - c) ** 2 / (1 + c * c))
+    assert calc_diff(x.bfloat16(), x) < 1e-4  # bf16 rounding alone stays far below the 1e-3 threshold
+    assert match_threshold(torch.float32) == 1e-5 and match_threshold(torch.float32, torch.bfloat16) == 1e-3
+    with pytest.raises(ValueError):
+        calc_diff(x, x.T)
+
+
+@dataclass(frozen=True)
+class Case:
+    tp: int
+    dtype: str
+    placement: str      # R, P, S0, S1, or UNEXPLAINED (unrelated tensors)
+    T: int
+    width: int          # per-rank width for S1, full width otherwise
+    n: int              # candidates
+    truth: int          # the candidate the ranks hold
+    asked: int          # the candidate the user asked for
+    rows: tuple         # S0: rows per rank
+    noise: bool         # round-off noise (else exact copies / slices)
+    seed: int
+    delta: float        # how far apart consecutive candidates are (out(k+1) = out(k) + delta * noise)
+    scale: float = 1.0  # magnitude of every tensor (calc_diff is scale-free)
+
+
+@st.composite
+def cases(draw) -> Case:
+    tp = draw(st.sampled_from([1, 2, 3, 4, 8]), label="tp")
+    placement = draw(st.sampled_from([R, UNEXPLAINED] if tp == 1 else [R, P, S0, S0, S1, UNEXPLAINED]),
+                     label="placement")
+    T, rows = draw(st.integers(1, 12), label="T"), ()
+    if placement == S0 and draw(st.booleans(), label="even"):
+        T = tp * draw(st.integers(1, 3))
+        rows = (T // tp,) * tp
+    elif placement == S0:  # uneven, some ranks possibly empty
+        cuts = sorted(draw(st.lists(st.integers(0, T), min_size=tp - 1, max_size=tp - 1), label="cuts"))
+        rows = tuple(b - a for a, b in zip([0, *cuts], [*cuts, T]))
+    n = draw(st.integers(2, 4), label="candidates")
+    return Case(tp, draw(st.sampled_from(sorted(DT)), label="dtype"), placement, T,
+                draw(st.integers(1, 6), label="width"), n, draw(st.integers(0, n - 1), label="truth"),
+                draw(st.integers(0, n - 1), label="asked"), rows, draw(st.booleans(), label="noise"),
+                draw(st.integers(0, 2**31 - 1), label="seed"), draw(st.floats(0.5, 1.5), label="delta"),
+                10.0 ** draw(st.integers(-3, 3), label="log10 scale"))
+
+
+def candidates(case: Case, W: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """embed, out(0), ...: a chain of correlated residual-stream-like tensors `[T, W]` (a shared
+    offset per column), then a distractor `q` as wide as one rank's shard (`[T, width]`)."""
+    names = ["embed", *(f"out({k})" for k in range(case.n - 1))]
+    x = torch.randn(case.T, W, generator=g, dtype=torch.float64) * 3 + torch.randn(1, W, generator=g)
+    out = {}
+    for name in names:
+        out[name] = (case.scale * x).to(DT[case.dtype])
+        x = x + case.delta * 3 * torch.randn(case.T, W, generator=g, dtype=torch.float64)
+    out["q"] = (case.scale * torch.randn(case.T, case.width, generator=g)).to(DT[case.dtype])
+    return out
+
+
+def rounding(t: torch.Tensor, g: torch.Generator, on: bool) -> torch.Tensor:
+    """t with relative noise up to half an ulp of its dtype (then rounded to it again)."""
+    if not on:
+        return t.clone()
+    eps = torch.finfo(t.dtype).eps / 2
+    return (t.double() * (1 + eps * (2 * torch.rand(t.shape, generator=g, dtype=torch.float64) - 1))).to(t.dtype)
+
+
+def build(case: Case) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(case.seed)
+    W = case.width * case.tp if case.placement == S1 else case.width
+    ref = candidates(case, W, g)
+    full = list(ref.values())[case.truth]
+    tp, dt = case.tp, full.dtype
+    if case.placement == R:
+        ranks = [rounding(full, g, case.noise and r > 0) for r in range(tp)]
+    elif case.placement == P:  # parts = full * (1/tp + z_r), sum_r z_r = 0: each part far from full
+        z = torch.randn(tp, *full.shape, generator=g, dtype=torch.float64)
+        parts = full.double() * (1 / tp + z - z.mean(0))
+        ranks = [p.to(dt) for p in parts]
+    elif case.placement == S0:
+        ranks = [rounding(s, g, case.noise) for s in full.split(list(case.rows), dim=0)]
+    elif case.placement == S1:
+        ranks = [rounding(s, g, case.noise) for s in full.chunk(tp, dim=-1)]
+    else:
+        ranks = [(case.scale * torch.randn(case.T, W, generator=g)).to(dt) for _ in range(tp)]
+    return ranks, ref
+
+
+EXAMPLES = [  # Case(tp, dtype, placement, T, width, n, truth, asked, rows, noise, seed, delta)
+    Case(8, "bfloat16", S0, 3, 2, 3, 1, 2, (0, 0, 1, 0, 2, 0, 0, 0), True, 1, 0.5),   # mostly empty token shards
+    Case(3, "bfloat16", P, 1, 1, 2, 0, 0, (), False, 7, 0.5),                           # a lone element, 3 summands
+    Case(2, "float32", S1, 1, 1, 4, 3, 0, (), True, 3, 1.5),                            # [1, 1] halves, wrong layer
+    Case(1, "float32", R, 1, 1, 2, 1, 1, (), False, 0, 0.5),
+    Case(2, "bfloat16", R, 1, 3, 3, 0, 0, (), True, 0, 1.0),  # found: [x, x] also read as x padded to 6 columns
+]
+
+
+def _premise(case: Case, ranks, ref) -> None:
+    """Distinct candidates are far apart (a wrong layer gives >= 1e-2), no partial sum looks like
+    the whole, and unrelated ranks are big enough not to match anything by chance."""
+    vals = list(ref.values())
+    assume(min((calc_diff(a, b) for i, a in enumerate(vals) for b in vals[i + 1:] if a.shape == b.shape),
+               default=1) > 1e-2)
+    if case.placement == P:
+        assume(min(calc_diff(r, vals[case.truth]) for r in ranks) > 1e-2)
+    if case.placement == UNEXPLAINED:
+        assume(case.T * ranks[0].shape[1] >= 8)
+
+
+@example(case=EXAMPLES[0])
+@example(case=EXAMPLES[1])
+@example(case=EXAMPLES[2])
+@example(case=EXAMPLES[3])
+@example(case=EXAMPLES[4])
+@given(case=cases())
+def test_recovers_placement_and_candidate(case: Case):
+    ranks, ref = build(case)
+    _premise(case, ranks, ref)
+    names = list(ref)
+    v = diagnose_tensors(ranks, ref, names[case.asked])
+    assert v.point == names[case.asked]
+    if case.placement == UNEXPLAINED:
+        assert (v.placement, v.matches, v.correct) == (UNEXPLAINED, None, False), v
+        assert v.diff > match_threshold(ranks[0].dtype), v
+        return
+    assert (v.placement, v.matches) == (case.placement, names[case.truth]), v
+    assert v.correct == (case.placement == R and case.truth == case.asked), v
+    assert v.diff <= match_threshold(ranks[0].dtype), v
+    if case.truth != case.asked:
+        assert f"this is {names[case.truth]}, you asked for {names[case.asked]}" in v.reason, v
+    if case.placement == R and case.tp > 1:
+        assert ("bitwise identical on all" in v.reason) == all(torch.equal(r, ranks[0]) for r in ranks), v
+
+
+def test_partial_and_shard_wording():
+    full = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    ref = {"out(1)": full, "out(2)": 2 * full + 1}
+    v = diagnose_tensors([full / 4 + k - 1.5 for k in range(4)], ref, "out(1)")
+    assert v.placement == P and "captured before an all-reduce (per-rank partial sums)" in v.reason
+    v = diagnose_tensors(list(full.split([4, 2])), ref, "out(1)")
+    assert v.placement == S0 and "each rank holds only its share of the tokens (rows 4+2)" in v.reason
+    padded = torch.cat([full, torch.zeros(6, 4)], dim=1)  # a padded vocab: 12 columns, 8 real
+    v = diagnose_tensors(list(padded.chunk(4, dim=1)), ref, "out(1)")
+    assert (v.placement, v.matches, v.correct) == (S1, "out(1)", False) and "4 columns padding" in v.reason
+    v = diagnose_tensors([full[:2]] * 2, ref, "out(1)")
+    assert v.placement == UNEXPLAINED and v.diff == float("inf") and "no placement fits" in v.reason
+    v = diagnose_tensors([full], {"out(2)": full}, "out(1)")  # a name the reference lacks
+    assert (v.placement, v.matches, v.correct) == (R, "out(2)", False) and "reference has no out(1)" in v.reason
+
+
+# --- 2. real collectives ---------------------------------------------------------------------
+
+def test_genuine_collectives(rank_pool):
+    kw = dict(seed=5, T=16, d_in=32, H=24, dtypes=["float32", "bfloat16"], tps=[1, 2, 4, 8])
+    out = rank_pool.run("diagnose_jobs:collectives_job", **kw)
+    for dtype in kw["dtypes"]:
+        t = diagnose_jobs.inputs(kw["seed"], kw["T"], kw["d_in"], kw["H"], dtype)
+        ref = {"row": t["x"] @ t["w_row"].T, "col": t["x"] @ t["w_col"].T}  # TP=1, in process
+        for tp in kw["tps"]:
+            got = {k: [out[r][tp, dtype][k] for r in range(tp)] for k in out[0][tp, dtype]}
+            expect = {"partial": (P if tp > 1 else R, "row"), "reduced": (R, "row"), "gathered": (R, "col"),
+                      "scattered": (S0 if tp > 1 else R, "row"), "local": (S1 if tp > 1 else R, "col")}
+            for k, (placement, name) in expect.items():
+                asked = "col" if name == "row" else "row"  # every point also asked for the other one
+                for a in (name, asked):
+                    v = diagnose_tensors(got[k], ref, a)
+                    assert (v.placement, v.matches) == (placement, name), (tp, dtype, k, v)
+                    assert v.correct == (placement == R and a == name), (tp, dtype, k, v)
+            v = diagnose_tensors(got["reduced"], ref, "row")
+            assert tp == 1 or "bitwise identical on all" in v.reason, v  # an all-reduce replicates bit for bit
+            assert diagnose_tensors(got["reduced"], ref, "col").reason.startswith(
+                "replicated, but this is row, you asked for col")
+
+
+# --- 3. files: writers in the documented formats ---------------------------------------------
+
+T, H = 12, 16
+IDS = list(range(3, 3 + T))
+
+
+def chain(seed: int = 0) -> dict[str, torch.Tensor]:
+    """embed, out(0..2) and layer 1's o_proj output, float32 `[T, H]`."""
+    g = torch.Generator().manual_seed(seed)
+    x, out = torch.randn(T, H, generator=g), {}
+    for name in ("embed", "out(0)", "out(1)", "out(2)", "o1"):
+        out[name] = x
+        x = x + torch.randn(T, H, generator=g)
+    return out
+
+
+def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Path:
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    save_file(tensors, str(path), metadata={**meta, **{f"sha256.{k}": tensor_sha256(v) for k, v in tensors.items()}})
+    return path
+
+
+POSITION = {"embed.out": "embed", "layers.0.out": "out(0)", "layers.1.out": "out(1)", "layers.2.out": "out(2)"}
+
+
+def rank_dump(d: Path, stem: str, tp: int, points: dict[str, tuple[list[torch.Tensor], str]],
+              ids=IDS) -> list[Path]:
+    """`{stem}.rank{r}.safetensors` per rank: point -> (per-rank tensors, declared placement)."""
+    paths = []
+    for r in range(tp):
+        meta = {"format": "tpsim-rank-dump", "rank": str(r), "tp": str(tp),
+                "points": ",".join(points)}
+        for p, (_, placement) in points.items():
+            meta[f"placement.{p}"] = placement
+            if p in POSITION:
+                meta[f"position.{p}"] = POSITION[p]
+        tensors = {p: ts[r] for p, (ts, _) in points.items()}
+        paths.append(save(d / f"{stem}.rank{r}.safetensors", {**tensors, "input_ids": torch.tensor(ids)}, meta))
+    return paths
+
+
+def parts(full: torch.Tensor, tp: int) -> list[torch.Tensor]:
+    z = torch.randn(tp, *full.shape, generator=torch.Generator().manual_seed(9))
+    return list(full * (1 / tp + z - z.mean(0)))
+
+
+SGLANG_STEP = {"old": "forward_pass_id", "mid": "curr_step", "new": "step"}
+
+
+def sglang_files(d: Path, layout: str, tp: int, dumps: dict[int, list[torch.Tensor]], ids=IDS, steps=(1,)):
+    """SGLang dumper files of `layer_start__hidden_states` (layer_id -> per-rank tensors) and
+    input_ids, in each layout read in sgl-project/sglang's dumper.py: old (5a7255c6) a bare tensor;
+    mid (09d99f36, outside SGLang: no tp_rank) and new (00d35548) {"value", "meta"}."""
+    d.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        for r in range(tp):
+            items = [("input_ids", None, torch.tensor(ids))] + [("layer_start__hidden_states", k, ts[r])
+                                                                 for k, ts in dumps.items()]
+            for i, (name, k, value) in enumerate(items, start=1):
+                if layout == "old":
+                    tags = {"forward_pass_id": step, "rank": r, "name": name, "dump_index": i}
+                else:
+                    tags = {SGLANG_STEP[layout]: step, "rank": r, "dump_index": i, "name": name,
+                            **({"recompute_status": "disabled"} if layout == "new" else {})}
+                if k is not None:
+                    tags["layer_id"] = k
+                info = ({"tp_rank": r, "tp_size": tp, "pp_rank": 0, "pp_size": 1} if layout == "new"
+                        else {"distributed_error": True, "dp_attention_error": True})
+                obj = value if layout == "old" else {"value": value, "meta": {**tags, "world_rank": r, "world_size": tp,
+                                                                              "sglang_parallel_info": info}}
+                torch.save(obj, d / ("___".join(f"{a}={b}" for a, b in tags.items()) + ".pt"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("diagnose")
+    c = chain()
+    f = {"dir": d}
+    f["cap"] = save(d / "cap.safetensors", {"aux_hidden_states": torch.cat([c["embed"], c["out(1)"], c["out(2)"]], 1),
+                                            "input_ids": torch.tensor(IDS)},
+                    {"positions": "embed,out(1),out(2)", "tp": "1", "dtype": "float32", "placement": "Replicate()"})
+    f["cap_long"] = save(d / "cap_long.safetensors",
+                         {"aux_hidden_states": torch.randn(T + 1, 3 * H), "input_ids": torch.arange(T + 1)},
+                         {"positions": "embed,out(1),out(2)"})
+    f["ref1"] = rank_dump(d, "ref", 1, {"embed.out": ([c["embed"]], R), "layers.0.out": ([c["out(0)"]], R),
+                                        "layers.1.out": ([c["out(1)"]], R), "layers.2.out": ([c["out(2)"]], R),
+                                        "layers.1.attn.o_proj.partial": ([c["o1"]], R)})[0]
+    rep = lambda t, n=4: [t.clone() for _ in range(n)]  # noqa: E731
+    f["good"] = rank_dump(d, "good", 4, {"embed.out": (rep(c["embed"]), R), "layers.1.out": (rep(c["out(1)"]), R),
+                                         "layers.2.out": (rep(c["out(2)"]), R)})
+    f["bad"] = rank_dump(d, "bad", 4, {
+        "layers.1.attn.o_proj.partial": (parts(c["o1"], 4), P),
+        "layers.1.out": (list(c["out(1)"].split([4, 4, 2, 2])), R),   # token-sharded, declared Replicate()
+        "layers.2.out": (rep(c["out(1)"]), R),                        # the wrong layer
+        "embed.out": (list(c["embed"].chunk(4, -1)), S1)})
+    f["shape"] = rank_dump(d, "shape", 2, {"layers.1.out": ([c["out(1)"], c["out(1)"][:, :8]], R)})
+    f["dtype"] = rank_dump(d, "dtype", 2, {"layers.1.out": ([c["out(1)"], c["out(1)"].bfloat16()], R)})
+    f["tp3"] = rank_dump(d, "tp3", 3, {"layers.1.out": (rep(c["out(1)"], 3), R)})
+    f["ids"] = rank_dump(d, "ids", 2, {"layers.1.out": (rep(c["out(1)"], 2), R)})
+    f["ids"][1] = rank_dump(d, "other", 2, {"layers.1.out": (rep(c["out(1)"], 2), R)}, ids=IDS[::-1])[1]
+    f["dup"] = [*f["good"], rank_dump(d, "again", 4, {"layers.1.out": (rep(c["out(1)"]), R)})[0]]
+    f["corrupt"] = d / "corrupt.rank1.safetensors"
+    raw = bytearray(f["good"][1].read_bytes())
+    raw[-1] ^= 0xFF  # the last byte is tensor data: the checksum must catch it
+    f["corrupt"].write_bytes(bytes(raw))
+    f["junk"] = d / "junk.rank0.safetensors"
+    f["junk"].write_text("not a safetensors file\n")
+    f["truncated"] = d / "truncated.rank0.safetensors"
+    f["truncated"].write_bytes(f["good"][0].read_bytes()[:100])
+    sglang_files(d / "sgl_old", "old", 2, {0: rep(c["embed"], 2), 2: rep(c["out(1)"], 2), 3: parts(c["out(2)"], 2)})
+    sglang_files(d / "sgl_mid", "mid", 2, {0: rep(c["embed"], 2), 2: rep(c["out(1)"], 2)})
+    sglang_files(d / "sgl_new", "new", 2, {0: rep(c["embed"], 2), 2: list(c["out(1)"].split([7, 5])),
+                                           3: rep(c["out(1)"], 2)}, steps=(1, 2))
+    feats = torch.cat([c["embed"], c["out(1)"], c["out(2)"]], 1).bfloat16()[None]
+    f["feat"] = d / "feat.ckpt"  # SpecForge's offline record
+    torch.save({"input_ids": torch.tensor(IDS), "loss_mask": torch.ones(T, dtype=torch.long),
+                "aux_hidden_state": feats, "hidden_state": torch.randn(1, T, H).bfloat16()}, f["feat"])
+    return f
+
+
+def verdicts(report: dict) -> dict[str, tuple]:
+    return {r["point"]: (r["placement"], r["matches"], r["correct"]) for r in report["points"]}
+
+
+def test_read_tpsim_rank_dumps(files):
+    rs = read_rank_files([str(p) for p in files["bad"]])
+    assert (rs.kind, rs.tp, rs.input_ids.tolist()) == ("tpsim rank dump", 4, IDS)
+    assert [t.shape[0] for t in rs.points["layers.1.out"]] == [4, 4, 2, 2]
+    assert rs.position["layers.2.out"] == "out(2)" and rs.declared["embed.out"] == S1
+    ref = read_reference(str(files["ref1"]), None, None)
+    assert ref.kind == "TP=1 rank dump" and ref.candidates["out(1)"] is ref.candidates["layers.1.out"]
+    cap = read_reference(str(files["cap"]), None, None)
+    assert list(cap.candidates) == ["embed", "out(1)", "out(2)"] and cap.input_ids.tolist() == IDS
+    assert torch.equal(cap.candidates["out(1)"], chain()["out(1)"])
+
+
+@pytest.mark.parametrize("layout", ["old", "mid", "new"])
+def test_read_sglang_dumps(files, layout):
+    d = files["dir"] / f"sgl_{layout}"
+    rs = read_rank_files([str(d)], step=2 if layout == "new" else None)
+    assert (rs.kind, rs.tp, rs.input_ids.tolist()) == ("SGLang dumper", 2, IDS)
+    key = "layer_start__hidden_states[layer_id={}]".format
+    assert rs.position == {key(0): "embed", key(2): "out(1)", **({} if layout == "mid" else {key(3): "out(2)"})}
+    assert [t.shape for t in rs.points[key(2)]] == ([(7, 16), (5, 16)] if layout == "new" else [(12, 16)] * 2)
+    if layout == "new":
+        with pytest.raises(UsageError, match="span steps 1, 2"):
+            read_rank_files([str(d)])
+
+
+def test_point_selection_reads_only_those(files):
+    rep = diagnose_files([str(p) for p in files["bad"]], str(files["cap"]), points=["layers.2.out"])
+    assert verdicts(rep) == {"layers.2.out": (R, "out(1)", False)}
+    rep = diagnose_files([str(p) for p in files["bad"]], str(files["cap"]))  # no o_proj output in a capture
+    row = next(r for r in rep["points"] if r["point"] == "layers.1.attn.o_proj.partial")
+    assert row["placement"] == UNEXPLAINED and row["declared_agrees"] is None, row  # no evidence either way
+    assert "nothing named like 1 of the points (layers.1.attn.o_proj.partial)" in rep["notes"][0]
+    key = "layer_start__hidden_states[layer_id={}]".format
+    rs = read_rank_files([str(files["dir"] / "sgl_old")], points=[key(3)])
+    assert list(rs.points) == [key(3)] and rs.input_ids.tolist() == IDS
+    with pytest.raises(UsageError, match=re.escape(f"(points: {key(0)}, {key(2)}, {key(3)})")):
+        diagnose_files([str(files["dir"] / "sgl_old")], str(files["cap"]), points=["nope"])
+
+
+def test_read_training_features(files):
+    ref = read_reference(str(files["feat"]), ["embed", "out(1)", "out(2)"], None)
+    assert ref.kind == "training features" and ref.candidates["out(2)"].dtype == torch.bfloat16
+    assert list(read_reference(str(files["feat"]), None, H).candidates) == ["slot0", "slot1", "slot2"]
+    with pytest.raises(UsageError, match="--positions"):
+        read_reference(str(files["feat"]), None, None)
+    with pytest.raises(UsageError, match="--hidden-size 10"):
+        read_reference(str(files["feat"]), ["embed", "out(1)", "out(2)"], 10)
+
+
+# --- 3b. the CLI end to end ------------------------------------------------------------------
+
+def good_runs(f) -> dict[str, list]:
+    ref, cap = ["--reference", f["ref1"]], ["--reference", f["cap"]]
+    return {
+        "good_vs_cap": [*f["good"], *cap],
+        "good_vs_features_json": [*f["good"], "--reference", f["feat"], "--positions", "embed,out(1),out(2)", "--json"],
+        "bad_vs_ref1_text": [*f["bad"], *ref],
+        "sglang_old_vs_cap_text": [f["dir"] / "sgl_old", *cap],
+        "sglang_new_vs_cap_json": [f["dir"] / "sgl_new", *cap, "--step", "2", "--json"],
+    }
+
+
+BAD = {  # id -> (argv from the files, substrings of the one error line)
+    "inconsistent-shapes": (lambda f: [*f["shape"], "--reference", f["cap"]], ("layers.1.out", "[12, 8]")),
+    "inconsistent-dtypes": (lambda f: [*f["dtype"], "--reference", f["cap"]], ("bfloat16", "float32")),
+    "missing-rank": (lambda f: [f["tp3"][0], f["tp3"][2], "--reference", f["cap"]], ("rank 1 of tp=3 is missing",)),
+    "two-files-one-rank": (lambda f: [*f["dup"], "--reference", f["cap"]], ("two files for rank 0",)),
+    "different-input-ids": (lambda f: [*f["ids"], "--reference", f["cap"]], ("other input_ids", "different runs")),
+    "reference-token-count": (lambda f: [*f["good"], "--reference", f["cap_long"]], ("13 tokens", "rank files 12")),
+    "missing-file": (lambda f: [f["good"][0], f["dir"] / "nope.rank1.safetensors", "--reference", f["cap"]],
+                     ("nope.rank1.safetensors", "does not exist")),
+    "missing-reference": (lambda f: [*f["good"], "--reference", f["dir"] / "nope.safetensors"],
+                          ("--reference", "does not exist")),
+    "not-safetensors": (lambda f: [f["junk"], "--reference", f["cap"]], ("junk.rank0", "not a readable safetensors")),
+    "truncated": (lambda f: [f["truncated"], "--reference", f["cap"]], ("truncated.rank0", "not a readable")),
+    "checksum": (lambda f: [f["good"][0], f["corrupt"], *f["good"][2:], "--reference", f["cap"]],
+                 ("corrupt.rank1", "sha256")),
+    "unknown-point": (lambda f: [*f["good"], "--reference", f["cap"], "--point", "layers.9.out"],
+                      ("--point layers.9.out", "layers.1.out")),
+    "not-a-rank-dump": (lambda f: [f["cap"], "--reference", f["cap"]], ("not a tpsim rank dump",)),
+    "bad-positions": (lambda f: [*f["good"], "--reference", f["feat"], "--positions", "embed,layer2"],
+                      ("--positions", "'layer2'")),
+    "sglang-steps": (lambda f: [f["dir"] / "sgl_new", "--reference", f["cap"]], ("--step",)),
+}
+
+
+class Runs:
+    """Every CLI run of this module, started before the module's first test (two at a time, so they
+    overlap the in-process tests and the rank pool): `runs[key]` waits for one."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.dir = files["dir"]
+        self.before = self.snapshot()
+        argv = {**{k: ["diagnose", *a] for k, a in good_runs(files).items()},
+                **{f"bad:{k}": ["diagnose", *make(files)] for k, (make, _) in BAD.items()}}
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.futures = {k: self.pool.submit(run_cli, *a) for k, a in argv.items()}
+
+    def snapshot(self) -> list:
+        return sorted((str(p), p.stat().st_mtime_ns) for p in self.dir.rglob("*"))
+
+    def __getitem__(self, key: str):
+        return self.futures[key].result()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cli(files):
+    runs = Runs(files)
+    yield runs
+    runs.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2(cli, case):
+    r = cli[f"bad:{case}"]
+    assert r.returncode == 2, r
+    assert "Traceback" not in r.stdout + r.stderr and r.stdout == "", r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpsim: error: "), r
+    for s in BAD[case][1]:
+        assert s in lines[0], f"{s!r} not in {lines[0]!r}"
+    assert cli.snapshot() == cli.before  # nothing written (nor by any other run)
+
+
+def test_cli_all_replicated_and_correct(cli, files):
+    r = cli["good_vs_cap"]
+    assert r.returncode == 0, r
+    for s in ("4 rank files (tpsim rank dump, tp=4, 12 tokens)", "capture file", "1e-05", "1e-03",
+              "bitwise identical on all 4 ranks", "PASS"):
+        assert s in r.stdout, (s, r)
+    rep = diagnose_files([str(p) for p in files["good"]], str(files["ref1"]))  # the same report --json prints
+    assert rep["ok"]
+    assert verdicts(rep) == {p: (R, p, True) for p in ("embed.out", "layers.1.out", "layers.2.out")}
+    assert all(r["ranks_identical"] and r["declared_agrees"] for r in rep["points"])
+
+
+def test_cli_bf16_features_reference(cli):
+    r = cli["good_vs_features_json"]
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["reference"]["kind"] == "training features", r
+    assert verdicts(rep) == {"embed.out": (R, "embed", True), "layers.1.out": (R, "out(1)", True),
+                             "layers.2.out": (R, "out(2)", True)}
+    assert {p["threshold"] for p in rep["points"]} == {1e-3} and max(p["diff"] for p in rep["points"]) < 1e-4
+
+
+def test_cli_every_failure_named(cli, files):
+    rep = diagnose_files([str(p) for p in files["bad"]], str(files["ref1"]))
+    assert verdicts(rep) == {
+        "layers.1.attn.o_proj.partial": (P, "layers.1.attn.o_proj.partial", False),
+        "layers.1.out": (S0, "layers.1.out", False),
+        "layers.2.out": (R, "layers.1.out", False),
+        "embed.out": (S1, "embed.out", False)}
+    agree = {p["point"]: p["declared_agrees"] for p in rep["points"]}
+    assert agree == {"layers.1.attn.o_proj.partial": True, "layers.1.out": False, "layers.2.out": True,
+                     "embed.out": True}
+    text = cli["bad_vs_ref1_text"]
+    assert text.returncode == 1, text
+    for s in ("captured before an all-reduce (per-rank partial sums)", "each rank holds only its share of the tokens",
+              "this is layers.1.out, you asked for layers.2.out", "Replicate() (disagrees)", "FAIL: 4 of 4"):
+        assert s in text.stdout, (s, text)
+
+
+def test_cli_sglang_dumps(cli):
+    old, new = cli["sglang_old_vs_cap_text"], cli["sglang_new_vs_cap_json"]
+    assert old.returncode == 1 and new.returncode == 1, (old, new)
+    key = "layer_start__hidden_states[layer_id={}]".format
+    cells = [re.split(r"\s{2,}", line.strip()) for line in old.stdout.splitlines()]
+    rows = {c[0]: c[3:7] for c in cells if c[0].startswith("layer_start__hidden_states[")}
+    assert rows == {key(0): [R, "embed", "0.00e+00", "yes"], key(2): [R, "out(1)", "0.00e+00", "yes"],
+                    key(3): [P, "out(2)", rows[key(3)][2], "NO"]}, old
+    assert "note: the dumps carry no world size" in old.stdout and "FAIL: 1 of 3" in old.stdout, old
+    assert verdicts(json.loads(new.stdout)) == {key(0): (R, "embed", True), key(2): (S0, "out(1)", False),
+                                                key(3): (R, "out(1)", False)}
