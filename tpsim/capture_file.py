@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from tpsim.capture.points import position_of
+from tpsim.parallel import faults
 
 RANK_DUMP_FORMAT = "tpsim-rank-dump"
 
@@ -36,6 +37,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
         save_file(tensors, tmp, metadata=meta)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        faults.at("write")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -72,6 +74,7 @@ def write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        faults.at("write")
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

@@ -1,6 +1,7 @@
 """`tpsim ...` / `python -m tpsim ...`.
 
-Exit codes: 0 every property holds; 1 a property failed; 2 bad input; 3 a rank failed.
+Exit codes: 0 every property holds; 1 a property failed; 2 bad input; 3 a rank failed or
+stalled; 4 an output could not be written (the previous file, if any, is untouched).
 """
 
 from __future__ import annotations
@@ -517,6 +518,11 @@ def run_command(argv: list[str] | None) -> int:
         if os.environ.get("TPSIM_DEBUG"):
             print(str(e), file=sys.stderr)
         return 3
+    except OSError as e:  # writing an output failed (disk full, I/O error): the previous file is untouched
+        where = f" {e.filename}" if e.filename else ""
+        print(f"tpsim: error: could not write the output{where}: {e.strerror or e}; nothing was replaced",
+              file=sys.stderr)
+        return 4
     except KeyboardInterrupt:
         print("tpsim: interrupted", file=sys.stderr)
         return 130

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from tpsim import __version__
 from tpsim.checkpoint.reader import INDEX, expected_tensors
 from tpsim.config import ModelConfig
+from tpsim.parallel import faults
 from tpsim.weights import init_tensor
 
 ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
@@ -95,6 +96,7 @@ def export_checkpoint(cfg: ModelConfig, seed: int, out: Path, dtype: str, max_sh
         for f in (INDEX, "config.json"):
             if (tmp / f).exists():
                 _fsync(tmp / f)
+        faults.at("write")
         umask = os.umask(0)
         os.umask(umask)
         for f in files:  # mkdtemp and safetensors create private files; give them the usual mode

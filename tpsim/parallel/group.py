@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from tpsim.parallel import faults
+
 
 @dataclass
 class CollectiveRecord:
@@ -59,11 +61,16 @@ class TPGroup:
         if self.taps is not None:
             self.taps.record(name, x, placement if self.size > 1 else "Replicate()", len(self.tracer.records))
 
+    def _enter(self, op: str, caller: str) -> None:
+        faults.doing(f"{op} in {caller} (TP={self.size} group of ranks {list(self.ranks)})")
+        faults.at(caller, self.ranks[self.rank])
+
     def all_reduce(self, x: torch.Tensor, caller: str) -> torch.Tensor:
         """Sum of `x` over the group, replicated on every rank (same shape as x)."""
         if self.size == 1:
             return x
         x = x.contiguous()
+        self._enter("all_reduce", caller)
         self.tracer.record("all_reduce", caller, x)
         dist.all_reduce(x, group=self.pg)
         return x
@@ -73,6 +80,7 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
+        self._enter("all_gather", caller)
         self.tracer.record("all_gather", caller, x)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x, group=self.pg)
@@ -82,6 +90,7 @@ class TPGroup:
         """Sum over the group, then this rank's contiguous 1/size slice along `dim`."""
         if self.size == 1:
             return x
+        self._enter("reduce_scatter", caller)
         self.tracer.record("reduce_scatter", caller, x)
         chunks = [c.contiguous() for c in x.chunk(self.size, dim=dim)]
         out = torch.empty_like(chunks[self.rank])
@@ -94,6 +103,7 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
+        self._enter("all_to_all", caller)
         self.tracer.record("all_to_all", caller, x)
         rows = sum(out_splits) if out_splits is not None else x.shape[0]
         out = x.new_empty((rows, *x.shape[1:]))
@@ -105,6 +115,7 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
+        self._enter("broadcast", caller)
         self.tracer.record("broadcast", caller, x)
         dist.broadcast(x, src=self.ranks[src], group=self.pg)
         return x

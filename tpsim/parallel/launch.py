@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from tpsim.errors import RankError, UsageError
+from tpsim.parallel import faults
 from tpsim.parallel.group import TPGroup
 
 
@@ -137,11 +138,14 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results):
+def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, slot):
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and kills us
     torch.set_num_threads(1)
+    faults.install(slot)
     try:
+        faults.doing("starting up (joining the process group)")
+        faults.at("startup", rank)
         dev = torch.device(device)
         if device == "cuda":
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -159,6 +163,7 @@ def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results):
         if task is None:
             break
         fn, kwargs = task
+        faults.doing(f"running {fn.rpartition(':')[2]}")
         try:
             results.put(("ok", rank, resolve_job(fn)(ctx, **kwargs)))
         except UsageError as e:
@@ -185,6 +190,7 @@ class RankPool:
         mp = torch.multiprocessing.get_context("spawn")
         self._results = mp.Queue()
         self._tasks = [mp.Queue() for _ in range(world)]
+        self._slots = [mp.Array("c", faults.SLOT_BYTES) for _ in range(world)]  # what each rank is doing
         child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
         if sys.platform.startswith("linux"):
             child_env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
@@ -193,7 +199,7 @@ class RankPool:
         try:
             self._procs = [mp.Process(target=_worker, daemon=True,
                                       args=(r, world, os.path.join(self._tmp, "store"), backend, device,
-                                            timeout_s, self._tasks[r], self._results))
+                                            timeout_s, self._tasks[r], self._results, self._slots[r]))
                            for r in range(world)]
             for p in self._procs:
                 p.start()
@@ -222,12 +228,14 @@ class RankPool:
             except queue.Empty:
                 dead = self._dead(exclude=got)
                 if dead is not None:
+                    what = self._what(dead)
                     self.kill()
-                    raise RankError(f"rank {dead} died (exit code {self._procs[dead].exitcode}) while {doing}")
+                    raise RankError(f"rank {dead} {self._death(dead)} while {doing}, during {what}")
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.world)) - set(got))
+                    what = self._what(missing[0])
                     self.kill()
-                    raise RankError(f"rank {missing[0]} stalled while {doing} "
+                    raise RankError(f"rank {missing[0]} stalled while {doing}, during {what} "
                                     f"(silent for {limit:.0f} s)")
                 continue
             if kind == "progress":
@@ -238,17 +246,54 @@ class RankPool:
                 self.kill()
                 raise UsageError(payload)
             elif kind == "error":
-                last = payload.strip().splitlines()[-1]
-                # A peer's death reaches the survivors as "connection closed" errors: name the root cause.
-                dead = self._dead(exclude=got, grace_s=1.0)
-                self.kill()
-                if dead is not None and dead != rank:
-                    raise RankError(f"rank {dead} died (exit code {self._procs[dead].exitcode}) while {doing}; "
-                                    f"rank {rank} then failed: {last}\n{payload}")
-                raise RankError(f"rank {rank} failed while {doing}: {last}\n{payload}")
+                raise self._failure(rank, payload, got, doing)
             else:
                 got[rank] = payload
         return got
+
+    def _what(self, rank: int) -> str:
+        return faults.read(self._slots[rank]) or "start-up"
+
+    def _death(self, rank: int) -> str:
+        code = self._procs[rank].exitcode
+        if code is not None and code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"died (exit code {code})"
+
+    def _failure(self, rank: int, payload: str, got: dict, doing: str) -> RankError:
+        """The error to raise when `rank` reported an exception: name the root cause. A peer's
+        death reaches the survivors as "connection closed"; a stalled peer as a collective
+        timeout, while the stalled rank itself stays silent."""
+        last = payload.strip().splitlines()[-1]
+        what = self._what(rank)
+        dead = self._dead(exclude=set(got) | {rank}, grace_s=1.0)  # the reporter may exit after reporting
+        silent = []
+        if dead is None and ("timed out" in payload.lower() or "timeout" in payload.lower()):
+            reported = self._drain_errors(grace_s=3.0) | {rank} | set(got)
+            silent = [r for r in range(self.world) if r not in reported and self._procs[r].is_alive()]
+        culprit = {r: self._what(r) for r in ([dead] if dead is not None else silent[:1])}
+        self.kill()
+        if dead is not None and dead != rank:
+            then = "lost the connection to it" if "connection closed" in last.lower() else f"failed: {last}"
+            return RankError(f"rank {dead} {self._death(dead)} while {doing}, during {culprit[dead]}; "
+                             f"rank {rank} then {then}\n{payload}")
+        if silent:
+            s = silent[0]
+            return RankError(f"rank {s} stalled while {doing}, during {culprit[s]}; rank {rank} gave up waiting "
+                             f"for it after the {self.timeout_s:g} s collective timeout, in {what}\n{payload}")
+        return RankError(f"rank {rank} failed while {doing}, during {what}: {last}\n{payload}")
+
+    def _drain_errors(self, grace_s: float) -> set[int]:
+        """Ranks that report an error within grace_s (the survivors of a stall time out together)."""
+        ranks, deadline = set(), time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                kind, rank, _ = self._results.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if kind == "error":
+                ranks.add(rank)
+        return ranks
 
     def _dead(self, exclude, grace_s: float = 0.0) -> int | None:
         """The first rank whose process has exited (waiting up to grace_s for one to)."""

@@ -1,0 +1,99 @@
+"""Rank faults, end to end: `tpsim capture` with a rank that raises, is killed (SIGKILL) or
+stalls at start-up, in the embedding's all-reduce, in a layer's all-reduce, or while the
+launcher writes the output. Each run must end within the collective timeout (plus start-up)
+with exit 3 and one line naming the failing rank and what it was doing, leave no process and
+no rendezvous directory behind, and never leave a partial output file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 5  # --timeout: the collective timeout the stalls run into
+BOUND_S = TIMEOUT_S + 30  # start-up of the ranks on a busy 2-core machine + the watchdog's grace
+
+LAYER = "model.layers.2.self_attn.o_proj"
+CASES = {  # id: (TPSIM_FAULT, expected exit, substrings of the one error line)
+    "startup-raise": ("1:startup:raise", 3, ["rank 1 failed while starting", "injected fault at startup"]),
+    "startup-kill": ("1:startup:kill", 3, ["rank 1 was killed by SIGKILL while starting"]),
+    "startup-stall": ("1:startup:stall", 3, ["rank 1 stalled while starting", "5 s collective timeout"]),
+    "embed-raise": ("1:model.embed_tokens:raise", 3,
+                    ["rank 1 failed while running capture_job", "all_reduce in model.embed_tokens", "injected"]),
+    "embed-kill": ("0:model.embed_tokens:kill", 3,
+                   ["rank 0 was killed by SIGKILL while running capture_job", "all_reduce in model.embed_tokens"]),
+    "embed-stall": ("1:model.embed_tokens:stall", 3, ["rank 1 stalled", "all_reduce in model.embed_tokens"]),
+    "layer-raise": (f"2:{LAYER}:raise", 3, ["rank 2 failed", f"all_reduce in {LAYER}", "injected fault"]),
+    "layer-kill": (f"3:{LAYER}:kill", 3, ["rank 3 was killed by SIGKILL", f"all_reduce in {LAYER}",
+                                          "lost the connection to it"]),
+    "layer-stall": (f"1:{LAYER}:stall", 3, ["rank 1 stalled", f"all_reduce in {LAYER}", "gave up waiting"]),
+    "write-raise": ("launcher:write:raise", 4, ["could not write the output", "nothing was replaced"]),
+    "write-kill": ("launcher:write:kill", -signal.SIGKILL, []),
+}
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Live processes started with TPSIM_TEST_MARKER=marker (the CLI and every rank it spawned)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if f"TPSIM_TEST_MARKER={marker}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def run_fault(case: str, tmp: Path) -> dict:
+    fault, _, _ = CASES[case]
+    marker = uuid.uuid4().hex
+    out = tmp / "capture.safetensors"
+    out.write_bytes(b"the previous capture")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    env.update(TPSIM_FAULT=fault, TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp), OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "tpsim", "capture", "--tp", "4", "--timeout", str(TIMEOUT_S),
+                        "--seq-len", "4", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    seconds = time.monotonic() - t0
+    deadline = time.monotonic() + 10  # PDEATHSIG is immediate; allow the kernel a moment
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {"code": p.returncode, "stderr": p.stderr, "stdout": p.stdout, "seconds": seconds,
+            "survivors": marked_processes(marker), "out": out.read_bytes(),
+            "rdzv": [x.name for x in tmp.iterdir() if x.name.startswith("tpsim-rdzv-")],
+            "litter": sorted(x.name for x in tmp.iterdir() if x.name != out.name)}
+
+
+@pytest.fixture(scope="module")
+def fault_runs(tmp_path_factory):
+    with ThreadPoolExecutor(3) as ex:
+        futures = {c: ex.submit(run_fault, c, tmp_path_factory.mktemp(c)) for c in CASES}
+        return {c: f.result() for c, f in futures.items()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_fault_brings_every_rank_down_with_one_clear_line(fault_runs, case):
+    r = fault_runs[case]
+    _, code, expect = CASES[case]
+    assert r["code"] == code, r
+    assert r["seconds"] < BOUND_S, f"took {r['seconds']:.1f} s"
+    assert r["survivors"] == [], f"processes left behind: {r['survivors']}"
+    assert r["rdzv"] == [], "rendezvous files left behind"
+    assert r["out"] == b"the previous capture", "the previous output was replaced or damaged"
+    if code != -signal.SIGKILL:
+        lines = [x for x in r["stderr"].splitlines() if x.startswith("tpsim: error: ")]
+        assert len(lines) == 1 and "Traceback" not in r["stderr"], r
+        for e in expect:
+            assert e in lines[0], (e, lines[0])
+    else:  # the launcher itself was killed between writing the temporary copy and the rename
+        assert all(x.endswith(".tmp") and x.startswith(".capture.safetensors.") for x in r["litter"]), r["litter"]
