@@ -263,9 +263,12 @@ def summarize(cfg: ModelConfig, res: Resolution, tokens: list[int], dtype: str, 
             bad = [r["rank"] for r in mine if not r["identical"]]
             failures.append(f"ranks {bad} differ from their group's rank 0")
         if not all(r["finite"] for r in mine):
-            failures.append("the capture holds NaN or Inf")
+            first = next((r for r in mine if not r["finite"] and r.get("first_nonfinite")), None)
+            where = "" if first is None else (f"; the first NaN/Inf appeared at {first['first_nonfinite'][0]} "
+                                              f"(token {first['first_nonfinite'][1]}) on rank {first['rank']}")
+            failures.append(f"the capture holds NaN or Inf{where}")
         rel = max(errs) if errs else None
-        if rel is not None and not rel <= tol:
+        if rel is not None and not rel <= tol and all(r["finite"] for r in mine):
             failures.append(f"relative error {rel:.3e} against TP=1 exceeds {tol:.0e}")
         if counts != [expected_ar]:
             failures.append(f"{counts} all-reduces per forward, expected {expected_ar} (1 + 2L)")
@@ -479,11 +482,12 @@ def build_parser() -> Parser:
     add_override(p)
     p.set_defaults(func=cmd_export)
 
-    from tpsim import align, diagnose, explain, scenario
+    from tpsim import align, diagnose, explain, scenario, verify
     explain.add_parser(sub, add_run_options)
     align.add_parser(sub)
     diagnose.add_parser(sub)
     scenario.add_parser(sub)
+    verify.add_parser(sub)
 
     p = sub.add_parser("resolve", help="layer ids -> positions, without running a model")
     p.add_argument("--convention", required=True, type=check_convention,

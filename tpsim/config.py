@@ -112,6 +112,8 @@ def _check_type(name: str, value: Any, source: str) -> Any:
     elif ann.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"{source}: field {name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise UsageError(f"{source}: field {name} must be a finite number, got {value!r}")
         value = float(value)
     elif ann.startswith("bool"):
         if not isinstance(value, bool):
@@ -215,6 +217,16 @@ def _check_consistency(cfg: ModelConfig, source: str) -> None:
             raise UsageError(f"{source}: rope_scaling needs a factor")
 
 
+def _number(text: str) -> int | float | None:
+    """`4` -> 4, `1e6` -> 1e6 (YAML 1.1 would read `1e6` as a string), else None."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None
+
+
 def with_overrides(cfg: ModelConfig, overrides: list[str]) -> ModelConfig:
     """Apply `field=value` overrides (value parsed as YAML: 4, 2.5, null, true) and re-validate."""
     import yaml
@@ -228,7 +240,7 @@ def with_overrides(cfg: ModelConfig, overrides: list[str]) -> ModelConfig:
             raise UsageError(f"--override {key}: unknown config field; use an HF DeepseekV2Config field "
                              f"such as num_hidden_layers")
         try:
-            raw[key] = yaml.safe_load(text)
+            raw[key] = _number(text.strip()) if _number(text.strip()) is not None else yaml.safe_load(text)
         except yaml.YAMLError:
             raise UsageError(f"--override {item!r}: the value is not a number, true/false, null or a string")
     return config_from_dict(raw, source="--override")

@@ -85,7 +85,11 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
         if not ctx.participates(tp):
             continue
         group = ctx.groups[tp]
-        cap = capture_once(config, group, seed, dtype, input_ids, pos, checkpoint, _progress(ctx, tp))
+        group.taps = Taps(watch_finite=True)
+        try:
+            cap = capture_once(config, group, seed, dtype, input_ids, pos, checkpoint, _progress(ctx, tp))
+        finally:
+            taps, group.taps = group.taps, None
         records = list(group.tracer.records)
         if tp == 1:
             reference = cap
@@ -93,7 +97,7 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
         rows.append({
             "tp": tp, "rank": ctx.rank, "group_rank": group.rank, "group": list(group.ranks),
             "shape": list(cap.shape), "identical": bitwise_equal(cap, first),
-            "finite": bool(torch.isfinite(cap).all()),
+            "finite": bool(torch.isfinite(cap).all()), "first_nonfinite": taps.first_nonfinite,
             "rel_err": rel_err(cap, reference) if reference is not None else None,
             "all_reduces": sum(r.op == "all_reduce" for r in records),
             "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),

@@ -106,9 +106,17 @@ class Taps:
 
     wanted: set[str] = field(default_factory=set)
     everything: bool = False
+    watch_finite: bool = False  # find the first point (and token) holding NaN or Inf
     got: dict[str, Tap] = field(default_factory=dict)
+    first_nonfinite: tuple[str, int] | None = None
 
     def record(self, name: str, x, placement: str, order: int) -> None:
+        if self.watch_finite and self.first_nonfinite is None:
+            x = x() if callable(x) else x
+            bad = ~torch.isfinite(x)
+            if bad.any():
+                rows = bad.reshape(bad.shape[0], -1).any(-1) if bad.dim() > 1 else bad
+                self.first_nonfinite = (name, int(rows.nonzero()[0]))
         if not (self.everything or name in self.wanted):
             return
         x = x() if callable(x) else x

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from tpsim import __version__
+from tpsim.capture_file import tensor_sha256
 from tpsim.checkpoint.reader import INDEX, expected_tensors
 from tpsim.config import ModelConfig
 from tpsim.parallel import faults
@@ -83,7 +84,8 @@ def export_checkpoint(cfg: ModelConfig, seed: int, out: Path, dtype: str, max_sh
                 weight_map[name] = fname
                 total += tensors[name].numel() * tensors[name].element_size()
                 on_tensor(name)
-            save_file(tensors, tmp / fname, metadata={"format": "pt"})
+            sums = {f"sha256.{n}": tensor_sha256(t) for n, t in tensors.items()}  # for `tpsim verify`
+            save_file(tensors, tmp / fname, metadata={"format": "pt", **sums})
             _fsync(tmp / fname)
             del tensors
         files = list(names)
