@@ -39,3 +39,17 @@ def test_the_stall_watchdog_counts_silence_not_total_time():
             pool.run("tpsim.testing.jobs:slow_job", seconds=30, report_every=None)
         assert time.monotonic() - start < 10
         assert all(not p.is_alive() for p in pool._procs)
+
+
+@pytest.mark.parametrize("field,from_rank,expect", [
+    ("input ids", 6, r"the ranks disagree on input ids \(ranks 0-5 \w+; ranks 6-7 \w+\)"),
+    ("weights", 1, r"the ranks disagree on weights \(rank 0 \w+; ranks 1-7 \w+\)"),
+])
+def test_ranks_that_disagree_stop_before_any_forward(rank_pool, field, from_rank, expect):
+    """A real all_gather of each rank's hashes; every rank raises, none hangs."""
+    from tpsim.errors import UsageError
+    start = time.monotonic()
+    with pytest.raises(UsageError, match=expect):
+        rank_pool.run("tpsim.testing.jobs:disagree_job", field=field, from_rank=from_rank)
+    assert time.monotonic() - start < 30
+    assert rank_pool.run("tpsim.testing.jobs:disagree_job", field=field, from_rank=8) == {r: "ran" for r in range(8)}

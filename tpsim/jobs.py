@@ -14,6 +14,7 @@ from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.config import ModelConfig, config_from_dict
 from tpsim.model import DeepseekForCausalLM
 from tpsim.parallel.group import TPGroup
+from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
 from tpsim.weights import init_random_weights
 
@@ -69,6 +70,14 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
+def agree_on_run(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], spec,
+                 checkpoint: str | None) -> None:
+    """Every rank checks that every other rank is about to run the same thing."""
+    weights = {"checkpoint": Checkpoint(checkpoint).fingerprint()} if checkpoint else {"seed": seed}
+    agree(ctx.world_size, {"config": cfg, "weights": weights, "input ids": input_ids, "dtype": dtype,
+                           "mode": "tp", "capture spec": spec})
+
+
 def _progress(ctx: RankContext, tp: int):
     ranks = f"{tp} rank{'s' if tp > 1 else ''}"
     return lambda msg: ctx.progress(f"TP={tp} on {ranks}: {msg}")
@@ -78,6 +87,7 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
               positions: list[str], tps: list[int], checkpoint: str | None = None) -> list[dict]:
     """For each TP degree this rank takes part in: capture, then compare against this group's
     rank 0 (exact) and against the TP=1 capture of this rank (relative error)."""
+    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"positions": positions, "tps": tps}, checkpoint)
     config = config_from_dict(cfg)
     pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
     reference, rows = None, []
@@ -110,6 +120,7 @@ def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: l
                 positions: list[str], tp: int, checkpoint: str | None = None):
     """The capture of group rank 0 (on that rank; None elsewhere), after checking that every
     rank of the group holds exactly the same tensor."""
+    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"positions": positions, "tp": tp}, checkpoint)
     if not ctx.participates(tp):
         return None
     config = config_from_dict(cfg)
@@ -130,6 +141,8 @@ def points_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: li
     `points`; with `everything`, every point's shape and placement) and the collective trace.
     `weights=False` leaves the parameters uninitialised: shapes, placements and collectives
     are those of the real model, at the memory cost of the pages the forward touches."""
+    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"points": points, "tp": tp, "everything": everything},
+                 checkpoint if weights else None)
     if not ctx.participates(tp):
         return None
     config, group = config_from_dict(cfg), ctx.groups[tp]

@@ -211,16 +211,16 @@ class RankPool:
                     os.environ[k] = v
         self.closed = False
         try:
-            self._collect("starting")
+            self._collect("starting", extra_s=60)  # spawned ranks import torch first: slow on a busy machine
         except BaseException:
             self.kill()
             raise
 
-    def _collect(self, doing: str) -> dict:
+    def _collect(self, doing: str, extra_s: float = 0.0) -> dict:
         got: dict[int, object] = {}
         # The collective timeout fires first; this catches a rank stuck elsewhere. It counts
         # silence: every progress message (weights report every few seconds) restarts it.
-        limit = self.timeout_s + self.stall_grace_s
+        limit = self.timeout_s + self.stall_grace_s + extra_s
         deadline = time.monotonic() + limit
         while len(got) < self.world:
             try:
@@ -230,12 +230,12 @@ class RankPool:
                 if dead is not None:
                     what = self._what(dead)
                     self.kill()
-                    raise RankError(f"rank {dead} {self._death(dead)} while {doing}, during {what}")
+                    raise RankError(f"rank {dead} {self._death(dead)} while {doing}{what}")
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.world)) - set(got))
                     what = self._what(missing[0])
                     self.kill()
-                    raise RankError(f"rank {missing[0]} stalled while {doing}, during {what} "
+                    raise RankError(f"rank {missing[0]} stalled while {doing}{what} "
                                     f"(silent for {limit:.0f} s)")
                 continue
             if kind == "progress":
@@ -252,7 +252,9 @@ class RankPool:
         return got
 
     def _what(self, rank: int) -> str:
-        return faults.read(self._slots[rank]) or "start-up"
+        """", during all_reduce in model.layers.2..." (nothing when the rank was just running the job)."""
+        what = faults.read(self._slots[rank])
+        return "" if not what or what.startswith("running ") else f", during {what}"
 
     def _death(self, rank: int) -> str:
         code = self._procs[rank].exitcode
@@ -274,14 +276,15 @@ class RankPool:
         culprit = {r: self._what(r) for r in ([dead] if dead is not None else silent[:1])}
         self.kill()
         if dead is not None and dead != rank:
-            then = "lost the connection to it" if "connection closed" in last.lower() else f"failed: {last}"
-            return RankError(f"rank {dead} {self._death(dead)} while {doing}, during {culprit[dead]}; "
+            lost = any(w in last.lower() for w in ("connection", "remote worker", "peer"))
+            then = "lost the connection to it" if lost else f"failed: {last}"
+            return RankError(f"rank {dead} {self._death(dead)} while {doing}{culprit[dead]}; "
                              f"rank {rank} then {then}\n{payload}")
         if silent:
             s = silent[0]
-            return RankError(f"rank {s} stalled while {doing}, during {culprit[s]}; rank {rank} gave up waiting "
-                             f"for it after the {self.timeout_s:g} s collective timeout, in {what}\n{payload}")
-        return RankError(f"rank {rank} failed while {doing}, during {what}: {last}\n{payload}")
+            return RankError(f"rank {s} stalled while {doing}{culprit[s]}; rank {rank} gave up waiting "
+                             f"for it after the {self.timeout_s:g} s collective timeout{what}\n{payload}")
+        return RankError(f"rank {rank} failed while {doing}{what}: {last}\n{payload}")
 
     def _drain_errors(self, grace_s: float) -> set[int]:
         """Ranks that report an error within grace_s (the survivors of a stall time out together)."""
@@ -299,8 +302,8 @@ class RankPool:
         """The first rank whose process has exited (waiting up to grace_s for one to)."""
         deadline = time.monotonic() + grace_s
         while True:
-            for r, p in enumerate(self._procs):
-                if p.exitcode is not None and r not in exclude:
+            for r, p in enumerate(self._procs):  # exit code 0: a rank that reported its error and left
+                if p.exitcode not in (None, 0) and r not in exclude:
                     return r
             if time.monotonic() >= deadline:
                 return None

@@ -158,3 +158,14 @@ def slow_job(ctx: RankContext, seconds: float, report_every: float | None):
         if report_every:
             ctx.progress("still working")
     return ctx.rank
+
+
+def disagree_job(ctx: RankContext, field: str, from_rank: int):
+    """Ranks >= from_rank start with a different `field` (as a torchrun rank given other
+    arguments would); the consistency check must stop every rank before any forward."""
+    from tpsim.parallel.consistency import agree
+    fields = {"config": {"hidden_size": 64}, "input ids": [1, 2, 3], "weights": {"seed": 0}}
+    if ctx.rank >= from_rank:
+        fields[field] = {"changed on rank": ctx.rank >= from_rank}
+    agree(ctx.world_size, fields)
+    return "ran"
