@@ -1,5 +1,7 @@
 """Output integrity: every file tpsim writes carries per-tensor checksums that `tpsim verify`
-checks; any change to a tensor's bytes is caught; a truncated file is bad input."""
+checks; any change to a tensor's bytes is caught; a truncated file is bad input. Resource
+guards: the per-rank memory estimate is what ranks really allocate, and weights that do not
+fit are refused before any rank starts."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from strategies import TP_DEGREES, config_dicts
 from test_cli import run_cli
 from tpsim.capture_file import write_capture
 from tpsim.checkpoint.export import export_checkpoint
-from tpsim.config import load_config, with_overrides
+from tpsim.config import config_from_dict, load_config, with_overrides
+from tpsim.model import shard_bytes
 from tpsim.verify import verify_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,3 +68,24 @@ def test_a_file_without_checksums_is_not_verified(tmp_path):
     save_file({"x": torch.ones(2)}, tmp_path / "plain.safetensors")
     r = run_cli("verify", tmp_path / "plain.safetensors")
     assert r.returncode == 1 and "have no checksum" in r.stdout, r
+
+
+# --- resource guards -------------------------------------------------------------------------
+
+
+@settings(max_examples=15)
+@given(tp=st.sampled_from(TP_DEGREES), data=st.data(), dtype=st.sampled_from(["float32", "bfloat16"]))
+def test_the_memory_estimate_is_what_each_rank_allocates(rank_pool, tp, data, dtype):
+    cfg = config_from_dict(data.draw(config_dicts(tp), label="config"))
+    out = rank_pool.run("tpsim.testing.jobs:param_bytes_job", cfg=cfg.to_dict(), dtype=dtype, tp=tp)
+    real = {b for b in out.values() if b is not None}
+    assert real == {shard_bytes(cfg, tp, getattr(torch, dtype))}
+
+
+def test_weights_that_do_not_fit_are_refused_before_any_rank_starts(tmp_path):
+    r = run_cli("capture", "--model", "deepseek-v3", "--tp", "2", "--out", tmp_path / "c.safetensors")
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "deepseek-v3 needs 2.69 TB of float32 weights at TP=2 (2 ranks x 1.34 TB)" in lines[0]
+    assert "available memory on this machine" in lines[0] and "--force" in lines[0]
+    assert list(tmp_path.iterdir()) == []

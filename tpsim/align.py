@@ -508,10 +508,11 @@ def run_model(args, src, tp: int, report: Report) -> dict | None:
 
     from tpsim.cli import dtype_for, job_args, tokens_for
     from tpsim.parallel.launch import under_torchrun
-    from tpsim.runner import check_world, is_reporting_process, run_on_ranks
+    from tpsim.runner import check_memory, check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine
     tokens = tokens_for(args, src.cfg)
     check_world(tp, args.device, args.force)
+    check_memory(src.cfg, [tp], dtype_for(args), args.device, args.force, str(args.model))
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) % tp:
         raise UsageError(f"--tp {tp} does not divide the torchrun world size {os.environ['WORLD_SIZE']}")
     union = sorted({p for side in (report.train, report.serve) for p in side.positions if p is not None},

@@ -176,8 +176,8 @@ def tp_degrees(args) -> list[int]:
 
 
 def prepare(args, tps: list[int]):
-    """Everything validated before any rank starts: config, degrees, capture, tokens."""
-    from tpsim.runner import check_world
+    """Everything validated before any rank starts: config, degrees, capture, tokens, memory."""
+    from tpsim.runner import check_memory, check_world
     if not 0 < args.timeout < timedelta.max.total_seconds():  # also rejects nan and inf
         raise UsageError(f"--timeout {args.timeout:g} must be a positive, finite number of seconds "
                          f"(below {timedelta.max.total_seconds():.2g}), e.g. 60")
@@ -185,6 +185,7 @@ def prepare(args, tps: list[int]):
     res = resolve(args.convention, layer_ids(args), src.cfg.num_hidden_layers)
     tokens = tokens_for(args, src.cfg)
     check_world(max(tps), args.device, args.force)
+    check_memory(src.cfg, tps, dtype_for(args), args.device, args.force, str(args.model))
     return src, res, tokens
 
 
@@ -336,7 +337,7 @@ def capture_points(args, tp: int, out: Path) -> int:
     """`capture --points`: each rank's local tensor of each named point, one file per rank."""
     from tpsim.capture.points import check_points
     from tpsim.capture_file import rank_dump_path, write_rank_dump
-    from tpsim.runner import check_world, is_reporting_process, run_on_ranks
+    from tpsim.runner import check_memory, check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine
     if args.layers is not None:
         raise UsageError("--points and --layers both name what to capture; give one of them")
@@ -347,6 +348,7 @@ def capture_points(args, tp: int, out: Path) -> int:
     tokens = tokens_for(args, src.cfg)
     check_world(tp, args.device, args.force)
     dtype = dtype_for(args)
+    check_memory(src.cfg, [tp], dtype, args.device, args.force, str(args.model))
     progress = ProgressLine(enabled=is_reporting_process())
     try:
         results = run_on_ranks("tpsim.jobs:points_job", tp, device=args.device, backend=args.backend,

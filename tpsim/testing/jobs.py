@@ -169,3 +169,11 @@ def disagree_job(ctx: RankContext, field: str, from_rank: int):
         fields[field] = {"changed on rank": ctx.rank >= from_rank}
     agree(ctx.world_size, fields)
     return "ran"
+
+
+def param_bytes_job(ctx: RankContext, cfg: dict, dtype: str, tp: int):
+    """The bytes of this rank's parameters in a real model at TP=tp (for the memory guard's estimate)."""
+    if not ctx.participates(tp):
+        return None
+    model = DeepseekForCausalLM(config_from_dict(cfg), ctx.groups[tp], DTYPES[dtype])
+    return sum(p.numel() * p.element_size() for p in model.parameters())
