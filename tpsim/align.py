@@ -340,13 +340,17 @@ def read_draft_config(text: str) -> DraftConfig:
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
-        raise UsageError(f"--draft-config {p} does not exist; give the draft model's config.json or its directory")
+        what = "is not a regular file" if p.exists() else "does not exist"  # a FIFO would block the read
+        raise UsageError(f"--draft-config {p} {what}; give the draft model's config.json or its directory")
     try:
         raw = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--draft-config {p}: cannot read it ({e.__class__.__name__}); check the path") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"--draft-config {p} is not valid JSON ({e.msg} at line {e.lineno}); "
+                         "give the draft's config.json") from None
+    except RecursionError:
+        raise UsageError(f"--draft-config {p} is not a config.json (JSON nested too deeply to read); "
                          "give the draft's config.json") from None
     if not isinstance(raw, dict):
         raise UsageError(f"--draft-config {p} holds a JSON {type(raw).__name__}, not an object; give the draft's config.json")

@@ -16,6 +16,9 @@ VOCAB_PADDING = 64  # SGLang / vLLM DEFAULT_VOCAB_PADDING_SIZE
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 SCORING_FUNCS = ("softmax", "sigmoid")
+# rope_scaling fields the YaRN maths reads (the first four must be positive)
+YARN_NUMBERS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                "attn_factor")
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,18 @@ def _check_consistency(cfg: ModelConfig, source: str) -> None:
             raise UsageError(f"{source}: rope_scaling type {kind!r} is not supported; use yarn or null")
         if "factor" not in rs:
             raise UsageError(f"{source}: rope_scaling needs a factor")
+        for key in YARN_NUMBERS:  # the rope maths reads these on every rank: a string or a 0 fails there
+            if key not in rs or (key == "mscale_all_dim" and rs[key] is None):
+                continue
+            v, positive = rs[key], key in YARN_NUMBERS[:4]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+                raise UsageError(f"{source}: rope_scaling {key} must be a {'positive' if positive else 'finite'} "
+                                 f"number, got {v!r}")
+    if cfg.rope_theta <= 0 or (cfg.rope_theta == 1 and cfg.rope_scaling is not None):
+        raise UsageError(f"{source}: rope_theta={cfg.rope_theta:g} must be positive (and not 1 with yarn); "
+                         "DeepSeek uses 10000")
+    if cfg.rms_norm_eps < 0:
+        raise UsageError(f"{source}: rms_norm_eps={cfg.rms_norm_eps:g} must not be negative; DeepSeek uses 1e-6")
 
 
 def _number(text: str) -> int | float | None:
@@ -241,8 +256,8 @@ def with_overrides(cfg: ModelConfig, overrides: list[str]) -> ModelConfig:
                              f"such as num_hidden_layers")
         try:
             raw[key] = _number(text.strip()) if _number(text.strip()) is not None else yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise UsageError(f"--override {item!r}: the value is not a number, true/false, null or a string")
+        except (yaml.YAMLError, RecursionError):
+            raise UsageError(f"--override {item!r}: the value is not a number, true/false, null or a string") from None
     return config_from_dict(raw, source="--override")
 
 
@@ -255,11 +270,19 @@ def load_config(path: str | Path) -> ModelConfig:
                              "its *.safetensors")
         p = p / "config.json"
     if not p.exists():
-        raise UsageError(f"config file {p} does not exist; pass a YAML/JSON config or an HF model directory")
+        builtin = sorted(c.stem for c in (Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+        raise UsageError(f"config file {p} does not exist; pass a YAML/JSON config, an HF model directory"
+                         + (f" or a built-in name ({', '.join(builtin)})" if builtin else ""))
+    if not p.is_file():  # a FIFO or a device would block or never end
+        raise UsageError(f"config {p} is not a regular file; pass a YAML/JSON config or an HF model directory")
     try:
         text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read config {p}: {e.__class__.__name__}; check the path and permissions")
+    except UnicodeDecodeError:
+        raise UsageError(f"config {p} is not a text file (binary data, not YAML/JSON); pass a YAML/JSON config "
+                         "or an HF model directory") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config {p}: {e.strerror or e.__class__.__name__}; check the path and "
+                         "permissions") from None
     if not text.strip():
         raise UsageError(f"config {p} is empty; write HF DeepseekV2Config fields into it")
     try:

@@ -11,6 +11,7 @@ it was.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from tpsim import __version__
 from tpsim.capture_file import tensor_sha256
 from tpsim.checkpoint.reader import INDEX, expected_tensors
 from tpsim.config import ModelConfig
+from tpsim.errors import UsageError
 from tpsim.parallel import faults
 from tpsim.weights import init_tensor
 
@@ -50,7 +52,25 @@ def plan_shards(cfg: ModelConfig, dtype: torch.dtype, max_shard_bytes: int) -> l
 
 
 def total_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    return sum(torch.Size(s).numel() * tensor_dtype(n, dtype).itemsize for n, s in expected_tensors(cfg).items())
+    """The checkpoint's size, from one dense and one MoE layer times their counts: building every
+    layer, even on the meta device, would take hours for a (mistyped) num_hidden_layers=10**9
+    before the free-space check could refuse it."""
+    def sizes(c: ModelConfig) -> tuple[int, int]:  # (bytes outside the decoder layers, bytes of layer 0)
+        rest = layer = 0
+        for n, s in expected_tensors(c).items():
+            b = torch.Size(s).numel() * tensor_dtype(n, dtype).itemsize
+            if n.startswith("model.layers."):
+                layer += b
+            else:
+                rest += b
+        return rest, layer
+    L, f = cfg.num_hidden_layers, cfg.moe_layer_freq
+    first = -(-cfg.first_k_dense_replace // f) * f  # the first MoE layer, if L is large enough
+    n_moe = 0 if cfg.n_routed_experts is None or first >= L else (L - 1 - first) // f + 1
+    rest, dense = sizes(dataclasses.replace(cfg, num_hidden_layers=1, first_k_dense_replace=1))
+    moe = sizes(dataclasses.replace(cfg, num_hidden_layers=1, first_k_dense_replace=0, moe_layer_freq=1))[1] \
+        if n_moe else 0
+    return rest + dense * (L - n_moe) + moe * n_moe
 
 
 def hf_config(cfg: ModelConfig, dtype: str, seed: int) -> dict:
@@ -70,6 +90,8 @@ def _fsync(path: Path) -> None:
 def export_checkpoint(cfg: ModelConfig, seed: int, out: Path, dtype: str, max_shard_bytes: int,
                       on_tensor=lambda name: None) -> list[str]:
     """Write the checkpoint into `out` (replacing it if it exists) and return the file names."""
+    if out.resolve() == Path.cwd().resolve():  # renaming the working directory into place fails (EBUSY)
+        raise UsageError(f"--out {out} is the current directory; export into a new directory such as {out / 'ckpt'}")
     torch_dtype = getattr(torch, dtype)
     shards = plan_shards(cfg, torch_dtype, max_shard_bytes)
     names = (["model.safetensors"] if len(shards) == 1

@@ -36,6 +36,8 @@ def read_header(path: Path) -> dict[str, dict]:
     """The tensor table of a safetensors file, checked against the file's size, so a truncated
     or corrupt file is a UsageError naming it, never a crash when a slice is read."""
     fix = "re-download or re-export it"
+    if path.exists() and not path.is_file():  # a directory, or a FIFO that would block the read forever
+        raise UsageError(f"{path} is not a regular file, so not a safetensors file; {fix}")
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -47,7 +49,7 @@ def read_header(path: Path) -> dict[str, dict]:
                 raise UsageError(f"{path} is not a complete safetensors file (its header claims {n} bytes, "
                                  f"the file holds {size}); {fix}")
             header = json.loads(f.read(n))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         if isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, PermissionError)):
             raise UsageError(f"cannot read {path}: {e.strerror or e}; {fix}")
         if isinstance(e, OSError):
@@ -60,8 +62,10 @@ def read_header(path: Path) -> dict[str, dict]:
     for name, info in header.items():
         try:
             dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            if not (isinstance(dtype, str) and all(type(v) is int and v >= 0 for v in (*shape, begin, end))):
+                raise TypeError(name)
         except (KeyError, TypeError, ValueError):
-            raise UsageError(f"{path} is not a safetensors file (bad entry for {name}); {fix}")
+            raise UsageError(f"{path} is not a safetensors file (bad entry for {name}); {fix}") from None
         if dtype not in ITEMSIZE or end - begin != math.prod(shape) * ITEMSIZE[dtype]:
             raise UsageError(f"{path} is corrupt: tensor {name} ({dtype} {list(shape)}) has "
                              f"{end - begin} bytes; {fix}")
@@ -101,7 +105,10 @@ class Checkpoint:
                     raise UsageError(f"{self.path / INDEX} puts {name} in {fname}, which does not hold it; "
                                      "the index and the files disagree: re-download the checkpoint")
         self.block = None
-        raw = json.loads((self.path / "config.json").read_text())
+        try:
+            raw = json.loads((self.path / "config.json").read_text())
+        except (OSError, ValueError, RecursionError):  # ValueError: not JSON, or not UTF-8
+            raise UsageError(f"{self.path / 'config.json'} is not readable JSON; re-download or re-export it") from None
         if isinstance(raw, dict) and raw.get("quantization_config") is not None:
             self.block = check_quantization_config(raw["quantization_config"], str(self.path / "config.json"))
         self.elements_read = 0
@@ -110,8 +117,8 @@ class Checkpoint:
         p = self.path / INDEX
         try:
             weight_map = json.loads(p.read_text())["weight_map"]
-            assert isinstance(weight_map, dict)
-        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            assert isinstance(weight_map, dict) and all(isinstance(f, str) for f in weight_map.values())
+        except (OSError, ValueError, KeyError, TypeError, AssertionError, RecursionError):
             raise UsageError(f"{p} is not a safetensors index (JSON with a weight_map); re-download it or delete it")
         missing = sorted({f for f in weight_map.values() if not (self.path / str(f)).is_file()})
         if missing:
