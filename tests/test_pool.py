@@ -53,3 +53,17 @@ def test_ranks_that_disagree_stop_before_any_forward(rank_pool, field, from_rank
         rank_pool.run("tpsim.testing.jobs:disagree_job", field=field, from_rank=from_rank)
     assert time.monotonic() - start < 30
     assert rank_pool.run("tpsim.testing.jobs:disagree_job", field=field, from_rank=8) == {r: "ran" for r in range(8)}
+
+
+@pytest.mark.parametrize("case,expect", [("shape", r"rank 1 shape \[6\]|rank 1 has float32 \[6\]"),
+                                         ("dtype", r"another dtype")])
+def test_a_collective_mismatch_is_an_error_not_an_abort(case, expect):
+    """gloo aborts the process (SIGABRT) when ranks all-reduce different sizes; the group's
+    signature check turns it into an error that names the ranks and what differs."""
+    with RankPool(2, timeout_s=20) as pool:
+        with pytest.raises(RankError, match=r"failed while running mismatch_job.*collective mismatch in all_reduce"
+                                            r" at mismatch_job") as info:
+            pool.run("tpsim.testing.jobs:mismatch_job", case=case)
+    assert "SIGABRT" not in str(info.value)
+    import re
+    assert re.search(expect, str(info.value).splitlines()[0])

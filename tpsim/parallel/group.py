@@ -7,6 +7,7 @@ collective runs (engines skip them too) and nothing is recorded.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,11 @@ class Tracer:
         self.records.clear()
 
 
+def _code(text: str) -> int:
+    """A stable 62-bit code of a string (Python's hash() differs between processes)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
+
+
 @dataclass
 class TPGroup:
     """One tensor-parallel group, seen from one of its ranks.
@@ -54,6 +60,7 @@ class TPGroup:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tracer: Tracer = field(default_factory=Tracer)
     taps: object = None  # a tpsim.capture.points.Taps while a capture of named points runs
+    verify: bool = False  # check op, caller, dtype and shape across the group before each collective
 
     def tap(self, name: str, x, placement: str) -> None:
         """Offer activation `name` (a tensor, or a function making it, so an unwanted point
@@ -61,16 +68,37 @@ class TPGroup:
         if self.taps is not None:
             self.taps.record(name, x, placement if self.size > 1 else "Replicate()", len(self.tracer.records))
 
-    def _enter(self, op: str, caller: str) -> None:
+    def _enter(self, op: str, caller: str, x: torch.Tensor) -> None:
         faults.doing(f"{op} in {caller} (TP={self.size} group of ranks {list(self.ranks)})")
         faults.at(caller, self.ranks[self.rank])
+        if self.verify:
+            self._verify(op, caller, x)
+
+    def _verify(self, op: str, caller: str, x: torch.Tensor) -> None:
+        """Compare (op, caller, dtype, shape) across the group with one small all-gather first:
+        gloo aborts the process on a size mismatch, and an equal-size mismatch would
+        silently reduce the wrong tensors. all_to_all rows may differ (uneven splits)."""
+        shape = list(x.shape[1:] if op == "all_to_all" else x.shape)
+        sig = [_code(op), _code(caller), _code(str(x.dtype)), len(shape), *shape][:16]
+        mine = torch.tensor(sig + [-1] * (16 - len(sig)), dtype=torch.int64, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(every, mine, group=self.pg)
+        if any(not torch.equal(e, mine) for e in every):
+            others = []
+            for i, e in enumerate(every):
+                if not torch.equal(e, mine):
+                    what = [w for w, j in (("another collective", 0), ("another caller", 1), ("another dtype", 2))
+                            if e[j] != mine[j]]
+                    others.append(f"rank {self.ranks[i]} {', '.join(what + [f'shape {e[4:4 + e[3]].tolist()}'])}")
+            raise RuntimeError(f"collective mismatch in {op} at {caller}: rank {self.ranks[self.rank]} has "
+                               f"{str(x.dtype).removeprefix('torch.')} {shape}; " + "; ".join(others))
 
     def all_reduce(self, x: torch.Tensor, caller: str) -> torch.Tensor:
         """Sum of `x` over the group, replicated on every rank (same shape as x)."""
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("all_reduce", caller)
+        self._enter("all_reduce", caller, x)
         self.tracer.record("all_reduce", caller, x)
         dist.all_reduce(x, group=self.pg)
         return x
@@ -80,7 +108,7 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("all_gather", caller)
+        self._enter("all_gather", caller, x)
         self.tracer.record("all_gather", caller, x)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x, group=self.pg)
@@ -90,7 +118,7 @@ class TPGroup:
         """Sum over the group, then this rank's contiguous 1/size slice along `dim`."""
         if self.size == 1:
             return x
-        self._enter("reduce_scatter", caller)
+        self._enter("reduce_scatter", caller, x)
         self.tracer.record("reduce_scatter", caller, x)
         chunks = [c.contiguous() for c in x.chunk(self.size, dim=dim)]
         out = torch.empty_like(chunks[self.rank])
@@ -103,7 +131,7 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("all_to_all", caller)
+        self._enter("all_to_all", caller, x)
         self.tracer.record("all_to_all", caller, x)
         rows = sum(out_splits) if out_splits is not None else x.shape[0]
         out = x.new_empty((rows, *x.shape[1:]))
@@ -115,7 +143,7 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("broadcast", caller)
+        self._enter("broadcast", caller, x)
         self.tracer.record("broadcast", caller, x)
         dist.broadcast(x, src=self.ranks[src], group=self.pg)
         return x

@@ -75,8 +75,17 @@ def build_groups(rank: int, world: int, device: torch.device, timeout_s: float) 
                 pg = dist.new_group(list(members), timeout=timedelta(seconds=timeout_s)) if tp < world \
                     else dist.group.WORLD
             if rank in members:
-                groups[tp] = TPGroup(rank=rank - start, size=tp, pg=pg, ranks=members, device=device)
+                groups[tp] = TPGroup(rank=rank - start, size=tp, pg=pg, ranks=members, device=device,
+                                     verify=verify_collectives(device))
     return groups
+
+
+def verify_collectives(device: torch.device) -> bool:
+    """Check every collective's signature across the group first (TPSIM_VERIFY_COLLECTIVES=0/1
+    overrides): on by default on CPU, where correctness is the point; off on CUDA, where it
+    would cost a small all-gather per collective in the timings."""
+    env = os.environ.get("TPSIM_VERIFY_COLLECTIVES")
+    return env == "1" if env in ("0", "1") else device.type == "cpu"
 
 
 def resolve_job(path: str):

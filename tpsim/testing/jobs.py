@@ -177,3 +177,12 @@ def param_bytes_job(ctx: RankContext, cfg: dict, dtype: str, tp: int):
         return None
     model = DeepseekForCausalLM(config_from_dict(cfg), ctx.groups[tp], DTYPES[dtype])
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def mismatch_job(ctx: RankContext, case: str):
+    """Rank 1 enters an all-reduce with another shape or dtype than rank 0 (a sharding bug)."""
+    group = ctx.groups[ctx.world_size]
+    x = torch.ones(4)
+    if ctx.rank == 1:
+        x = torch.ones(6) if case == "shape" else torch.ones(4, dtype=torch.float64)
+    return group.all_reduce(x, "mismatch_job").tolist()
