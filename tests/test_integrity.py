@@ -89,3 +89,18 @@ def test_weights_that_do_not_fit_are_refused_before_any_rank_starts(tmp_path):
     assert len(lines) == 1 and "deepseek-v3 needs 2.69 TB of float32 weights at TP=2 (2 ranks x 1.34 TB)" in lines[0]
     assert "available memory on this machine" in lines[0] and "--force" in lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_moe_layer_count_matches_the_per_layer_rule():
+    """Counted without a loop (a mistyped num_hidden_layers=10**9 must be refused at once), and
+    the per-rank estimate equals a whole meta-device model's parameters."""
+    import itertools
+
+    from tpsim.model import DeepseekForCausalLM
+    from tpsim.parallel import TPGroup
+    base = load_config(ROOT / "configs/tiny.yaml")
+    for L, first, freq in itertools.product(range(1, 9), range(0, 9), range(1, 4)):
+        cfg = with_overrides(base, [f"num_hidden_layers={L}", f"first_k_dense_replace={first}", f"moe_layer_freq={freq}"])
+        assert cfg.moe_layer_count() == sum(cfg.is_moe_layer(k) for k in range(L))
+        meta = DeepseekForCausalLM(cfg, TPGroup(size=2, device=torch.device("meta")), torch.float32)
+        assert shard_bytes(cfg, 2, torch.float32) == sum(p.numel() * 4 for p in meta.parameters())

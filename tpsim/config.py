@@ -73,6 +73,14 @@ class ModelConfig:
             and k % self.moe_layer_freq == 0
         )
 
+    def moe_layer_count(self) -> int:
+        """How many of the layers are MoE, counted without looping over them."""
+        if self.n_routed_experts is None:
+            return 0
+        f = self.moe_layer_freq
+        first = -(-self.first_k_dense_replace // f) * f
+        return 0 if first >= self.num_hidden_layers else (self.num_hidden_layers - 1 - first) // f + 1
+
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         return {**self.extra, **d}

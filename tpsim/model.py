@@ -97,10 +97,10 @@ def shard_bytes(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> int:
 
     total = size(VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group, "e", dtype)) * \
         (1 if cfg.tie_word_embeddings else 2) + cfg.hidden_size * dtype.itemsize
-    kinds: dict[bool, int] = {}
-    for k in range(cfg.num_hidden_layers):
-        moe = cfg.is_moe_layer(k)
-        if moe not in kinds:
-            kinds[moe] = size(DecoderLayer(cfg, k, group, dtype))
-        total += kinds[moe]
+    L, n_moe = cfg.num_hidden_layers, cfg.moe_layer_count()  # counted, not looped: L may be huge
+    first_moe = -(-cfg.first_k_dense_replace // cfg.moe_layer_freq) * cfg.moe_layer_freq
+    first_dense = 0 if not cfg.is_moe_layer(0) else 1  # layer 0 is MoE only when layer 1 is dense or L == n_moe
+    for k, count in ((first_moe, n_moe), (first_dense, L - n_moe)):
+        if count:
+            total += count * size(DecoderLayer(cfg, k, group, dtype))
     return total
