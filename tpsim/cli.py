@@ -7,6 +7,7 @@ stalled; 4 an output could not be written (the previous file, if any, is untouch
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -28,6 +29,26 @@ TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}  # ‖TP=t − 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def _get_values(self, action, arg_strings):
+        # `--opt=--`: argparse (CPython < 3.12) drops the "--" and hands the option an empty list
+        if arg_strings == ["--"] and action.option_strings and action.nargs in (None, "?"):
+            raise UsageError(f"{'/'.join(action.option_strings)} needs a value, not '--'")
+        return super()._get_values(action, arg_strings)
+
+
+MAX_TOKENS = 2**20  # far beyond any real context here (V3: 163840); keeps a typo from allocating 8 TB of ids
+
+
+def seed_value(text: str) -> int:
+    """--seed: an integer in [0, 2**63) (the generators take 64-bit seeds)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise UsageError(f"--seed {text!r} is not an integer, e.g. --seed 0") from None
+    if not 0 <= v < 2**63:
+        raise UsageError(f"--seed {v} is out of range; use 0 <= seed < 2**63")
+    return v
 
 
 # --- argument helpers --------------------------------------------------------------------
@@ -110,13 +131,17 @@ def layer_ids(args) -> list[int] | None:
 def tokens_for(args, cfg: ModelConfig) -> list[int]:
     from tpsim.jobs import input_ids_for
     if getattr(args, "tokens", None) is not None:
+        if args.seq_len is not None:
+            raise UsageError("--tokens and --seq-len both say which tokens to run; give one of them")
         ids = int_list(args.tokens, "--tokens")
         bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
         if bad:
             raise UsageError(f"--tokens: id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1} "
                              f"(vocab_size={cfg.vocab_size})")
         return ids
-    n = positive_int(args.seq_len, "--seq-len")
+    n = positive_int(args.seq_len or "16", "--seq-len")
+    if n > MAX_TOKENS:
+        raise UsageError(f"--seq-len {n} is more tokens than tpsim runs (at most {MAX_TOKENS})")
     if n > cfg.max_position_embeddings:
         raise UsageError(f"--seq-len {n} exceeds max_position_embeddings={cfg.max_position_embeddings}")
     return input_ids_for(cfg, args.seed, n)
@@ -131,6 +156,8 @@ def emit_json(obj) -> None:
 def cmd_resolve(args) -> int:
     if args.num_layers is None and args.model is None:
         raise UsageError("resolve needs --num-layers L or --model M")
+    if args.num_layers is not None and args.model is not None:
+        raise UsageError("--num-layers and --model both give the layer count; give one of them")
     L = positive_int(args.num_layers, "--num-layers") if args.num_layers is not None \
         else load_model_config(args.model).num_hidden_layers
     res = resolve(args.convention, layer_ids(args), L)
@@ -384,7 +411,7 @@ def parse_size(text: str, option: str) -> int:
         value = float(num)
     except ValueError:
         value = float("nan")
-    if unit not in SIZE_UNITS or not value > 0 or value == float("inf"):
+    if unit not in SIZE_UNITS or not 0 < value * SIZE_UNITS.get(unit, 1) < float("inf"):
         raise UsageError(f"{option} {text!r} is not a size such as 5GB, 500MB or 2GiB")
     return max(1, int(value * SIZE_UNITS[unit]))
 
@@ -437,8 +464,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--convention", default="sglang", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--seq-len", default="16", help="number of random tokens drawn from --seed (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
+    p.add_argument("--seq-len", help="number of random tokens drawn from --seed (default 16)")
+    p.add_argument("--seed", type=seed_value, default=0, help="weights and token seed (default 0)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, gloo on CPU")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")
@@ -475,7 +502,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("export", help="write the seeded model as an HF checkpoint (config.json + safetensors)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="YAML/JSON config or built-in name (default tiny)")
-    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="weights seed (default 0)")
     p.add_argument("--out", required=True, help="output directory (created; must be empty unless --force)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights dtype (auto: float32)")
@@ -516,15 +543,21 @@ def run_command(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except UsageError as e:
-        if is_reporting_process():
-            print(f"tpsim: error: {e}", file=sys.stderr)
+        if is_reporting_process():  # one line, even when a user-given name holds a line break
+            one_line = str(e).replace("\r", "").replace("\n", "\\n")
+            print(f"tpsim: error: {one_line}", file=sys.stderr)
         return 2
     except RankError as e:
         print(f"tpsim: error: {str(e).splitlines()[0]}", file=sys.stderr)
         if os.environ.get("TPSIM_DEBUG"):
             print(str(e), file=sys.stderr)
         return 3
-    except OSError as e:  # writing an output failed (disk full, I/O error): the previous file is untouched
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # raised by a path check, before anything is written
+            print(f"tpsim: error: a path is too long ({e.strerror}): {str(e.filename)[:60]}...; use a shorter "
+                  "name", file=sys.stderr)
+            return 2
+        # writing an output failed (disk full, I/O error): the previous file is untouched
         where = f" {e.filename}" if e.filename else ""
         print(f"tpsim: error: could not write the output{where}: {e.strerror or e}; nothing was replaced",
               file=sys.stderr)
