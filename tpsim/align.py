@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from tpsim.capture import Position, check_convention, default_ids, ids_for, resolve
-from tpsim.cli import add_override, emit_json, positive_int
+from tpsim.cli import add_override, emit_json, positive_int, seed_value
 from tpsim.errors import UsageError
 
 LOOP_ORDER = ("sglang", "sglang-boundary", "vllm", "eagle")  # `if i in layers`: ascending, each once
@@ -344,8 +344,12 @@ def read_draft_config(text: str) -> DraftConfig:
         raise UsageError(f"--draft-config {p} {what}; give the draft model's config.json or its directory")
     try:
         raw = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--draft-config {p}: cannot read it ({e.__class__.__name__}); check the path") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--draft-config {p} is not a text file (binary data, not JSON); give the draft's "
+                         "config.json") from None
+    except OSError as e:
+        raise UsageError(f"--draft-config {p}: cannot read it ({e.strerror or e.__class__.__name__}); check the "
+                         "path") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"--draft-config {p} is not valid JSON ({e.msg} at line {e.lineno}); "
                          "give the draft's config.json") from None
@@ -617,7 +621,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--seq-len", default="16", help="number of random tokens drawn from --seed (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="weights and token seed (default 0)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, gloo on CPU")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")

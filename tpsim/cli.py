@@ -544,7 +544,7 @@ def run_command(argv: list[str] | None) -> int:
         return args.func(args)
     except UsageError as e:
         if is_reporting_process():  # one line, even when a user-given name holds a line break
-            one_line = str(e).replace("\r", "").replace("\n", "\\n")
+            one_line = "\\n".join(str(e).splitlines())
             print(f"tpsim: error: {one_line}", file=sys.stderr)
         return 2
     except RankError as e:

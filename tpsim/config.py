@@ -238,6 +238,33 @@ def _check_consistency(cfg: ModelConfig, source: str) -> None:
                          "DeepSeek uses 10000")
     if cfg.rms_norm_eps < 0:
         raise UsageError(f"{source}: rms_norm_eps={cfg.rms_norm_eps:g} must not be negative; DeepSeek uses 1e-6")
+    _check_sizes(cfg, source)
+
+
+MAX_TENSOR_ELEMENTS = 2**48  # 1 PB in float32; DeepSeek-V3's largest tensor holds 9.3e8 elements
+MAX_ROUTED_EXPERTS = 2**16  # one module per expert: building 10**9 of them (even on the meta device) never ends
+
+
+def _check_sizes(cfg: ModelConfig, source: str) -> None:
+    """Refuse shapes no machine holds before torch overflows int64 sizing them (a hidden_size of 10**19
+    is a traceback from torch.empty even on the meta device)."""
+    H, heads, q, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+    biggest = max([
+        (cfg.padded_vocab_size * H, "vocab_size x hidden_size"),
+        (H * heads * cfg.qk_head_dim if q is None else max(H * q, q * heads * cfg.qk_head_dim), "the q projection"),
+        (max(H * (kv + cfg.qk_rope_head_dim), kv * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)),
+         "the kv projections"),
+        (heads * cfg.v_head_dim * H, "o_proj"),
+        (cfg.intermediate_size * H, "intermediate_size x hidden_size"),
+        ((cfg.moe_intermediate_size or 0) * max(1, cfg.n_shared_experts or 0) * H, "moe_intermediate_size x hidden_size"),
+        ((cfg.n_routed_experts or 0) * H, "n_routed_experts x hidden_size"),
+    ])
+    if biggest[0] > MAX_TENSOR_ELEMENTS:
+        raise UsageError(f"{source}: {biggest[1]} makes a tensor of {biggest[0]:.3g} elements (at most "
+                         f"{MAX_TENSOR_ELEMENTS:.3g}); check the sizes")
+    if (cfg.n_routed_experts or 0) > MAX_ROUTED_EXPERTS:
+        raise UsageError(f"{source}: n_routed_experts={cfg.n_routed_experts} exceeds {MAX_ROUTED_EXPERTS} "
+                         "(DeepSeek-V3 has 256); tpsim builds one module per expert")
 
 
 def _number(text: str) -> int | float | None:
@@ -293,6 +320,9 @@ def load_config(path: str | Path) -> ModelConfig:
                          "permissions") from None
     if not text.strip():
         raise UsageError(f"config {p} is empty; write HF DeepseekV2Config fields into it")
+    if "\x00" in text:  # e.g. a *.safetensors file: its 8-byte header length decodes as text
+        raise UsageError(f"config {p} is not a text file (binary data, not YAML/JSON); pass a YAML/JSON config "
+                         "or an HF model directory")
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml

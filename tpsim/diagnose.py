@@ -317,10 +317,14 @@ def _by_rank(items: list[tuple[int, str, object]], tp: int, what: str = "") -> l
         if rank in seen:
             raise UsageError(f"two files for rank {rank}{what}: {seen[rank][0]} and {name}; pass one per rank")
         seen[rank] = (name, item)
-    missing = sorted(set(range(tp)) - set(seen))
-    if missing or len(seen) != tp:
+    outside = sorted(r for r in seen if not 0 <= r < tp)
+    if outside:
+        raise UsageError(f"rank {outside[0]}{what} is outside tp={tp} (ranks 0..{tp - 1}); pass the rank files of "
+                         f"one run")
+    missing = next((r for r in range(tp) if r not in seen), None)  # lazily: a corrupt tp can be 10**12
+    if missing is not None:
         got = ",".join(map(str, sorted(seen)))
-        raise UsageError(f"rank {missing[0] if missing else max(seen)} of tp={tp} is missing{what} (got ranks {got}); "
+        raise UsageError(f"rank {missing} of tp={tp} is missing{what} (got ranks {got}); "
                          f"pass all {tp} rank files of the run")
     return [seen[r][1] for r in range(tp)]
 
@@ -348,6 +352,9 @@ def _read_dump(p: Path, keep: set[str] | None) -> _Dump:
         raise UsageError(f"{p} is not a tpsim rank dump (format={meta.get('format')!r}); pass the "
                          f"{{stem}}.rank{{r}}.safetensors files of one run")
     d = _Dump(p, meta, _int_meta(meta, "rank", p), _int_meta(meta, "tp", p), tensors, names)
+    if not 0 <= d.rank < d.tp:
+        raise UsageError(f"{p}: metadata rank={d.rank}, tp={d.tp} is not a rank of a TP group (0 <= rank < tp); "
+                         "not a valid tpsim rank dump")
     m = re.search(r"\.rank(\d+)$", p.stem)
     if m and int(m.group(1)) != d.rank:
         raise UsageError(f"{p} is named rank {m.group(1)} but its metadata says rank {d.rank}; rename it")
@@ -397,7 +404,7 @@ def sglang_tags(path: Path) -> dict[str, str]:
             break
         tags[k] = v
     else:
-        if "name" in tags and "rank" in tags and tags["rank"].isdigit():
+        if "name" in tags and "rank" in tags and tags["rank"].isdecimal():
             return tags
     raise UsageError(f"{path} is not named like an SGLang dumper file (step=N___rank=R___...___name=X.pt)")
 
@@ -411,7 +418,7 @@ def sglang_point(tags: dict[str, str]) -> str:
 def sglang_position(tags: dict[str, str]) -> str | None:
     """The residual-stream position an SGLang dump name means (see the module docstring)."""
     lid = tags.get("layer_id")
-    if tags["name"] in SGLANG_RESIDUAL_AT_LAYER_START and lid is not None and lid.isdigit():
+    if tags["name"] in SGLANG_RESIDUAL_AT_LAYER_START and lid is not None and lid.isdecimal():
         return "embed" if int(lid) == 0 else f"out({int(lid) - 1})"
     return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 
 from dataclasses import dataclass
+from datetime import timedelta
 from html import escape
 from pathlib import Path
 
@@ -132,9 +133,16 @@ def cmd_explain(args) -> int:
     from tpsim.runner import check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine, stdout, table
     tp = positive_int(args.tp, "--tp")
+    if args.svg is not None and args.no_svg:
+        raise UsageError("--svg and --no-svg contradict each other; give one of them")
+    if args.svg is not None and not args.svg.strip():
+        raise UsageError("--svg is empty; give a file name such as --svg explain.svg, or --no-svg")
+    if not 0 < args.timeout < timedelta.max.total_seconds():  # also rejects nan and inf
+        raise UsageError(f"--timeout {args.timeout:g} must be a positive, finite number of seconds, e.g. 60")
     src = load_model(args, [tp])
-    L = src.cfg.num_hidden_layers
-    first_moe = next((i for i in range(L) if src.cfg.is_moe_layer(i)), 0)
+    L, c = src.cfg.num_hidden_layers, src.cfg
+    first = -(-c.first_k_dense_replace // c.moe_layer_freq) * c.moe_layer_freq  # no loop: L can be 10**9
+    first_moe = first if c.n_routed_experts is not None and first < L else 0
     k = first_moe if args.layer is None else int_arg(args.layer, "--layer")
     if not 0 <= k < L:
         raise UsageError(f"--layer {k} does not exist: layers are 0..{L - 1}")
@@ -144,6 +152,8 @@ def cmd_explain(args) -> int:
     out = None if args.no_svg else Path(args.svg or f"explain_{Path(str(args.model)).stem}_tp{tp}_layer{k}.svg")
     if out is not None and not out.parent.is_dir():
         raise UsageError(f"--svg {out}: directory {out.parent} does not exist; create it first")
+    if out is not None and out.is_dir():
+        raise UsageError(f"--svg {out} is a directory; give a file name like {out / 'explain.svg'}")
     dtype = dtype_for(args)
     progress = ProgressLine(enabled=is_reporting_process())
     try:

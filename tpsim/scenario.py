@@ -27,7 +27,7 @@ def available() -> list[str]:
 
 def load(name: str) -> dict:
     path = SCENARIOS / f"{name}.yaml"
-    if not path.is_file():
+    if name not in available():  # not a path: ../tiny would name configs/tiny.yaml
         raise UsageError(f"unknown scenario {name!r}; tpsim scenario --list shows {', '.join(available())}")
     spec = yaml.safe_load(path.read_text())
     spec.setdefault("steps", [spec.get("argv")])
@@ -62,6 +62,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_scenario(args) -> int:
+    if args.list and args.name is not None:
+        raise UsageError(f"--list and a scenario name ({args.name!r}) both given; pass --list, or the name to run it")
     if args.list or args.name is None:
         for name in available():
             first = " ".join(str(load(name)["description"]).split())[:110]

@@ -1,0 +1,521 @@
+"""Bad input everywhere: one catalogue of every command against every class of bad input, and a
+fuzz test that throws arbitrary strings at every option of every command.
+
+The catalogue (`CASES`) runs each case as a real `python -m tpsim` subprocess in a fresh, empty
+working directory and requires the bad-input contract of the CLI: exit 2, exactly one stderr line
+`tpsim: error: <problem and fix>` holding the expected words, nothing on stdout, no "Traceback",
+and nothing written (the working directory stays empty and the shared input files are unchanged).
+The subprocesses start once, four at a time, in a module-scoped fixture; each costs a torch import
+(about 1.5 s of CPU), so the 82 cases take about 65 s on 2 cores.
+
+The fuzz calls `tpsim.cli.run_command(argv)` in process (no subprocess per example). Every base
+command line ends in an error that is only checked after all other validation (`--backend nccl`
+on the CPU, or an export too large for the disk), so a fuzzed value that happens to be valid
+still stops before any rank is spawned or any file is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import save_file
+
+from tpsim.cli import run_command
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+CONVENTIONS = "sglang, sglang-boundary, vllm, specforge, output-of, hf, eagle"
+CASE_TIMEOUT_S = 60  # a case that hangs (a FIFO read, a huge loop) fails instead of hanging the suite
+# Variables that would make tpsim think it runs under torchrun, inject faults, or print more.
+SCRUB = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+         "MASTER_PORT", "TPSIM_DEBUG", "TPSIM_FAULT")
+
+
+# --- input files every case reads (never written to) --------------------------------------------
+
+H, T = 8, 4  # the synthetic rank dumps: hidden 8, 4 tokens
+
+
+def noise(*shape) -> bytes:
+    """Random bytes behind a PNG signature: binary junk where text or tensors are expected."""
+    g = torch.Generator().manual_seed(sum(shape))
+    return b"\x89PNG\r\n\x1a\n" + bytes(torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).tolist())
+
+
+def rank_dumps(d: Path, stem: str, tp: int, meta: dict | None = None) -> list[Path]:
+    """tpsim rank dumps of one replicated point (layers.0.out) at TP=tp."""
+    x, paths = torch.arange(T * H, dtype=torch.float32).reshape(T, H), []
+    for r in range(tp):
+        p = d / f"{stem}.rank{r}.safetensors"
+        save_file({"layers.0.out": x.clone(), "input_ids": torch.arange(T)},
+                  str(p), {"format": "tpsim-rank-dump", "rank": str(r), "tp": str(tp), "points": "layers.0.out",
+                           "placement.layers.0.out": "Replicate()", "position.layers.0.out": "out(0)",
+                           **(meta or {})})
+        paths.append(p)
+    return paths
+
+
+def write_inputs(d: Path) -> dict[str, Path]:
+    f = {}
+
+    def put(name: str, data) -> Path:
+        f[name] = d / name
+        if isinstance(data, bytes):
+            f[name].write_bytes(data)
+        else:
+            f[name].write_text(data if isinstance(data, str) else json.dumps(data))
+        return f[name]
+
+    for ext in ("yaml", "json", "safetensors"):
+        put(f"png.{ext}", noise(300))
+    put("empty.yaml", "")
+    put("empty.safetensors", b"")
+    put("deep.json", "[" * 100_000 + "]" * 100_000)  # deeper than json can recurse
+    f["st"] = d / "st.safetensors"
+    save_file({"x": torch.zeros(2, 3)}, str(f["st"]))
+    os.mkfifo(d / "fifo")  # opening it to read would block forever: a non-regular file must be refused
+    f["fifo"] = d / "fifo"
+    for name in ("dir", "dumps", "ckpt_png", "ckpt_fifo", "ckpt_deep_index", "ckpt_bad_entry"):
+        f[name] = d / name
+        f[name].mkdir()
+    # HF checkpoint directories broken in ways test_checkpoint.py does not cover
+    for name in ("ckpt_png", "ckpt_fifo", "ckpt_deep_index", "ckpt_bad_entry"):
+        (f[name] / "config.json").write_text(json.dumps({**TINY, "num_hidden_layers": 2}))
+    (f["ckpt_png"] / "model.safetensors").write_bytes(noise(400))
+    os.mkfifo(f["ckpt_fifo"] / "model.safetensors")
+    save_file({"x": torch.zeros(2)}, str(f["ckpt_deep_index"] / "model.safetensors"))
+    (f["ckpt_deep_index"] / "model.safetensors.index.json").write_text("{" + '"a":{' * 50_000 + "}" * 50_001)
+    header = json.dumps({"x": {"dtype": "F32", "shape": ["a"], "data_offsets": [0, 4]}}).encode()
+    (f["ckpt_bad_entry"] / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+    # align: draft configs
+    put("draft_ok.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}})
+    put("draft_empty_ids.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": []}})
+    put("draft_bool_ids.json", {"eagle_aux_hidden_state_layer_ids": [True, 2, 3]})
+    # diagnose: rank dumps, a capture as reference, SGLang dumper files
+    f["good"] = rank_dumps(d / "dumps", "good", 2)
+    f["hugetp"] = rank_dumps(d / "dumps", "hugetp", 1, {"tp": "99999999999"})
+    f["tp0"] = rank_dumps(d / "dumps", "tp0", 1, {"tp": "0"})
+    f["ref"] = d / "ref.safetensors"
+    save_file({"aux_hidden_states": torch.arange(T * H, dtype=torch.float32).reshape(T, H), "input_ids": torch.arange(T)},
+              str(f["ref"]), {"positions": "out(0)"})
+    f["ref_1d"] = d / "ref_1d.pt"
+    torch.save(torch.zeros(5), f["ref_1d"])
+    f["sgl_huge_rank"] = d / "step=0___rank=99999999999___name=x.pt"
+    torch.save(torch.zeros(2, 3), f["sgl_huge_rank"])
+    f["sgl_sup_rank"] = d / "step=0___rank=²___name=x.pt"  # "²".isdigit(), but int("²") fails
+    torch.save(torch.zeros(2, 3), f["sgl_sup_rank"])
+    f["sgl_png"] = put("step=0___rank=0___name=x.pt", noise(64))
+    return f
+
+
+# --- the catalogue ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]  # {NAME}: an input file of write_inputs (a list expands to its files); relative paths
+    #                        are inside the case's own fresh, empty working directory
+    expect: tuple[str, ...]  # substrings of the one error line
+
+
+def case(id: str, argv: str | list[str], *expect: str) -> Case:
+    return Case(id, tuple(argv.split() if isinstance(argv, str) else argv), expect)
+
+
+SEED_2_70 = str(2**70)
+LONG = "n" * 300  # a file name longer than NAME_MAX (255 bytes)
+DRAFT = "--server vllm --num-layers 61"
+SIDES = "--train specforge:default --serve vllm:default"
+CASES = [
+    # --- check ---------------------------------------------------------------------------------------
+    case("check-tp-malformed-list", "check --tp 1,,2", "--tp '1,,2'", "comma-separated list of integers", "1,2,4,8"),
+    case("check-seq-len-huge", "check --seq-len 1000000000000", "--seq-len 1000000000000", "at most"),
+    case("check-timeout-1e400", "check --timeout 1e400", "--timeout inf", "positive, finite"),
+    case("check-seed-2**70", f"check --seed {SEED_2_70}", f"--seed {SEED_2_70} is out of range"),
+    case("check-tp-double-dash", "check --tp=--", "--tp needs a value, not '--'"),
+    case("check-unknown-builtin-model", "check --model deepseek-v4", "deepseek-v4 does not exist",
+         "built-in name", "deepseek-v3"),
+    case("check-model-png", "check --model {png.yaml}", "png.yaml is not a text file", "YAML/JSON"),
+    case("check-model-safetensors", "check --model {st}", "st.safetensors is not a text file", "YAML/JSON"),
+    case("check-model-fifo", "check --model {fifo}", "fifo is not a regular file"),
+    case("check-model-proc-self-mem", "check --model /proc/self/mem", "cannot read config /proc/self/mem"),
+    case("check-model-name-with-newline", ["check", "--model", "no\nsuch.yaml"], "no\\nsuch.yaml does not exist"),
+    case("check-override-deep-yaml", ["check", "--override", "num_hidden_layers=" + "[" * 2000], "--override",
+         "not a number"),
+    case("check-unknown-device", "check --device tpu", "--device", "'tpu'", "cuda"),
+    # --- capture -------------------------------------------------------------------------------------
+    case("capture-tokens-huge", "capture --tokens 99999999999999999999 --out c.safetensors",
+         "id 99999999999999999999 is outside the vocabulary", "vocab_size=1000"),
+    case("capture-points-negative-layer", "capture --points layers.-1.out --out c.safetensors",
+         "unknown point 'layers.-1.out'"),
+    case("capture-out-empty", ["capture", "--out", ""], "is a directory", "capture.safetensors"),
+    case("capture-out-name-too-long", f"capture --out {LONG}.safetensors", "path is too long"),
+    case("capture-override-empty", ["capture", "--override", "", "--out", "c.safetensors"], "is not FIELD=VALUE"),
+    case("capture-ckpt-weights-png", "capture --model {ckpt_png} --out c.safetensors", "model.safetensors",
+         "safetensors file"),
+    case("capture-ckpt-weights-fifo", "capture --model {ckpt_fifo} --out c.safetensors",
+         "model.safetensors is not a regular file"),
+    case("capture-ckpt-index-deep-json", "capture --model {ckpt_deep_index} --out c.safetensors",
+         "is not a safetensors index"),
+    case("capture-ckpt-header-bad-shape", "capture --model {ckpt_bad_entry} --out c.safetensors", "bad entry for x"),
+    case("capture-tokens-and-seq-len", "capture --tokens 1,2 --seq-len 5 --out c.safetensors",
+         "--tokens and --seq-len both"),
+    # --- export --------------------------------------------------------------------------------------
+    case("export-max-shard-size-1e300TB", "export --out e --max-shard-size 1e300TB", "'1e300TB' is not a size"),
+    case("export-max-shard-size-negative", "export --out e --max-shard-size=-5GB", "'-5GB' is not a size"),
+    case("export-num-hidden-layers-1e9", "export --out e --override num_hidden_layers=1000000000", "needs", "free",
+         "num_hidden_layers"),
+    case("export-hidden-size-1e19", "export --out e --override hidden_size=10000000000000000000",
+         "vocab_size x hidden_size makes a tensor of", "check the sizes"),
+    case("export-unknown-dtype", "export --out e --dtype float8", "--dtype", "'float8'", "bfloat16"),
+    case("export-model-fifo", "export --out e --model {fifo}", "is not a regular file"),
+    case("export-out-current-directory", "export --out .", "--out . is the current directory", "ckpt"),
+    case("export-out-empty", ["export", "--out", ""], "is the current directory"),
+    case("export-override-rope-beta-zero",
+         ["export", "--out", "e", "--override", "rope_scaling={type: yarn, factor: 4, beta_fast: 0}"],
+         "rope_scaling beta_fast must be a positive number"),
+    case("export-override-rope-theta-negative", "export --out e --override rope_theta=-1",
+         "rope_theta=-1 must be positive"),
+    # --- explain -------------------------------------------------------------------------------------
+    case("explain-tp-huge", "explain --tp 1000000000", "--tp 1000000000 does not divide"),
+    case("explain-layer-huge", "explain --layer 99999999999999999999", "--layer 99999999999999999999 does not exist",
+         "0..7"),
+    case("explain-timeout-zero", "explain --timeout 0", "--timeout 0 must be a positive"),
+    case("explain-svg-double-dash", "explain --svg=--", "--svg needs a value"),
+    case("explain-dense-1e9-layers",  # finding the first MoE layer must not loop over 10**9 layers
+         "explain --override num_hidden_layers=1000000000 --override n_routed_experts=null --seq-len 0",
+         "--seq-len 0 must be at least 1"),
+    case("explain-model-empty", "explain --model {empty.yaml}", "empty.yaml is empty"),
+    case("explain-svg-is-directory", "explain --tp 1 --svg {dir}", "is a directory", "explain.svg"),
+    case("explain-svg-empty", ["explain", "--svg", ""], "--svg is empty"),
+    case("explain-svg-and-no-svg", "explain --svg e.svg --no-svg", "--svg and --no-svg"),
+    # --- align ---------------------------------------------------------------------------------------
+    case("align-ids-empty", "align --train specforge: --serve vllm:default --num-layers 61",
+         "'' is not a comma-separated list of integers"),
+    case("align-seed-2**70", f"align {SIDES} --model tiny --seed {SEED_2_70}", f"--seed {SEED_2_70} is out of range"),
+    case("align-timeout-nan", f"align {SIDES} --model tiny --timeout nan", "--timeout nan must be a positive"),
+    case("align-model-fifo", f"align {SIDES} --model {{fifo}}", "is not a regular file"),
+    case("align-draft-dir-without-config", f"align --draft-config {{dir}} {DRAFT}", "config.json does not exist"),
+    case("align-draft-fifo", f"align --draft-config {{fifo}} {DRAFT}", "fifo is not a regular file"),
+    case("align-draft-png", f"align --draft-config {{png.json}} {DRAFT}", "png.json is not a text file"),
+    case("align-draft-deep-json", f"align --draft-config {{deep.json}} {DRAFT}", "nested too deeply"),
+    case("align-draft-empty-ids", "align --draft-config {draft_empty_ids.json} --server sglang --num-layers 61",
+         "eagle_config.eagle_aux_hidden_state_layer_ids is empty"),
+    case("align-draft-bool-ids", f"align --draft-config {{draft_bool_ids.json}} {DRAFT}",
+         "not a list of integer layer ids"),
+    case("align-ids-and-trainer", f"align {SIDES} --trainer specforge --num-layers 61", "not both"),
+    # --- diagnose ------------------------------------------------------------------------------------
+    case("diagnose-hidden-size-negative", "diagnose {good} --reference {ref} --hidden-size=-1",
+         "--hidden-size -1 must be at least 1"),
+    case("diagnose-reference-double-dash", "diagnose {good} --reference=--", "--reference needs a value"),
+    case("diagnose-sglang-rank-1e11", "diagnose {sgl_huge_rank} --reference {ref}",
+         "rank 0 of tp=100000000000 is missing"),
+    case("diagnose-dump-tp-1e11", "diagnose {hugetp} --reference {ref}", "rank 1 of tp=99999999999 is missing"),
+    case("diagnose-dump-tp-zero", "diagnose {tp0} --reference {ref}", "rank=0, tp=0 is not a rank of a TP group"),
+    case("diagnose-sglang-rank-superscript", "diagnose {sgl_sup_rank} --reference {ref}",
+         "is not named like an SGLang dumper file"),
+    case("diagnose-file-empty-directory", "diagnose {dir} --reference {ref}", "holds no *.safetensors or *.pt"),
+    case("diagnose-file-fifo", "diagnose {fifo} --reference {ref}", "fifo is not a file"),
+    case("diagnose-sglang-png", "diagnose {sgl_png} --reference {ref}", "cannot be read with torch.load"),
+    case("diagnose-reference-1d", "diagnose {good} --reference {ref_1d}", "[5]", "expected [T, n*hidden]"),
+    case("diagnose-file-twice", "diagnose {good} {good} --reference {ref}", "named twice"),
+    # --- scenario ------------------------------------------------------------------------------------
+    case("scenario-unknown-case", "scenario Align-Default-Fallback", "unknown scenario 'Align-Default-Fallback'",
+         "align-default-fallback"),
+    case("scenario-relative-path", "scenario ../tiny", "unknown scenario '../tiny'"),
+    case("scenario-absolute-path", f"scenario {ROOT}/configs/tiny", "unknown scenario", "--list"),
+    case("scenario-empty-name", ["scenario", ""], "unknown scenario ''"),
+    case("scenario-list-and-name", "scenario --list align-default-fallback", "--list and a scenario name"),
+    # --- verify --------------------------------------------------------------------------------------
+    case("verify-missing", "verify nope.safetensors", "nope.safetensors does not exist"),
+    case("verify-fifo", "verify {fifo}", "fifo is not a regular file"),
+    case("verify-png", "verify {png.safetensors}", "not a complete safetensors file"),
+    case("verify-empty", "verify {empty.safetensors}", "too short for a header"),
+    case("verify-empty-directory", "verify {dir}", "holds no *.safetensors"),
+    case("verify-header-bad-shape", "verify {ckpt_bad_entry}", "bad entry for x"),
+    # --- resolve -------------------------------------------------------------------------------------
+    case("resolve-layers-malformed", "resolve --convention vllm --layers 1..3 --num-layers 8", "--layers '1..3'"),
+    case("resolve-unknown-convention", "resolve --convention vLLM --num-layers 8", "unknown convention 'vLLM'",
+         CONVENTIONS),
+    case("resolve-unknown-builtin-model", "resolve --convention sglang --model deepseek-v2", "does not exist",
+         "deepseek-v2-lite"),
+    case("resolve-model-png", "resolve --convention sglang --model {png.yaml}", "is not a text file"),
+    case("resolve-num-layers-and-model", "resolve --convention sglang --num-layers 61 --model tiny",
+         "--num-layers and --model both"),
+    # --- no command ----------------------------------------------------------------------------------
+    case("no-command", [], "required", "command"),
+    case("unknown-command", "checkk", "invalid choice: 'checkk'", "check"),
+]
+assert len({c.id for c in CASES}) == len(CASES)
+
+
+def expand(argv: tuple[str, ...], inputs: dict[str, Path]) -> list[str]:
+    out = []
+    for a in argv:
+        if a.startswith("{") and "}" in a and a[1:a.index("}")] in inputs:
+            key = a[1:a.index("}")]
+            v = inputs[key]
+            out += [str(p) for p in v] if isinstance(v, list) else [str(v) + a[a.index("}") + 1:]]
+        else:
+            out.append(a)
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    cwd: Path
+    seconds: float
+    timed_out: bool
+
+    def __str__(self) -> str:
+        return (f"tpsim {self.argv!r} -> exit {self.returncode} in {self.seconds:.1f} s"
+                f"{' TIMED OUT' if self.timed_out else ''}\n--- stdout ---\n{self.stdout}--- stderr ---\n{self.stderr}")
+
+
+def run_tpsim(argv: list[str], cwd: Path) -> Run:
+    """`python -m tpsim ARGV` in `cwd`, in its own session (killed with its children after CASE_TIMEOUT_S)."""
+    env = {k: v for k, v in os.environ.items() if k not in SCRUB}
+    env["OMP_NUM_THREADS"] = "1"
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "tpsim", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    fired = threading.Event()
+
+    def kill():
+        fired.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    timer = threading.Timer(CASE_TIMEOUT_S, kill)
+    timer.start()
+    try:
+        out, err = p.communicate()
+    finally:
+        timer.cancel()
+    return Run(argv, p.returncode, out.decode(errors="replace"), err.decode(errors="replace"), cwd,
+               time.monotonic() - t0, fired.is_set())
+
+
+@pytest.fixture(scope="module")
+def runs(inputs, tmp_path_factory):
+    """Every case, once, four at a time; the input files' state before and after all of them."""
+    base = tmp_path_factory.mktemp("cwd")
+    before = snapshot(inputs["dir"].parent)
+    pool = ThreadPoolExecutor(max_workers=4)
+    futures = {}
+    for c in CASES:
+        cwd = base / c.id.replace("*", "_")
+        cwd.mkdir()
+        futures[c.id] = pool.submit(run_tpsim, expand(c.argv, inputs), cwd)
+    yield futures, before
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_bad_input_is_one_line_exit_2(case: Case, runs, inputs):
+    futures, before = runs
+    r = futures[case.id].result()
+    assert not r.timed_out, r
+    assert "Traceback" not in r.stdout + r.stderr, r
+    assert r.returncode == 2, r
+    assert r.stdout == "", r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpsim: error: "), r  # no "tpsim: starting N ranks" either
+    for s in case.expect:
+        assert s in lines[0], f"{s!r} not in {lines[0]!r}"
+    assert sorted(p.name for p in r.cwd.iterdir()) == [], f"{r}\nwrote into its working directory"
+
+
+def test_no_case_wrote_into_the_inputs(runs, inputs):
+    futures, before = runs
+    for f in futures.values():
+        f.result()
+    assert snapshot(inputs["dir"].parent) == before
+
+
+def test_every_command_has_cases():
+    per = {}
+    for c in CASES:
+        per[c.argv[0] if c.argv else "(none)"] = per.get(c.argv[0] if c.argv else "(none)", 0) + 1
+    assert all(per.get(cmd, 0) >= 5 for cmd in FUZZ), per
+    assert len(CASES) >= 80
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    return write_inputs(tmp_path_factory.mktemp("inputs"))
+
+
+def snapshot(d: Path) -> list:
+    return sorted((str(p), p.is_dir() or p.stat().st_mtime_ns) for p in d.rglob("*"))
+
+
+# --- the fuzz: arbitrary strings at every option of every command, in process -------------------
+
+# NUL-free (argv cannot hold NUL) and no lone surrogates (a shell passes UTF-8). At most 50
+# characters (200 bytes): longer file names than NAME_MAX (255 bytes) are catalogue cases
+# (`*-name-too-long`).
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=50)
+SPECIAL = st.sampled_from(["", " ", "-", "--", "-1", "0", "1", "1e400", "-1e400", "nan", "inf", "1" * 40, "2**70",
+                           "١٢", " 1", "1,", ",", ",,", "1,,2", "a=b", "=", ":", "default", ".", "/", "..", "~",
+                           "/dev/null", "/proc/self/mem", "☃", "1_000", "0x10", "-0", "+1", "1.0", "true", "null"])
+VALUES = st.one_of(TEXT, TEXT.map(lambda s: "-" + s), SPECIAL)
+CONFIG_FIELDS = [k for k in TINY if k != "vocab_size"] + ["n_group", "rope_scaling", "rope_theta", "model_type",
+                                                          "hidden_act", "num_key_value_heads"]
+
+
+def option_values(option: str):
+    """Arbitrary strings, plus for structured options the structure with an arbitrary part."""
+    if option == "--override":
+        tricky = st.sampled_from(["{type: yarn, factor: x}", "{type: yarn}", "[1]", "-1", "1e6", "0", "yes", "[[[[",
+                                  "!!python/name:os.system", "{type: yarn, factor: 4, beta_fast: 0}", "*x", "&a 4"])
+        return st.one_of(VALUES, st.builds("{}={}".format, st.sampled_from(CONFIG_FIELDS), st.one_of(VALUES, tricky)))
+    if option in ("--train", "--serve"):
+        return st.one_of(VALUES, st.builds("{}:{}".format, st.sampled_from(CONVENTIONS.split(", ") + ["x"]), VALUES))
+    if option in ("--points", "--point"):
+        return st.one_of(VALUES, st.builds("layers.{}.{}".format, VALUES, st.sampled_from(["out", "mlp.in", "attn.q"])))
+    return VALUES
+
+
+RUN = ["--tp", "1", "--seq-len", "2", "--backend", "nccl"]  # valid, then refused after all validation
+RUN_OPTIONS = ["--model", "--layers", "--convention", "--dtype", "--seq-len", "--seed", "--device", "--backend",
+               "--timeout", "--override", "--tp"]
+ALIGN_RUN = ["--train", "specforge:1,2,3", "--serve", "vllm:default", "--model", "tiny", "--seq-len", "2",
+             "--backend", "nccl"]
+FUZZ = {  # command -> option ("FILE": a positional) -> the command line before the fuzzed value
+    "check": {o: ["check", *RUN] for o in RUN_OPTIONS},
+    "capture": {o: ["capture", *RUN, "--out", "x.safetensors"] for o in [*RUN_OPTIONS, "--tokens", "--out", "--points"]},
+    # an export far larger than any disk: refused by the free-space check, after every other one
+    "export": {o: ["export", "--out", "e", "--override", "vocab_size=1000000000000"]
+               for o in ["--model", "--seed", "--out", "--dtype", "--max-shard-size", "--override"]},
+    "explain": {**{o: ["explain", *RUN, "--no-svg"] for o in [*RUN_OPTIONS, "--layer"]}, "--svg": ["explain", *RUN]},
+    "align": {"--train": ["align", "--serve", "vllm:default", "--num-layers", "61"],
+              "--serve": ["align", "--train", "specforge:1,29,57", "--num-layers", "61"],
+              "--draft-config": ["align", "--server", "vllm", "--num-layers", "61"],
+              "--trainer": ["align", "--draft-config", "{draft_ok.json}", "--server", "vllm", "--num-layers", "61"],
+              "--server": ["align", "--draft-config", "{draft_ok.json}", "--num-layers", "61"],
+              "--num-layers": ["align", "--train", "specforge:1,29,57", "--serve", "sglang:default"],
+              **{o: ["align", *ALIGN_RUN] for o in ["--model", "--override", "--tp", "--dtype", "--seq-len", "--seed",
+                                                    "--device", "--backend", "--timeout"]}},
+    "diagnose": {"FILE": ["diagnose", "--reference", "{ref}"],
+                 **{o: ["diagnose", "{good}", "--reference", "{ref}"]
+                    for o in ["--reference", "--point", "--positions", "--hidden-size", "--step"]}},
+    "scenario": {"FILE": ["scenario"]},
+    "verify": {"FILE": ["verify"]},
+    "resolve": {o: ["resolve", "--convention", "sglang", "--num-layers", "8"]
+                for o in ["--convention", "--layers", "--num-layers", "--model"]},
+}
+# Exit 1 means "a property failed" for check (a row), align (not aligned), diagnose (a point is not
+# Replicate() of the asked tensor) and verify (a checksum mismatch): a fuzzed value can be valid
+# input that fails the property, which is not an error. Every other command has no property to fail.
+PROPERTY_EXIT_1 = {"check", "align", "diagnose", "verify"}
+FUZZ_IDS = [f"{cmd} {opt}" for cmd, opts in FUZZ.items() for opt in opts]
+FUZZ_EXAMPLES = int(os.environ.get("TPSIM_FUZZ_EXAMPLES", "20"))  # per option (71 options): ~1500 examples, ~7 s
+FUZZ_STATS = {"examples": 0, "seconds": 0.0}
+
+
+def fill(argv: list[str], inputs: dict[str, Path]) -> list[str]:
+    out = []
+    for a in argv:
+        if a == "{good}":
+            out += [str(p) for p in inputs["good"]]
+        elif a.startswith("{") and a.endswith("}"):
+            key = a[1:-1]
+            out.append(str(inputs[key] if key in inputs else inputs["dir"].parent / key))
+        else:
+            out.append(a)
+    return out
+
+
+def run_in_process(argv: list[str]) -> tuple[int, str, str]:
+    """`run_command(argv)` with stdout and stderr captured (rich's consoles write to sys.stdout /
+    sys.stderr as they are at print time, see test_in_process_capture_sees_rich_output)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_command(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def clean_env():
+    with pytest.MonkeyPatch.context() as mp:
+        for k in SCRUB:
+            mp.delenv(k, raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory, clean_env):
+    d = tmp_path_factory.mktemp("fuzz")
+    yield d
+    if FUZZ_STATS["examples"]:
+        print(f"\nfuzz: {FUZZ_STATS['examples']} examples in {FUZZ_STATS['seconds']:.1f} s "
+              f"({FUZZ_STATS['examples'] / FUZZ_STATS['seconds']:.0f}/s)", file=sys.__stderr__)
+
+
+def test_in_process_capture_sees_rich_output(clean_env):
+    """The fuzz's capture works: rich's stdout console (tables) writes into redirect_stdout."""
+    from tpsim.ui import stdout, table
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        stdout.print(table("", ["a"], [["rich-cell"]]))
+    assert "rich-cell" in out.getvalue()
+    code, text, err = run_in_process(["resolve", "--convention", "vllm", "--num-layers", "8"])
+    assert code == 0 and "aux_hidden_state_layers: [2, 4, 5]" in text and err == ""
+
+
+@pytest.mark.parametrize("command,option", [(c, o) for c, opts in FUZZ.items() for o in opts], ids=FUZZ_IDS)
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), joined=st.booleans())
+@example(data=None, joined=True)  # the empty string, always
+def test_fuzz_no_traceback(inputs, fuzz_dir, command, option, data, joined):
+    value = "" if data is None else data.draw(option_values(option), label="value")
+    base = fill(FUZZ[command][option], inputs)
+    if option == "FILE":
+        argv = [*base, *(["--"] if joined else []), value]  # `--`: a value with a leading dash is still a file
+    else:
+        argv = [*base, f"{option}={value}"] if joined else [*base, option, value]
+    cwd = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    before = snapshot(inputs["dir"].parent)
+    old = os.getcwd()
+    t0 = time.perf_counter()
+    os.chdir(cwd)
+    try:
+        code, out, err = run_in_process(argv)
+    except BaseException as e:  # an exception run_command let escape: the traceback a user would see
+        raise AssertionError(f"tpsim {argv!r} raised {e.__class__.__name__}: {e}") from e
+    finally:
+        os.chdir(old)
+        FUZZ_STATS["examples"] += 1
+        FUZZ_STATS["seconds"] += time.perf_counter() - t0
+    allowed = {0, 2} | ({1} if command in PROPERTY_EXIT_1 else set())
+    assert code in allowed, f"tpsim {argv!r} -> exit {code}\n{out}{err}"
+    assert "Traceback" not in out + err, f"tpsim {argv!r}\n{out}{err}"
+    if code == 2:
+        # one line, even when the fuzzed value holds a line break (printed escaped)
+        assert err.startswith("tpsim: error: ") and err.count("\n") == 1 and err.endswith("\n") \
+            and "\r" not in err, f"tpsim {argv!r}\n{err}"
+    assert "tpsim: starting" not in err, f"tpsim {argv!r} spawned ranks"
+    if code != 0:
+        assert list(cwd.iterdir()) == [], f"tpsim {argv!r} failed but wrote {list(cwd.iterdir())}"
+    assert snapshot(inputs["dir"].parent) == before, f"tpsim {argv!r} changed an input file"
