@@ -416,18 +416,11 @@ def parse_size(text: str, option: str) -> int:
     return max(1, int(value * SIZE_UNITS[unit]))
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} TB"
-
-
 def cmd_export(args) -> int:
     import shutil
 
     from tpsim.checkpoint.export import export_checkpoint, total_bytes
+    from tpsim.runner import human_bytes
     from tpsim.ui import progress_bar
     out = Path(args.out)
     if out.exists() and not out.is_dir():
