@@ -127,7 +127,7 @@ def _implied(ranks: list[torch.Tensor], T: int, W: int) -> list[tuple[str, list[
     return out
 
 
-def _tries(ranks, reference):
+def _tries(ranks, reference, residual=None):
     """(diff, placement, candidate, detail, threshold) of every fitting pair."""
     out, cache = [], {}
     for name, ref in reference.items():
@@ -140,12 +140,24 @@ def _tries(ranks, reference):
         for placement, fulls, detail in cache[key]:
             diff = max(calc_diff(f, ref) for f in fulls)
             out.append((diff, placement, name, detail, thr))
+        res = (residual or {}).get(name)
+        if res is not None and len(ranks) > 1 and all(tuple(r.shape) == key for r in ranks) \
+                and tuple(res.shape) == key:
+            # hidden + residual with hidden Partial(sum), residual Replicate(): the ranks sum to
+            # full hidden + tp * residual, so the candidate is that sum minus (tp - 1) residuals
+            full = torch.stack([r.double() for r in ranks]).sum(0) - (len(ranks) - 1) * res.double()
+            out.append((calc_diff(full, ref), P, name, "plus-residual", thr))
     return out
 
 
-def diagnose_tensors(ranks: list[torch.Tensor], reference: dict[str, torch.Tensor], asked: str) -> Verdict:
+def diagnose_tensors(ranks: list[torch.Tensor], reference: dict[str, torch.Tensor], asked: str,
+                     residual: dict[str, torch.Tensor] | None = None) -> Verdict:
     """Infer what `ranks` (rank r's local `[rows, width]` tensor, in rank order) hold, given the
     reference candidates (name -> full `[T, W]`) and the name the user `asked` for.
+
+    `residual` (candidate name -> the residual `[T, W]` its `hidden + residual` adds) also tries
+    `Partial(sum)` of the hidden part with the residual added on every rank: what a model-level
+    capture holds when the all-reduce is deferred into the next layer (ar-fusion).
 
     The lowest-diff pair within its threshold wins (ties: the asked name, then Replicate(),
     Shard(dim=0), Shard(dim=-1), Partial(sum)); none within: `unexplained` with the closest."""
@@ -153,7 +165,7 @@ def diagnose_tensors(ranks: list[torch.Tensor], reference: dict[str, torch.Tenso
         raise ValueError("diagnose_tensors needs at least one rank")
     if any(r.dim() != 2 for r in ranks):
         raise ValueError(f"rank tensors must be 2-D [rows, width], got {[list(r.shape) for r in ranks]}")
-    tries = _tries(ranks, reference)
+    tries = _tries(ranks, reference, residual)
     order = {p: i for i, p in enumerate(PLACEMENTS)}
     key = lambda t: (t[0], t[2] != asked, order[t[1]])  # noqa: E731
     good = sorted((t for t in tries if t[0] <= t[4]), key=key)
@@ -198,6 +210,9 @@ def _reason(ranks, reference, asked, placement, name, detail, diff, also) -> str
             text = f"replicated, but this is {name}, you asked for {asked}{same}"
         else:
             text = f"{'the lone rank' if tp == 1 else 'every rank'} holds the full {name}{same}{wrong}"
+    elif placement == P and detail == "plus-residual":
+        text = (f"captured before a deferred all-reduce (per-rank partial sums of the layer output plus the "
+                f"replicated residual): summed over {tp} ranks, less {tp - 1} residuals, they are {name}{wrong}")
     elif placement == P:
         text = f"captured before an all-reduce (per-rank partial sums): the sum over {tp} ranks is {name}{wrong}"
     elif placement == S0:

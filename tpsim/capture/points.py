@@ -5,7 +5,8 @@ A point is named like the module that produces it, without the `model.` prefix a
 vocabulary of `torch.distributed.tensor`: `Replicate()` (every rank holds the full tensor),
 `Shard(dim=-1)` (each rank holds a contiguous 1/tp of the last dim, in rank order),
 `Partial(sum)` (each rank holds a summand; the tensor is their sum, i.e. before an
-all-reduce). At TP=1 every point is `Replicate()`.
+all-reduce), `Shard(dim=0)` (each rank holds its share of the tokens: sequence parallelism,
+a scattered MoE output, or dp-attention's own sequences). At TP=1 every point is `Replicate()`.
 
 `catalogue(cfg)` lists every point of a model statically (for validating `--points` before
 any rank starts); the layers report the same points from real runs through `TPGroup.tap`,
@@ -21,7 +22,7 @@ import torch
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 
-R, S, P = "Replicate()", "Shard(dim=-1)", "Partial(sum)"
+R, S, P, S0 = "Replicate()", "Shard(dim=-1)", "Partial(sum)", "Shard(dim=0)"
 
 
 def point_name(prefix: str) -> str:

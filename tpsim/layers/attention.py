@@ -20,9 +20,10 @@ from tpsim.parallel.group import TPGroup
 
 
 class MLA(nn.Module):
-    """normed hidden `[T, hidden]` Replicate() → `[T, hidden]` Replicate() (after o_proj's all-reduce)."""
+    """normed hidden `[T, hidden]` Replicate() → `[T, hidden]` Replicate() after o_proj's
+    all-reduce, or its Partial() input with `reduce_results=False` (the caller reduces)."""
 
-    def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype, reduce_results: bool = True):
         super().__init__()
         H, hid = cfg.num_attention_heads, cfg.hidden_size
         self.local_heads = divide(H, group.size, "num_attention_heads")
@@ -40,7 +41,8 @@ class MLA(nn.Module):
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps, group, f"{prefix}.kv_a_layernorm", dtype)
         self.kv_b_proj = ColumnParallelLinear(cfg.kv_lora_rank, H * (self.nope + self.v_dim), group,
                                               f"{prefix}.kv_b_proj", dtype)
-        self.o_proj = RowParallelLinear(H * self.v_dim, hid, group, f"{prefix}.o_proj", dtype)
+        self.o_proj = RowParallelLinear(H * self.v_dim, hid, group, f"{prefix}.o_proj", dtype,
+                                        reduce_results=reduce_results)
         self.rotary_emb = DeepseekRotaryEmbedding(self.rope, cfg.rope_theta, cfg.rope_scaling, group.device)
         self.scaling = softmax_scale(self.qk_dim, cfg.rope_scaling)
         self.group, self.point = group, point_name(prefix)

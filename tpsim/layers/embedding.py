@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import P, R, S
+from tpsim.capture.points import P, R, S, S0
 from tpsim.config import VOCAB_PADDING
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.parallel.group import TPGroup
@@ -44,7 +44,9 @@ class VocabParallelEmbedding(nn.Module):
                 _copy(self.weight[:real], t[self.start:self.start + real])
         yield WeightSpec(f"{self.prefix}.weight", (self.vocab_size, self.hidden_size), load)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, scatter_sizes: list[int] | None = None) -> torch.Tensor:
+        """With `scatter_sizes` (sequence parallelism) the partial lookups are reduce-scattered:
+        each rank gets its `scatter_sizes[rank]` rows, Shard(dim=0)."""
         if self.group.size == 1:
             out = F.embedding(input_ids, self.weight)
         else:
@@ -53,6 +55,10 @@ class VocabParallelEmbedding(nn.Module):
             out = F.embedding(local, self.weight)
             out.masked_fill_(outside.unsqueeze(-1), 0)
         self.group.tap("embed.partial", out, P)
+        if scatter_sizes is not None:
+            out = self.group.scatter_rows(out, scatter_sizes, self.prefix)
+            self.group.tap("embed.out", out, S0)
+            return out
         out = self.group.all_reduce(out, self.prefix)
         self.group.tap("embed.out", out, R)
         return out

@@ -13,21 +13,21 @@ from tpsim.parallel.group import TPGroup
 
 class DenseMLP(nn.Module):
     """`[T, hidden]` Replicate() → `[T, hidden]`: Replicate() after down_proj's all-reduce, or
-    Partial() when `reduce_results=False` (shared and routed experts, reduced once by the MoE)."""
+    Partial() when `reduce_results=False` (the decoder layer or the MoE reduces)."""
 
     def __init__(self, hidden: int, intermediate: int, group: TPGroup, prefix: str, dtype: torch.dtype,
-                 reduce_results: bool = True):
+                 reduce_results: bool = True, tap_act: bool = True):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden, [intermediate, intermediate], group, f"{prefix}.gate_up_proj", dtype,
             hf_names=[f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"])
-        self.group, self.point, self.reduce_results = group, point_name(prefix), reduce_results
+        self.group, self.point, self.tap_act = group, point_name(prefix), tap_act
         self.down_proj = RowParallelLinear(intermediate, hidden, group, f"{prefix}.down_proj", dtype,
                                            reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         act = F.silu(gate) * up
-        if self.reduce_results:  # a dense MLP, not one expert's share inside the MoE
+        if self.tap_act:  # a dense MLP, not the shared experts inside the MoE
             self.group.tap(f"{self.point}.act", act, S)
         return self.down_proj(act)

@@ -1,8 +1,16 @@
-"""DeepSeek MoE under TP (SGLang `DeepseekV2MoE.forward_normal`).
+"""DeepSeek MoE under TP (SGLang `DeepseekV2MoE.forward_normal`) and under EP.
 
-The gate is replicated, so every rank routes identically. Every rank holds every expert,
+TP: the gate is replicated, so every rank routes identically. Every rank holds every expert,
 each split on its intermediate dimension; routed and shared experts produce partial sums
 that are combined (`routed * routed_scaling_factor + shared`) and all-reduced **once**.
+
+EP (`expert_parallel=True`, DeepEP-style): rank r holds experts [r*E/tp, (r+1)*E/tp) whole and
+the shared experts whole; it routes its own token shard, sends each (token, expert) row to the
+expert's rank with `all_to_all_single` (uneven splits), and gets the outputs back the same way.
+
+The routed experts run as two grouped GEMMs over rows sorted by expert (`torch._grouped_mm`
+with device-side offsets: no loop over experts, no host sync) where the dtype and device allow,
+else one GEMM per expert.
 """
 
 from __future__ import annotations
@@ -11,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import P, R, point_name
+from tpsim.capture.points import P, R, S0, point_name
 from tpsim.config import ModelConfig
-from tpsim.layers.linear import WeightSpec, _copy
+from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.layers.mlp import DenseMLP
 from tpsim.parallel.group import TPGroup
 
@@ -63,33 +71,131 @@ class MoEGate(nn.Module):
         return weights, ids
 
 
-class MoE(nn.Module):
-    """normed hidden `[T, hidden]` Replicate() → `[T, hidden]` Replicate() after one all-reduce."""
+class Experts(nn.Module):
+    """Stacked routed experts: `w13` `[E_local, 2*I_local, hidden]` (gate rows then up rows of each
+    expert) and `w2` `[E_local, hidden, I_local]`, loaded from the per-expert checkpoint tensors.
 
-    def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype):
+    TP (`shard` = the TP group): all E experts, I_local = I/tp (this rank's intermediate slice).
+    EP (`first`, `count`): experts [first, first+count), I_local = I (`shard` of size 1).
+    """
+
+    def __init__(self, hidden: int, intermediate: int, first: int, count: int, shard: TPGroup, prefix: str,
+                 dtype: torch.dtype):
+        super().__init__()
+        self.first, self.count, self.prefix, self.shard = first, count, prefix, shard
+        self.hidden, self.intermediate = hidden, intermediate
+        self.local = divide(intermediate, shard.size, f"{prefix} moe_intermediate_size")
+        device = shard.device
+        self.w13 = nn.Parameter(torch.empty(count, 2 * self.local, hidden, dtype=dtype, device=device),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(count, hidden, self.local, dtype=dtype, device=device),
+                               requires_grad=False)
+        self.grouped = _grouped_mm_works(dtype, device, hidden, self.local)
+
+    def weight_specs(self):
+        r, n = self.shard.rank, self.local
+        for i in range(self.count):
+            name = f"{self.prefix}.{self.first + i}"
+            for j, part in enumerate(("gate_proj", "up_proj")):
+                yield WeightSpec(f"{name}.{part}.weight", (self.intermediate, self.hidden),
+                                 lambda t, i=i, j=j: _copy(self.w13[i, j * n:(j + 1) * n], t[r * n:(r + 1) * n]))
+            yield WeightSpec(f"{name}.down_proj.weight", (self.hidden, self.intermediate),
+                             lambda t, i=i: _copy(self.w2[i], t[:, r * n:(r + 1) * n]))
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x `[N, hidden]` rows, experts `[N]` local expert index of each row → `[N, hidden]`
+        (this rank's partial sum under TP, the whole expert output under EP)."""
+        order = experts.argsort(stable=True)
+        offs = torch.bincount(experts, minlength=self.count).cumsum(0).to(torch.int32)
+        xs = x[order]
+        h = self._mm(xs, self.w13, offs)
+        gate, up = h.chunk(2, dim=-1)
+        y = self._mm(F.silu(gate) * up, self.w2, offs)
+        return torch.empty_like(y).index_copy_(0, order, y)
+
+    def _mm(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """Rows of group e (between offs[e-1] and offs[e]) times w[e]^T."""
+        if self.grouped:
+            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        ends = offs.tolist()  # the fallback syncs with the host once per call
+        starts = [0] + ends[:-1]
+        return torch.cat([F.linear(x[a:b], w[e]) for e, (a, b) in enumerate(zip(starts, ends))]) if x.shape[0] \
+            else x.new_empty((0, w.shape[1]))
+
+
+def _grouped_mm_works(dtype: torch.dtype, device: torch.device, *dims: int) -> bool:
+    """Whether torch._grouped_mm takes these operands: CPU float32 (any shape) or 16-byte-aligned
+    rows; CUDA bf16 with aligned rows on sm90+ (its kernels need both)."""
+    if not hasattr(torch, "_grouped_mm") or device.type not in ("cpu", "cuda"):
+        return False
+    aligned = all(d * dtype.itemsize % 16 == 0 for d in dims)
+    if device.type == "cuda":
+        return dtype == torch.bfloat16 and aligned and torch.cuda.get_device_capability(device)[0] >= 9
+    return dtype == torch.float32 or aligned
+
+
+class MoE(nn.Module):
+    """normed hidden `[T, hidden]` → routed * routed_scaling_factor + shared.
+
+    TP: input Replicate(), output Partial() (`reduce_results=False`) or Replicate() after one
+    all-reduce. EP: input this rank's token shard `[t, hidden]` (Shard(dim=0)), output the
+    same tokens' full MoE output (Shard(dim=0)); the caller moves tokens.
+    """
+
+    def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype,
+                 reduce_results: bool = True, expert_parallel: bool = False):
         super().__init__()
         self.group, self.prefix, self.point = group, prefix, point_name(prefix)
+        self.reduce_results, self.ep = reduce_results and not expert_parallel, expert_parallel
         self.routed_scaling_factor = cfg.routed_scaling_factor
         self.gate = MoEGate(cfg, group, f"{prefix}.gate", dtype)
-        self.experts = nn.ModuleList(
-            DenseMLP(cfg.hidden_size, cfg.moe_intermediate_size, group, f"{prefix}.experts.{e}", dtype,
-                     reduce_results=False) for e in range(cfg.n_routed_experts))
+        E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
+        if expert_parallel:
+            per_rank = divide(E, group.size, "n_routed_experts")
+            self.experts = Experts(cfg.hidden_size, I, group.rank * per_rank, per_rank, group.local_view(),
+                                   f"{prefix}.experts", dtype)
+        else:
+            self.experts = Experts(cfg.hidden_size, I, 0, E, group, f"{prefix}.experts", dtype)
         self.shared_experts = None
-        if cfg.n_shared_experts:
-            self.shared_experts = DenseMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts,
-                                           group, f"{prefix}.shared_experts", dtype, reduce_results=False)
+        if cfg.n_shared_experts:  # under EP replicated, as SGLang builds them with DeepEP (tp_size=1)
+            self.shared_experts = DenseMLP(cfg.hidden_size, I * cfg.n_shared_experts,
+                                           group.local_view() if expert_parallel else group,
+                                           f"{prefix}.shared_experts", dtype, reduce_results=False, tap_act=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # Partial(): this rank's share
-        for e in ids.unique().tolist():
-            token, slot = (ids == e).nonzero(as_tuple=True)
-            y = self.experts[e](x[token]).float() * weights[token, slot, None]
-            routed.index_add_(0, token, y)
+        k = ids.shape[1]
+        token = torch.arange(x.shape[0], device=x.device).repeat_interleave(k)
+        rows = x[token]  # one row per (token, slot)
+        y = self._ep_experts(rows, ids.flatten()) if self.ep else self.experts(rows, ids.flatten())
+        routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        routed.index_add_(0, token, y.float() * weights.flatten()[:, None])
         out = (routed * self.routed_scaling_factor).to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+        if self.ep:
+            self.group.tap(f"{self.point}.out", out, S0)
+            return out
+        if not self.reduce_results:
+            return out
         self.group.tap(f"{self.point}.partial", out, P)
         out = self.group.all_reduce(out, self.prefix)
         self.group.tap(f"{self.point}.out", out, R)
         return out
+
+    def _ep_experts(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """rows `[N, hidden]` with global expert ids `[N]` → each row's expert output, computed on
+        the expert's rank: dispatch and combine with all_to_all_single (three per call: the
+        per-expert row counts, the rows, the outputs)."""
+        group, per_rank = self.group, self.experts.count
+        order = ids.argsort(stable=True)  # grouped by expert, hence by destination rank
+        counts = torch.bincount(ids, minlength=per_rank * group.size)  # [E]: rows I send each expert
+        got = group.all_to_all(counts, f"{self.prefix}.dispatch_counts")  # [tp*E_local]: rows each rank sends mine
+        send = counts.view(group.size, per_rank).sum(1).tolist()
+        recv_by_expert = got.view(group.size, per_rank)
+        recv = recv_by_expert.sum(1).tolist()
+        received = group.all_to_all(rows[order], f"{self.prefix}.dispatch", recv, send)
+        local = torch.arange(per_rank, device=rows.device).repeat(group.size).repeat_interleave(got)
+        out = self.experts(received, local)
+        back = group.all_to_all(out, f"{self.prefix}.combine", send, recv)
+        return torch.empty_like(back).index_copy_(0, order, back)

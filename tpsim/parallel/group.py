@@ -61,10 +61,19 @@ class TPGroup:
     tracer: Tracer = field(default_factory=Tracer)
     taps: object = None  # a tpsim.capture.points.Taps while a capture of named points runs
     verify: bool = False  # check op, caller, dtype and shape across the group before each collective
+    parent: "TPGroup | None" = None  # set on a local_view(): taps go to the parent's Taps
+
+    def local_view(self) -> "TPGroup":
+        """A size-1 group of this rank alone, sharing this group's tracer and taps: for layers
+        that are replicated (not split) inside a bigger group, as dp-attention's attention."""
+        return TPGroup(rank=0, size=1, ranks=(self.ranks[self.rank],), device=self.device, tracer=self.tracer,
+                       parent=self)
 
     def tap(self, name: str, x, placement: str) -> None:
         """Offer activation `name` (a tensor, or a function making it, so an unwanted point
         costs nothing) with its placement at this group's size (Replicate() at size 1)."""
+        if self.parent is not None:  # a local view: each rank its own tokens (data parallel)
+            return self.parent.tap(name, x, "Shard(dim=0)")
         if self.taps is not None:
             self.taps.record(name, x, placement if self.size > 1 else "Replicate()", len(self.tracer.records))
 
@@ -124,6 +133,30 @@ class TPGroup:
         out = torch.empty_like(chunks[self.rank])
         dist.reduce_scatter(out, chunks, group=self.pg)
         return out
+
+    def gather_rows(self, x: torch.Tensor, sizes: list[int], caller: str) -> torch.Tensor:
+        """Every rank's rows `[sizes[r], ...]` concatenated in rank order `[sum(sizes), ...]`:
+        one all-gather of the rows padded to max(sizes) (collectives need equal sizes)."""
+        if self.size == 1:
+            return x
+        n = max(sizes)
+        padded = torch.cat([x, x.new_zeros((n - x.shape[0], *x.shape[1:]))]) if x.shape[0] < n else x
+        every = self.all_gather(padded, caller, dim=0)
+        return torch.cat([every[r * n:r * n + s] for r, s in enumerate(sizes)])
+
+    def scatter_rows(self, x: torch.Tensor, sizes: list[int], caller: str) -> torch.Tensor:
+        """Sum of `x` `[sum(sizes), ...]` over the group, this rank's rows `[sizes[rank], ...]`
+        only: one reduce-scatter of the rows padded to max(sizes) per rank."""
+        if self.size == 1:
+            return x
+        n = max(sizes)
+        if any(s != n for s in sizes):
+            blocks, start = [], 0
+            for s in sizes:
+                blocks += [x[start:start + s], x.new_zeros((n - s, *x.shape[1:]))]
+                start += s
+            x = torch.cat(blocks)
+        return self.reduce_scatter(x, caller, dim=0)[:sizes[self.rank]]
 
     def all_to_all(self, x: torch.Tensor, caller: str, out_splits: list[int] | None = None,
                    in_splits: list[int] | None = None) -> torch.Tensor:
