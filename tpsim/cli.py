@@ -211,6 +211,7 @@ def prepare(args, tps: list[int]):
     src = load_model(args, tps)
     res = resolve(args.convention, layer_ids(args), src.cfg.num_hidden_layers)
     tokens = tokens_for(args, src.cfg)
+    args.mode_spec, args.capture_strategy = mode_from(args, src.cfg, tps, len(tokens))
     check_world(max(tps), args.device, args.force)
     check_memory(src.cfg, tps, dtype_for(args), args.device, args.force, str(args.model))
     return src, res, tokens
@@ -220,7 +221,8 @@ def job_args(src: ModelSource, args, res: Resolution, tokens: list[int]) -> dict
     """The keyword arguments every rank job takes, as plain picklable values."""
     return dict(cfg=src.cfg.to_dict(), seed=args.seed, dtype=dtype_for(args), input_ids=tokens,
                 positions=[str(p) for p in res.positions],
-                checkpoint=None if src.checkpoint is None else str(src.checkpoint))
+                checkpoint=None if src.checkpoint is None else str(src.checkpoint),
+                mode=args.mode_spec.to_dict(), strategy=args.capture_strategy)
 
 
 def cmd_check(args) -> int:
@@ -239,7 +241,9 @@ def cmd_check(args) -> int:
     if results is None:  # a torchrun rank other than 0
         return 0
     rows = [r for per_rank in results.values() for r in per_rank]
-    report = summarize(cfg, res, tokens, dtype, tps, rows)
+    mode = args.mode_spec
+    report = summarize(cfg, res, tokens, dtype, tps, rows, mode)
+    report["capture_strategy"] = args.capture_strategy
     report.update(weights=src.weights, checkpoint_fingerprint=src.fingerprint, notes=src.notes)
     if args.json:
         emit_json(report)
@@ -254,18 +258,31 @@ def cmd_check(args) -> int:
                      f"(width {len(res.positions)} x {H} = {len(res.positions) * H})")
         for n in res.notes:
             stdout.print(f"note: {n}")
+        note = mode_note(mode, args.capture_strategy, len(tokens), L)
+        if note:
+            stdout.print(f"note: {note}")
         stdout.print(f"tolerance: {report['tolerance_metric']} <= {report['tolerance']:.0e} ({dtype}); "
                      "ranks identical means bitwise equal to the group's rank 0")
+        plain = mode.name == "tp"
         stdout.print(table(
             "", ["TP", "ranks", "capture shape per rank", "expected", "ranks identical", "rel err vs TP=1",
-                 "all-reduces (expected)", "ok"],
-            [[str(r["tp"]), str(r["ranks"]), r["shapes"], str(r["expected_shape"]),
-              "yes" if r["identical"] else "NO", "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}",
-              f"{r['all_reduces']} ({r['expected_all_reduces']})", "ok" if r["ok"] else "FAIL"]
+                 "logits rel err", "all-reduces (expected)" if plain else "collectives (expected)", "ok"],
+            [[str(r["tp"]), str(r["ranks"]), r["shapes"], " ".join(map(str, r["expected_shape"]))
+              if isinstance(r["expected_shape"][0], str) else str(r["expected_shape"]),
+              {True: "yes", False: "NO", None: "own tokens"}[r["identical"]],
+              "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}",
+              "-" if r["logits_rel_err"] is None else f"{r['logits_rel_err']:.2e}",
+              f"{r['all_reduces']} ({r['expected_all_reduces']})" if plain
+              else f"{_ops_text(r['collectives'])} ({_ops_text(r['expected_collectives'])})",
+              "ok" if r["ok"] else "FAIL"]
              for r in report["rows"]]))
-        if report["ok"]:
+        if report["ok"] and mode.name == "dp-attention":
+            stdout.print(f"PASS: each rank's capture is its own tokens x {len(res.positions)} x {H} and equals TP=1 "
+                         f"on that rank's sequence at TP {', '.join(map(str, tps))}")
+        elif report["ok"]:
             stdout.print(f"PASS: capture is [T, {len(res.positions)} x {H}], all tokens, identical on every rank "
-                         f"and equal to TP=1 at TP {', '.join(map(str, tps))}")
+                         f"and equal to TP=1 at TP {', '.join(map(str, tps))}"
+                         + ("" if plain else f" (mode {mode.name}, strategy {args.capture_strategy})"))
         else:
             for r in report["rows"]:
                 for why in r["failures"]:
@@ -274,22 +291,38 @@ def cmd_check(args) -> int:
 
 
 def summarize(cfg: ModelConfig, res: Resolution, tokens: list[int], dtype: str, tps: list[int],
-              rows: list[dict]) -> dict:
+              rows: list[dict], mode=None) -> dict:
+    from tpsim.modes import Mode, expected_collectives
+    mode = mode or Mode()
     tol = TOLERANCE[dtype]
-    expected_shape = [len(tokens), len(res.positions) * cfg.hidden_size]
+    dp = mode.name == "dp-attention"
+    width = len(res.positions) * cfg.hidden_size
     out = []
     for tp in tps:
         mine = [r for r in rows if r["tp"] == tp]
-        shapes = sorted({tuple(r["shape"]) for r in mine})
+        shapes = sorted({json.dumps(r["shape"]) for r in mine})
         errs = [r["rel_err"] for r in mine if r["rel_err"] is not None]
-        counts = sorted({r["all_reduces"] for r in mine})
-        expected_ar = 1 + 2 * cfg.num_hidden_layers if tp > 1 else 0
+        logit_errs = [r["logits_rel_err"] for r in mine if r.get("logits_rel_err") is not None]
+        expected = expected_collectives(mode, cfg, tp)
+        traced = [_op_counts(r["collectives"]) for r in mine]
         failures = []
-        if shapes != [tuple(expected_shape)]:
-            failures.append(f"capture shapes {[list(s) for s in shapes]} != {expected_shape}")
-        if not all(r["identical"] for r in mine):
-            bad = [r["rank"] for r in mine if not r["identical"]]
+        if dp and tp > 1:  # each rank its own contiguous share of the tokens
+            from tpsim.model import split_sizes
+            want = {r["rank"]: [n, width] for r, n in zip(sorted(mine, key=lambda r: r["group_rank"]),
+                                                         split_sizes(len(tokens), tp))}
+            if any(r["shape"] != want[r["rank"]] for r in mine):
+                failures.append(f"capture shapes {[r['shape'] for r in mine]} are not each rank's own tokens "
+                                f"x {width}")
+            expected_shape = [f"[{n}, {width}]" for n in split_sizes(len(tokens), tp)]
+        else:
+            expected_shape = [len(tokens), width]
+            if shapes != [json.dumps(expected_shape)]:
+                failures.append(f"capture shapes {', '.join(shapes)} != {expected_shape}")
+        if any(r["identical"] is False for r in mine):
+            bad = sorted(r["rank"] for r in mine if r["identical"] is False and r["group_rank"] != 0)
             failures.append(f"ranks {bad} differ from their group's rank 0")
+        for v in (v for r in mine for v in (r.get("verdicts") or []) if not v["correct"]):
+            failures.append(f"{v['position']}: {v['placement']}: {v['reason']}")
         if not all(r["finite"] for r in mine):
             first = next((r for r in mine if not r["finite"] and r.get("first_nonfinite")), None)
             where = "" if first is None else (f"; the first NaN/Inf appeared at {first['first_nonfinite'][0]} "
@@ -298,19 +331,44 @@ def summarize(cfg: ModelConfig, res: Resolution, tokens: list[int], dtype: str, 
         rel = max(errs) if errs else None
         if rel is not None and not rel <= tol and all(r["finite"] for r in mine):
             failures.append(f"relative error {rel:.3e} against TP=1 exceeds {tol:.0e}")
-        if counts != [expected_ar]:
-            failures.append(f"{counts} all-reduces per forward, expected {expected_ar} (1 + 2L)")
-        n_ranks = len(mine)
-        out.append({"tp": tp, "ranks": n_ranks,
-                    "shapes": " ".join(f"{list(s)} x{sum(tuple(r['shape']) == s for r in mine)}" for s in shapes),
-                    "expected_shape": expected_shape, "identical": all(r["identical"] for r in mine),
-                    "rel_err": rel, "all_reduces": counts[0] if len(counts) == 1 else counts,
-                    "expected_all_reduces": expected_ar,
+        lrel = max(logit_errs) if logit_errs else None
+        if lrel is not None and not lrel <= tol:
+            failures.append(f"logits relative error {lrel:.3e} against TP=1 exceeds {tol:.0e}")
+        if any(t != expected for t in traced):
+            got = next(t for t in traced if t != expected)
+            failures.append(f"collectives per forward {_ops_text(got)}, expected {_ops_text(expected)} "
+                            f"({mode.name} at TP={tp}; tpsim.modes.expected_collectives)")
+        counts = sorted({r["all_reduces"] for r in mine})
+        out.append({"tp": tp, "ranks": len(mine),
+                    "shapes": " ".join(f"{s} x{sum(json.dumps(r['shape']) == s for r in mine)}" for s in shapes),
+                    "expected_shape": expected_shape,
+                    "identical": None if dp and tp > 1 else all(r["identical"] for r in mine),
+                    "rel_err": rel, "logits_rel_err": lrel,
+                    "all_reduces": counts[0] if len(counts) == 1 else counts,
+                    "expected_all_reduces": expected.get("all_reduce", 0),
+                    "collectives": traced[0] if traced else {}, "expected_collectives": expected,
                     "all_reduce_bytes": mine[0]["all_reduce_bytes"] if mine else 0,
+                    "verdicts": next((r["verdicts"] for r in mine if r.get("verdicts")), None),
                     "ok": not failures, "failures": failures})
     return {"model": cfg.to_dict(), "convention": res.to_dict(), "dtype": dtype, "tokens": len(tokens),
-            "tolerance": tol, "tolerance_metric": "||TP=t - TP=1||_F / ||TP=1||_F",
+            "mode": mode.to_dict(), "tolerance": tol, "tolerance_metric": "||TP=t - TP=1||_F / ||TP=1||_F",
             "rows": out, "ok": all(r["ok"] for r in out), "tpsim_version": __version__}
+
+
+def _op_counts(collectives) -> dict[str, int]:
+    """{op: count} of the model's collectives (check's own comparisons and capture gathers left out)."""
+    counts: dict[str, int] = {}
+    for op, caller, _ in collectives:
+        if not caller.startswith(("check.", "capture.")):
+            counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A", "broadcast": "BC"}
+
+
+def _ops_text(counts: dict[str, int]) -> str:
+    return " ".join(f"{OP_SHORT.get(op, op)} {n}" for op, n in sorted(counts.items())) or "none"
 
 
 # --- tpsim capture -----------------------------------------------------------------------
@@ -341,22 +399,33 @@ def cmd_capture(args) -> int:
         progress.stop()
     if results is None:
         return 0
-    got = [r for r in results.values() if r is not None]
-    if not all(r["identical"] for r in got):
-        print(f"tpsim: error: the capture differs between ranks at TP={tp}; nothing written", file=sys.stderr)
+    got = sorted((r for r in results.values() if r is not None), key=lambda r: r["group_rank"])
+    mode, strategy = args.mode_spec, args.capture_strategy
+    if any(r["identical"] is False for r in got):
+        print(f"tpsim: error: the capture differs between ranks at TP={tp} (mode {mode.name}, strategy {strategy}); "
+              f"nothing written; tpsim check --mode {mode.name} --strategy {strategy} diagnoses it", file=sys.stderr)
         return 1
-    cap = next(r["capture"] for r in got if r["capture"] is not None)
+    placement = "Replicate()"
+    if mode.name == "dp-attention" and tp > 1:  # each rank its own sequence: concatenated in rank order
+        import torch
+        cap = torch.cat([r["capture"] for r in got])
+        placement = "Shard(dim=0): rank r's own sequence, rows " + "+".join(str(r["capture"].shape[0]) for r in got)
+    else:
+        cap = next(r["capture"] for r in got if r["capture"] is not None)
     meta = {"layers": "default" if res.ids is None else ",".join(map(str, res.ids)),
             "convention": res.convention, "positions": res.positions_text, "tp": str(tp), "dtype": dtype,
-            "seed": str(args.seed), "config_sha256": cfg.sha256(), "placement": "Replicate()",
+            "seed": str(args.seed), "config_sha256": cfg.sha256(), "placement": placement,
+            "mode": mode.name, "capture_strategy": strategy,
             "weights": src.weights, "tpsim_version": __version__}
     if src.fingerprint:
         meta["checkpoint_fingerprint"] = src.fingerprint
     write_capture(out, cap, tokens, meta)
     for n in src.notes:
         print(f"note: {n}")
+    where = (f"{placement}" if placement != "Replicate()"
+             else f"identical on all {tp} rank{'s' if tp > 1 else ''}")
     print(f"wrote {out}: aux_hidden_states {list(cap.shape)} ({res.positions_text}), input_ids [{len(tokens)}], "
-          f"TP={tp}, identical on all {tp} rank{'s' if tp > 1 else ''}")
+          f"TP={tp}, mode {mode.name}, {where}")
     return 0
 
 
@@ -373,6 +442,9 @@ def capture_points(args, tp: int, out: Path) -> int:
     if not points:
         raise UsageError("--points is empty; name points like layers.3.attn.o_proj.partial")
     tokens = tokens_for(args, src.cfg)
+    if args.strategy is not None:
+        raise UsageError("--strategy applies to --layers captures; --points dumps each rank's local tensors as they are")
+    mode = mode_from(args, src.cfg, [tp], len(tokens))[0]
     check_world(tp, args.device, args.force)
     dtype = dtype_for(args)
     check_memory(src.cfg, [tp], dtype, args.device, args.force, str(args.model))
@@ -380,13 +452,13 @@ def capture_points(args, tp: int, out: Path) -> int:
     try:
         results = run_on_ranks("tpsim.jobs:points_job", tp, device=args.device, backend=args.backend,
                                timeout_s=args.timeout, progress=progress, tp=tp, points=points, cfg=src.cfg.to_dict(),
-                               seed=args.seed, dtype=dtype, input_ids=tokens,
+                               seed=args.seed, dtype=dtype, input_ids=tokens, mode=mode.to_dict(),
                                checkpoint=None if src.checkpoint is None else str(src.checkpoint))
     finally:
         progress.stop()
     if results is None:
         return 0
-    meta = {"tp": str(tp), "dtype": dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(),
+    meta = {"tp": str(tp), "dtype": dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(), "mode": mode.name,
             "hidden_size": str(src.cfg.hidden_size), "weights": src.weights, "tpsim_version": __version__}
     ranks = sorted((r for r in results.values() if r is not None), key=lambda r: r["rank"])
     for r in ranks:
@@ -466,6 +538,58 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     add_override(p)
 
 
+def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
+    from tpsim.modes import EP_OUTPUTS, MODES
+    p.add_argument("--mode", default="tp", metavar="{" + ",".join(MODES) + "}",
+                   help="communication mode of the engine replayed (default tp; README: one section per mode)")
+    if strategy:
+        p.add_argument("--strategy", help="capture strategy (default: the right one for the mode; tp: model-level, "
+                                      "ar-fusion: in-layer, sp/ep: gathered, dp-attention: local)")
+    p.add_argument("--fusion-max-tokens", help="ar-fusion: fuse the MLP all-reduce into the next layer's norm "
+                                               "only for batches of at most this many tokens (default 2048)")
+    p.add_argument("--ep-output", metavar="{" + ",".join(EP_OUTPUTS) + "}",
+                   help="ep: all-gather the MoE output (replicated, default) or keep the stream token-"
+                        "scattered (scattered, DeepEP-style)")
+
+
+def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None):
+    """The Mode the options name and its capture strategy, checked against the config, every
+    TP degree and the token count before any rank starts."""
+    from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, Mode
+    if args.fusion_max_tokens is not None and args.mode != "ar-fusion":
+        raise UsageError(f"--fusion-max-tokens applies to --mode ar-fusion only, not --mode {args.mode}")
+    if args.ep_output is not None and args.mode != "ep":
+        raise UsageError(f"--ep-output applies to --mode ep only, not --mode {args.mode}")
+    fusion = DEFAULT_FUSION_MAX_TOKENS
+    if args.fusion_max_tokens is not None:
+        try:
+            fusion = int(args.fusion_max_tokens)
+        except ValueError:
+            raise UsageError(f"--fusion-max-tokens {args.fusion_max_tokens!r} is not an integer") from None
+    mode = Mode(args.mode, fusion, args.ep_output or "replicated")
+    strategy = mode.strategy(getattr(args, "strategy", None))
+    for t in tps:
+        mode.check(cfg, t, tokens)
+    return mode, strategy
+
+
+def mode_note(mode, strategy: str, tokens: int, L: int) -> str | None:
+    """What the mode does to this run's capture, in one line (None for plain tp)."""
+    if mode.name == "tp":
+        return None
+    what = {"ar-fusion": (f"{tokens} tokens <= --fusion-max-tokens {mode.fusion_max_tokens}: the MLP all-reduce of "
+                          f"layers 0..{L - 2} runs fused in the next layer's input_layernorm"
+                          if tokens <= mode.fusion_max_tokens else
+                          f"{tokens} tokens > --fusion-max-tokens {mode.fusion_max_tokens}: no fusion in this "
+                          "batch (prefill-sized), every MLP all-reduces in its own layer"),
+            "sp": "the residual stream is token-sharded between layers (reduce-scatter / all-gather)",
+            "ep": "experts split whole over ranks, tokens moved with all_to_all; the MoE output is "
+                  + ("all-gathered" if mode.ep_output == "replicated" else "left token-scattered"),
+            "dp-attention": "each rank runs its own sequence (the tokens split in rank order); MLP/MoE "
+                            "over all ranks"}[mode.name]
+    return f"mode {mode.name}, capture strategy {strategy}: {what}"
+
+
 def add_override(p: argparse.ArgumentParser) -> None:
     p.add_argument("--override", action="append", metavar="FIELD=VALUE",
                    help="change one config field, e.g. --override num_hidden_layers=4 (repeatable)")
@@ -478,6 +602,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("check", help="run the model at each TP degree on real ranks and check the capture")
     add_run_options(p)
+    add_mode_options(p)
     p.add_argument("--tp", help="TP degrees, e.g. 1,2,4,8 (default 1,2,4,8; under torchrun every divisor "
                                 "of the world size)")
     p.add_argument("--json", action="store_true")
@@ -485,6 +610,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("capture", help="capture on real ranks and write a safetensors file")
     add_run_options(p)
+    add_mode_options(p)
     p.add_argument("--tp", default="1", help="TP degree (default 1)")
     p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
     p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "

@@ -21,7 +21,8 @@ from tpsim.capture.points import catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
 
-PLACEMENT_COLOURS = {"Replicate()": "#d8f0d8", "Shard(dim=-1)": "#d8e4f8", "Partial(sum)": "#fde3c8"}
+PLACEMENT_COLOURS = {"Replicate()": "#d8f0d8", "Shard(dim=-1)": "#d8e4f8", "Partial(sum)": "#fde3c8",
+                     "Shard(dim=0)": "#efe0f7"}
 CAPTURE_CONVENTIONS = [c for c in CONVENTIONS if c != "output-of"]
 
 
@@ -64,7 +65,8 @@ def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
     shown = [n for n in result["taps"]
              if n.startswith(("embed.", f"layers.{k}.")) or n in ("final", "logits.local", "logits")
              or n == f"layers.{k - 1}.out"]
-    callers = ("model.embed_tokens", f"model.layers.{k}.", "lm_head")
+    callers = ("model.embed_tokens", f"model.layers.{k}.", f"model.layers.{k + 1}.input_layernorm", "lm_head",
+               "model.norm", "model.dp_token_counts")
     rows, done = [], 0
     colls = result["collectives"]
     for n in shown:
@@ -72,7 +74,8 @@ def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
         for i in range(done, tap.order):
             op, caller, shape, dtype, nbytes = colls[i]
             if caller.startswith(callers):
-                res = "Replicate()" if op in ("all_reduce", "all_gather") else "?"
+                res = {"all_reduce": "Replicate()", "all_gather": "Replicate()", "reduce_scatter": "Shard(dim=0)",
+                       "all_to_all": "Shard(dim=0)"}.get(op, "?")
                 rows.append(Row("collective", f"{op} ({caller})", "x".join(map(str, shape)), res,
                                 f"{human_bytes(nbytes)} per rank, {dtype}"))
         done = max(done, tap.order)
@@ -117,6 +120,8 @@ def add_parser(sub, add_run_options) -> None:
     p = sub.add_parser("explain", help="where every activation of one layer lives at a TP degree, "
                                        "and which collectives move it")
     add_run_options(p)
+    from tpsim.cli import add_mode_options
+    add_mode_options(p, strategy=False)
     p.set_defaults(seq_len="16", dtype="bfloat16")
     p.add_argument("--tp", default="2", help="TP degree (default 2)")
     p.add_argument("--layer", help="decoder layer to explain (default: the first MoE layer, else 0)")
@@ -128,7 +133,7 @@ def add_parser(sub, add_run_options) -> None:
 
 def cmd_explain(args) -> int:
     from tpsim.capture_file import write_text
-    from tpsim.cli import dtype_for, emit_json, load_model, positive_int, tokens_for
+    from tpsim.cli import dtype_for, emit_json, load_model, mode_from, mode_note, positive_int, tokens_for
     from tpsim.config import with_overrides
     from tpsim.runner import check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine, stdout, table
@@ -146,8 +151,11 @@ def cmd_explain(args) -> int:
     k = first_moe if args.layer is None else int_arg(args.layer, "--layer")
     if not 0 <= k < L:
         raise UsageError(f"--layer {k} does not exist: layers are 0..{L - 1}")
-    cfg = with_overrides(src.cfg, [f"num_hidden_layers={k + 1}"])
+    # run layers 0..k; under ar-fusion also layer k+1, whose norm holds layer k's fused all-reduce
+    mode = mode_from(args, src.cfg, [tp], None)[0]
+    cfg = with_overrides(src.cfg, [f"num_hidden_layers={min(L, k + 2) if mode.name == 'ar-fusion' else k + 1}"])
     tokens = tokens_for(args, cfg)
+    mode.check(cfg, tp, len(tokens))
     check_world(tp, args.device, args.force)
     out = None if args.no_svg else Path(args.svg or f"explain_{Path(str(args.model)).stem}_tp{tp}_layer{k}.svg")
     if out is not None and not out.parent.is_dir():
@@ -159,7 +167,8 @@ def cmd_explain(args) -> int:
     try:
         results = run_on_ranks("tpsim.jobs:points_job", tp, device=args.device, backend=args.backend,
                                timeout_s=args.timeout, progress=progress, tp=tp, points=[], everything=True,
-                               weights=False, cfg=cfg.to_dict(), seed=args.seed, dtype=dtype, input_ids=tokens)
+                               weights=False, cfg=cfg.to_dict(), seed=args.seed, dtype=dtype, input_ids=tokens,
+                               mode=mode.to_dict())
     finally:
         progress.stop()
     if results is None:
@@ -169,18 +178,23 @@ def cmd_explain(args) -> int:
                for r in per_rank)
     rows = build_rows(per_rank[0], cfg, k, L)
     kind = "MoE" if cfg.is_moe_layer(k) else "dense"
-    title = (f"{args.model}: layer {k} ({kind}) of {L}, TP={tp}, {len(tokens)} tokens, {dtype}; "
+    title = (f"{args.model}: layer {k} ({kind}) of {L}, TP={tp}, mode {mode.name}, {len(tokens)} tokens, {dtype}; "
              f"shapes per rank{'' if same else ' (rank 0; ranks differ)'}")
     if args.json:
-        emit_json({"model": str(args.model), "layer": k, "kind": kind, "tp": tp, "tokens": len(tokens), "dtype": dtype,
+        emit_json({"model": str(args.model), "layer": k, "kind": kind, "tp": tp, "mode": mode.to_dict(),
+                   "tokens": len(tokens), "dtype": dtype,
                    "same_on_every_rank": same, "rows": [r.__dict__ for r in rows]})
     else:
         stdout.print(title)
+        note = mode_note(mode, mode.right_strategy, len(tokens), L)
+        if note:
+            stdout.print(f"note: {note}")
         stdout.print(table("", ["point / collective", "shape per rank", "placement", "what", "captured by"],
                            [[("-> " if r.kind == "collective" else "") + r.name, r.shape, r.placement, r.detail,
                              r.capture] for r in rows]))
         stdout.print("Placements: Replicate() = every rank holds the whole tensor; Shard(dim=-1) = each rank "
-                     "a contiguous 1/tp of the last dim; Partial(sum) = each rank a summand (before an all-reduce).")
+                     "a contiguous 1/tp of the last dim; Shard(dim=0) = each rank its own tokens; Partial(sum) = "
+                     "each rank a summand (before an all-reduce).")
         stdout.print(f"Captured by: the id each convention writes for that position (L={L}); engines compute "
                      "hidden + residual at the start of the next layer, after every all-reduce.")
     if out is not None:

@@ -60,16 +60,6 @@ def run_captured_parts(model: DeepseekForCausalLM, input_ids: list[int], positio
     return recorder.parts(), logits
 
 
-def capture_once(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str, input_ids: list[int],
-                 positions: list[Position], checkpoint: str | None = None, progress=None,
-                 mode: Mode = Mode(), strategy: str | None = None) -> torch.Tensor:
-    """Build the model at this group's TP degree in `mode` and return this rank's capture."""
-    model = build_model(cfg, group, seed, dtype, checkpoint, progress, mode)
-    if progress is not None:
-        progress("forward")
-    return run_captured(model, own_tokens(input_ids, mode, group), positions, mode.strategy(strategy))[0]
-
-
 def own_tokens(input_ids: list[int], mode: Mode, group: TPGroup) -> list[int]:
     """The tokens this rank feeds the model: all of them, or under dp-attention its own
     sequence (contiguous chunk `group.rank` of `split_sizes(T, tp)`)."""
@@ -200,42 +190,49 @@ def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: d
 
 
 def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
-                positions: list[str], tp: int, checkpoint: str | None = None):
+                positions: list[str], tp: int, checkpoint: str | None = None, mode: dict | None = None,
+                strategy: str | None = None):
     """The capture of group rank 0 (on that rank; None elsewhere), after checking that every
-    rank of the group holds exactly the same tensor."""
-    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"positions": positions, "tp": tp}, checkpoint)
+    rank of the group holds exactly the same tensor. Under dp-attention every rank returns its
+    own sequence's capture (identical is None)."""
+    m = Mode.from_dict(mode)
+    strategy = m.strategy(strategy)
+    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"positions": positions, "tp": tp, "strategy": strategy},
+                 checkpoint, mode)
     if not ctx.participates(tp):
         return None
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
-    cap = capture_once(config, group, seed, dtype, input_ids,
-                       [Position.parse(p, config.num_hidden_layers) for p in positions], checkpoint, _progress(ctx, tp))
-    first = group.broadcast(cap.clone(), "capture.rank_identity")
-    same = torch.tensor([int(bitwise_equal(cap, first))], device=cap.device)
-    group.all_reduce(same, "capture.rank_identity")
-    return {"identical": int(same.item()) == tp, "capture": cap.cpu() if group.rank == 0 else None,
-            "rank": ctx.rank, "group": list(group.ranks)}
+    model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp), m)
+    ctx.progress(f"TP={tp}: forward")
+    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    parts, _ = run_captured_parts(model, own_tokens(input_ids, m, group), pos, strategy)
+    identical, _ = _compare_ranks(group, parts, m, None, pos)
+    mine = torch.cat(parts, dim=-1).cpu() if identical is not False else None
+    return {"identical": identical, "capture": mine if group.rank == 0 or identical is None else None,
+            "rank": ctx.rank, "group_rank": group.rank, "group": list(group.ranks)}
 
 
 def points_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], tp: int,
                points: list[str], everything: bool = False, checkpoint: str | None = None,
-               weights: bool = True):
+               weights: bool = True, mode: dict | None = None):
     """One forward at TP=tp with named points tapped. Per group rank: {name: Tap} (tensors for
     `points`; with `everything`, every point's shape and placement) and the collective trace.
     `weights=False` leaves the parameters uninitialised: shapes, placements and collectives
     are those of the real model, at the memory cost of the pages the forward touches."""
     agree_on_run(ctx, cfg, seed, dtype, input_ids, {"points": points, "tp": tp, "everything": everything},
-                 checkpoint if weights else None)
+                 checkpoint if weights else None, mode)
+    m = Mode.from_dict(mode)
     if not ctx.participates(tp):
         return None
     config, group = config_from_dict(cfg), ctx.groups[tp]
-    model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp)) if weights \
-        else DeepseekForCausalLM(config, group, DTYPES[dtype])
+    model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp), m) if weights \
+        else DeepseekForCausalLM(config, group, DTYPES[dtype], m)
     ctx.progress(f"TP={tp}: forward")
     group.tracer.clear()
     group.taps = Taps(wanted=set(points), everything=everything)
     try:
-        model(torch.tensor(input_ids, dtype=torch.long, device=group.device))
+        model(torch.tensor(own_tokens(input_ids, m, group), dtype=torch.long, device=group.device))
     finally:
         taps, group.taps = group.taps, None
     return {"rank": group.rank, "taps": taps.got,

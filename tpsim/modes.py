@@ -117,5 +117,6 @@ def expected_collectives(mode: Mode, cfg: ModelConfig, tp: int) -> dict[str, int
         return {"all_reduce": 1 + L + D, "all_to_all": 3 * M, "all_gather": M + 1}
     f = moe[0]  # scattered: layers after f gather for attention and reduce-scatter its output
     after, dense_after = L - f - 1, sum(1 for k in range(f + 1, L) if not cfg.is_moe_layer(k))
-    return {"all_reduce": 1 + (f + 1) + (D - dense_after), "all_to_all": 3 * M,
-            "all_gather": after + dense_after + 2, "reduce_scatter": after + dense_after}
+    counts = {"all_reduce": 1 + (f + 1) + (D - dense_after), "all_to_all": 3 * M,
+              "all_gather": after + dense_after + 2, "reduce_scatter": after + dense_after}
+    return {op: n for op, n in counts.items() if n}

@@ -40,6 +40,7 @@ class MoEGate(nn.Module):
         self.weight = nn.Parameter(torch.empty(E, cfg.hidden_size, dtype=dtype, device=group.device),
                                    requires_grad=False)
         self.e_score_correction_bias = None
+        self.placement = R  # of its input tokens: Shard(dim=0) under EP
         self.last_ids: torch.Tensor | None = None  # the experts the last forward picked, for tests and traces
         if self.method == "noaux_tc":  # used for selection only, kept in float32
             self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=torch.float32, device=group.device),
@@ -53,7 +54,7 @@ class MoEGate(nn.Module):
 
     def forward(self, x: torch.Tensor):
         logits = F.linear(x.float(), self.weight.float())
-        self.group.tap(f"{self.point}.router_logits", logits, R)
+        self.group.tap(f"{self.point}.router_logits", logits, self.placement)
         scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
         if self.method != "greedy":
@@ -149,6 +150,7 @@ class MoE(nn.Module):
         self.reduce_results, self.ep = reduce_results and not expert_parallel, expert_parallel
         self.routed_scaling_factor = cfg.routed_scaling_factor
         self.gate = MoEGate(cfg, group, f"{prefix}.gate", dtype)
+        self.gate.placement = S0 if expert_parallel else R
         E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
         if expert_parallel:
             per_rank = divide(E, group.size, "n_routed_experts")

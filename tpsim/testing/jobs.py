@@ -186,3 +186,32 @@ def mismatch_job(ctx: RankContext, case: str):
     if ctx.rank == 1:
         x = torch.ones(6) if case == "shape" else torch.ones(4, dtype=torch.float64)
     return group.all_reduce(x, "mismatch_job").tolist()
+
+
+def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int,
+             mode: dict, strategies: list[str]):
+    """One float32 model at TP=tp in `mode`, one forward per capture strategy. Per group rank:
+    {strategy: this rank's capture per position}, the logits, the model's collectives of the
+    last forward (op, caller; the capture's own gathers left out) and the routing of every MoE
+    layer over all T tokens in order ([T, top_k] sorted; gathered from the ranks under ep)."""
+    from tpsim.jobs import own_tokens, run_captured_parts
+    from tpsim.modes import Mode
+    if not ctx.participates(tp):
+        return None
+    m, config, group = Mode.from_dict(mode), config_from_dict(cfg), ctx.groups[tp]
+    model = build_model(config, group, seed, "float32", mode=m)
+    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    ids = own_tokens(input_ids, m, group)
+    caps = {}
+    for s in strategies:
+        parts, logits = run_captured_parts(model, ids, pos, s)
+        caps[s] = [p.clone() for p in parts]
+    T, route = len(input_ids), {}
+    for k, ids_k in routing(model).items():
+        if m.name == "ep" and tp > 1:  # each rank routed its own token shard
+            every = [None] * tp
+            torch.distributed.all_gather_object(every, ids_k, group=group.pg)
+            ids_k = torch.cat(every)
+        route[k] = ids_k[:T]  # sp: the padding rows dropped
+    return {"captures": caps, "logits": logits, "routing": route,
+            "collectives": [(r.op, r.caller) for r in group.tracer.records if not r.caller.startswith("capture.")]}
