@@ -1,36 +1,240 @@
-"""tpsim.bench.overhead_job on real gloo ranks: the shape of what it returns."""
+"""tpsim.bench and the benchmark scripts: the jobs on real gloo ranks, the FLOP and all-reduce
+formulas, and transformers built in memory with tpsim's seeded weights (same output in float32)."""
 
+from __future__ import annotations
+
+import importlib.util
+import json
 from pathlib import Path
 
-from tpsim.capture import resolve
-from tpsim.config import load_config
+import pytest
+import torch
+
+from tpsim.bench import active_params, build_models, forward_flops, tp_all_reduces
+from tpsim.capture import Recorder, resolve
+from tpsim.checkpoint import expected_tensors
+from tpsim.config import load_config, with_overrides
+from tpsim.errors import UsageError
+from tpsim.jobs import build_model, rel_err
+from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool
 
-TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny.yaml"
+TOL = 1e-5  # float32, as tests/test_parity.py
 
 
-def test_overhead_job_structure():
+def script(name: str):
+    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RankPool(2) as p:
+        yield p
+
+
+# --- jobs on real ranks -----------------------------------------------------------------------------------------
+
+def test_overhead_job_structure(pool):
     cfg = load_config(TINY)
     L = cfg.num_hidden_layers
     positions = [str(p) for p in resolve("sglang", None, L).positions]
     repeats = 2
-    with RankPool(2) as pool:
-        for tp in (1, 2):
-            results = pool.run("tpsim.bench:overhead_job", cfg=cfg.to_dict(), seed=0, dtype="float32", seq_len=8,
-                               positions=positions, tp=tp, warmup=1, repeats=repeats)
-            assert set(results) == {0, 1}
-            ranks = [r for r in results.values() if r is not None]
-            assert len(ranks) == tp
-            if tp == 1:
-                assert results[1] is None  # rank 1 is outside the first TP=1 block
-            for r in ranks:
-                assert r["tp"] == tp
-                for key in ("with_capture_s", "without_capture_s"):
-                    assert len(r[key]) == repeats
-                    assert all(isinstance(s, float) and s > 0 for s in r[key])
-                assert r["all_reduces"] == (1 + 2 * L if tp == 2 else 0)
-                # each all-reduce moves one [T, hidden] float32 tensor (embedding, o_proj, MLP/MoE)
-                assert r["all_reduce_bytes"] == (1 + 2 * L) * 8 * cfg.hidden_size * 4 * (tp == 2)
-                assert r["same_collectives"]
-            if tp == 2:
-                assert ranks[0]["all_reduce_bytes"] == ranks[1]["all_reduce_bytes"]
+    for tp in (1, 2):
+        results = pool.run("tpsim.bench:overhead_job", cfg=cfg.to_dict(), seed=0, dtype="float32", seq_len=8,
+                           positions=positions, tp=tp, warmup=1, repeats=repeats)
+        assert set(results) == {0, 1}
+        ranks = [r for r in results.values() if r is not None]
+        assert len(ranks) == tp
+        if tp == 1:
+            assert results[1] is None  # rank 1 is outside the first TP=1 block
+        for r in ranks:
+            assert r["tp"] == tp
+            for key in ("with_capture_s", "without_capture_s"):
+                assert len(r[key]) == repeats
+                assert all(isinstance(s, float) and s > 0 for s in r[key])
+            assert r["all_reduces"] == (1 + 2 * L if tp == 2 else 0)
+            # each all-reduce moves one [T, hidden] float32 tensor (embedding, o_proj, MLP/MoE)
+            assert r["all_reduce_bytes"] == (1 + 2 * L) * 8 * cfg.hidden_size * 4 * (tp == 2)
+            assert r["same_collectives"]
+        if tp == 2:
+            assert ranks[0]["all_reduce_bytes"] == ranks[1]["all_reduce_bytes"]
+
+
+def test_forward_sweep_job_counts_what_the_formula_says(pool):
+    """The TP table's all-reduces, measured from the trace, are tp_all_reduces' formula."""
+    cfg = load_config(TINY)
+    tokens = [3, 8]
+    for tp in (1, 2):
+        res = pool.run("tpsim.bench:forward_sweep_job", cfg=cfg.to_dict(), seed=0, dtype="float32", tokens=tokens,
+                       tp=tp, warmup=0, repeats=2)
+        ranks = [r for r in res.values() if r is not None]
+        assert len(ranks) == tp
+        for r in ranks:
+            assert [row["tokens"] for row in r["rows"]] == tokens
+            for row in r["rows"]:
+                assert len(row["seconds"]) == 2 and all(s > 0 for s in row["seconds"])
+                f = tp_all_reduces(cfg, row["tokens"], "float32", tp)
+                assert (row["all_reduces"], row["all_reduce_bytes"]) == (f["all_reduces"], f["bytes"])
+
+
+def test_allreduce_job_and_summary(pool, tmp_path):
+    ar = script("allreduce")
+    sizes = ar.sizes_between(1 << 10, 4 << 10)
+    assert sizes == [1024, 2048, 4096]
+    res = pool.run("tpsim.bench:allreduce_job", sizes=sizes, dtype="bfloat16", warmup=0, iters=3, inner=2)
+    assert set(res) == {0, 1}
+    rows = ar.summarize(res, 2)
+    assert [r["bytes"] for r in rows] == sizes
+    for r in rows:
+        assert r["correct"] and r["inner"] == 2 and len(r["slowest_rank_s"]) == 3
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # 2(n-1)/n = 1 at n = 2
+    args = ar.parse_args(["--device", "cpu", "--min-size", "1KiB", "--max-size", "4KiB",
+                          "--out", str(tmp_path / "ar.json")])
+    ar.report(args, rows, 2, "cpu", "gloo", "test", 0.0)
+    data = json.loads((tmp_path / "ar.json").read_text())
+    assert data["environment"]["NCCL_NVLS_ENABLE"] == "0" and len(data["rows"]) == 3
+
+
+def test_allreduce_sizes():
+    ar = script("allreduce")
+    assert ar.parse_size("4MiB") == 4 << 20 and ar.parse_size("1GiB") == 1 << 30 and ar.parse_size("4096") == 4096
+    assert ar.sizes_between(1 << 20, 1 << 30) == [1 << k for k in range(20, 31)]
+    assert ar.sizes_between(3 << 20, 8 << 20) == [4 << 20, 8 << 20]
+
+
+# --- transformers with the same weights -------------------------------------------------------------------------
+
+def tiny_variants():
+    base = load_config(TINY)
+    return {
+        "tiny": base,
+        # q LoRA, tied embeddings, YaRN, greedy routing with 2 shared experts
+        "tiny-v2-qlora-tied-yarn": with_overrides(base, [
+            "q_lora_rank=24", "tie_word_embeddings=true", "topk_method=greedy", "n_group=1", "topk_group=1",
+            "n_shared_experts=2", "num_hidden_layers=4",
+            "rope_scaling={type: yarn, factor: 4.0, original_max_position_embeddings: 64, beta_fast: 32, "
+            "beta_slow: 1, mscale: 0.707, mscale_all_dim: 0.707}"]),
+        # DeepSeek-V3: noaux_tc with a correction bias, sigmoid scores, renormalized top-k, scaling factor
+        "tiny-v3": with_overrides(base, [
+            "model_type=deepseek_v3", "topk_method=noaux_tc", "scoring_func=sigmoid", "norm_topk_prob=true",
+            "routed_scaling_factor=2.5", "num_hidden_layers=4"]),
+    }
+
+
+@pytest.mark.parametrize("name", list(tiny_variants()))
+def test_transformers_model_holds_tpsim_weights(name):
+    """build_models: transformers' final hidden state, output_hidden_states at the captured
+    positions, and logits equal tpsim's (float32, CPU); tpsim's weights are build_model's, bit for bit."""
+    pytest.importorskip("transformers")
+    cfg = tiny_variants()[name]
+    model, hf = build_models(cfg, 7, "float32", torch.device("cpu"))
+    ref = build_model(cfg, TPGroup(), 7, "float32")
+    theirs = dict(ref.named_parameters())
+    assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())
+    L = cfg.num_hidden_layers
+    positions = [p for p in resolve("hf", list(range(L + 1)), L).positions if p.kind != "out" or p.layer < L - 1]
+    ids = torch.randint(0, cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        rec = Recorder(positions)
+        logits = model(ids, recorder=rec)
+        final = model(ids, logits=False)
+        out = hf(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+    assert len(out.hidden_states) == L + 1
+    assert rel_err(final, out.hidden_states[L][0]) <= TOL
+    for p in positions:
+        i = {"embed": 0, "final": L}.get(p.kind, (p.layer or 0) + 1)
+        assert rel_err(rec.store[p], out.hidden_states[i][0]) <= TOL, str(p)
+    assert rel_err(logits, out.logits[0]) <= TOL
+
+
+def test_transformers_refuses_moe_layer_freq():
+    """transformers' V2 ignores moe_layer_freq (tests/test_parity.py IGNORES_MOE_LAYER_FREQ): refused, not wrong."""
+    pytest.importorskip("transformers")
+    from tpsim.bench import build_hf_model
+    cfg = with_overrides(load_config(TINY), ["moe_layer_freq=2"])
+    with pytest.raises(UsageError, match="moe_layer_freq"):
+        build_hf_model(cfg, "float32", torch.device("cpu"))
+
+
+# --- formulas ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("over", [[], ["q_lora_rank=24"], ["tie_word_embeddings=true"], ["first_k_dense_replace=3"]])
+def test_active_params_with_every_expert_active_is_every_matmul_weight(over):
+    """With top_k = all experts, the active parameters are exactly the checkpoint's matmul
+    weights (2-D tensors) minus the embedding: the formula is the model, not a hard-coded number."""
+    cfg = with_overrides(load_config(TINY), ["topk_method=greedy", "n_group=1", "topk_group=1",
+                                             "num_experts_per_tok=8", *over])
+    tensors = expected_tensors(cfg)
+    matmul = sum(torch.Size(s).numel() for n, s in tensors.items()
+                 if len(s) == 2 and n != "model.embed_tokens.weight")
+    if cfg.tie_word_embeddings:  # the head multiplies by the embedding matrix, stored once
+        matmul += cfg.vocab_size * cfg.hidden_size
+    assert active_params(cfg)["total"] == matmul
+
+
+def test_active_params_v2_lite_and_flops():
+    lite = load_config(ROOT / "configs" / "deepseek-v2-lite.yaml")
+    p = active_params(lite)["total"]
+    assert 2.4e9 < p < 2.5e9  # DeepSeek: 2.4 B activated parameters (ours counts lm_head, not the embedding)
+    cfg = load_config(TINY)
+    f = forward_flops(cfg, 10)
+    assert f["matmul"] == 2 * 10 * active_params(cfg)["total"]
+    assert f["attention"] == cfg.num_hidden_layers * 10 * 10 * cfg.num_attention_heads * (16 + 8 + 16)
+    assert f["total"] == f["matmul"] + f["attention"]
+    assert tp_all_reduces(cfg, 10, "bfloat16", 8) == {"tp": 8, "all_reduces": 17, "bytes": 17 * 10 * 64 * 2}
+    assert tp_all_reduces(cfg, 10, "bfloat16", 1)["all_reduces"] == 0
+
+
+# --- benchmarks/forward.py end to end (CPU, in-process) ---------------------------------------------------------
+
+def test_forward_script_writes_json(tmp_path):
+    pytest.importorskip("transformers")
+    fw = script("forward")
+    out = tmp_path / "forward.json"
+    assert fw.main(["--device", "cpu", "--tokens", "4,8", "--repeats", "2", "--warmup", "1", "--mm-size", "64",
+                    "--cpu-tp", "none", "--override", "num_hidden_layers=3", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["complete"] and data["settings"]["dtype"] == "float32" and data["config"]["num_hidden_layers"] == 3
+    assert [r["tokens"] for r in data["rows"]] == [4, 8]
+    for r in data["rows"]:
+        assert set(r["variants"]) == {"tpsim+capture", "tpsim", "transformers"}
+        for v in r["variants"].values():
+            assert v["error"] is None and len(v["ms"]) == 2 and v["min_ms"] <= v["median_ms"] <= v["max_ms"]
+        assert r["variants"]["tpsim"]["speedup_vs_transformers"] > 0
+        assert "capture_overhead_pct" in r and r["all_reduces"]["tp1_measured"]["all_reduces"] == 0
+        assert r["all_reduces"]["tp8_formula"]["all_reduces"] == 7
+        assert r["check"]["capture_shape"][0] == r["tokens"] and r["check"]["logits_rel_err_vs_transformers"] <= TOL
+    assert data["matmul"]["n"] == 64 and data["matmul"]["tflops"] > 0
+    assert len(data["targets"]) == 4 and all(t["met"] is None for t in data["targets"] if "8192" in t["target"])
+    assert "T^2" in data["flop_formula"]
+
+
+def test_forward_script_bad_input(capsys):
+    fw = script("forward")
+    assert fw.main(["--device", "cpu", "--tokens", "8,x"]) == 2
+    assert fw.main(["--device", "cpu", "--model", "no-such-model"]) == 2
+    assert fw.main(["--device", "cpu", "--override", "nonsense=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("forward: error:") == 3
+
+
+def test_targets_report_met_and_missed():
+    fw = script("forward")
+    mm = {"tflops": 100.0}
+
+    def row(T, w, wo, hf, tflops):
+        return {"tokens": T, "capture_overhead_pct": (w / wo - 1) * 100, "capture_overhead_paired_pct": 0.0,
+                "variants": {"tpsim+capture": {"median_ms": w, "speedup_vs_transformers": hf / w,
+                                               "matmul_fraction": tflops / 100.0}}}
+    t = {x["target"]: x for x in fw.targets([row(8, 1.0, 1.0, 4.0, 1.0), row(8192, 101.0, 100.0, 120.0, 70.0)], mm)}
+    assert not t["capture overhead at 8192 tokens"]["met"]  # +1 %
+    assert "0.50 percentage points over" in t["capture overhead at 8192 tokens"]["detail"]
+    assert not t["tpsim+capture vs transformers at 8192 tokens"]["met"]  # 1.19x < 1.5x
+    assert t["tpsim+capture vs transformers at 8 tokens"]["met"]  # 4x
+    assert t["tpsim+capture at 8192 tokens vs measured matmul rate"]["met"]  # 70 %
