@@ -84,11 +84,13 @@ def naive_placement(mode: Mode, cfg, p: Position, T: int, tp: int) -> str:
     return "Shard(dim=0)" if scattered else "Replicate()"
 
 
-@settings(max_examples=max(10, settings.default.max_examples // 5))
+@settings(max_examples=max(10, settings.default.max_examples // 8))
 @example(c=(Mode("ar-fusion"), 8, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
             list(range(16))))
 @example(c=(Mode("ep", ep_output="scattered"), 4, TINY, [Position("embed"), Position("out", 3), Position("final")],
             0, list(range(13))))
+@example(c=(Mode("ep"), 2, {**TINY, "num_hidden_layers": 1, "first_k_dense_replace": 0, "topk_method": "greedy",
+                           "n_group": 1, "topk_group": 1}, [Position("embed"), Position("final")], 0, [0]))
 @given(c=mode_cases())
 def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c

@@ -58,7 +58,7 @@ class MoEGate(nn.Module):
         scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
         if self.method != "greedy":
-            grouped = choice.view(x.shape[0], self.n_group, -1)
+            grouped = choice.view(x.shape[0], self.n_group, choice.shape[-1] // self.n_group)  # T may be 0 (EP)
             group_scores = grouped.max(-1).values if self.method == "group_limited_greedy" \
                 else grouped.topk(2, dim=-1).values.sum(-1)
             keep = torch.zeros_like(group_scores, dtype=torch.bool)
@@ -107,7 +107,7 @@ class Experts(nn.Module):
         """x `[N, hidden]` rows, experts `[N]` local expert index of each row → `[N, hidden]`
         (this rank's partial sum under TP, the whole expert output under EP)."""
         order = experts.argsort(stable=True)
-        offs = torch.bincount(experts, minlength=self.count).cumsum(0).to(torch.int32)
+        offs = _counts(experts, self.count).cumsum(0).to(torch.int32)
         xs = x[order]
         h = self._mm(xs, self.w13, offs)
         gate, up = h.chunk(2, dim=-1)
@@ -122,6 +122,11 @@ class Experts(nn.Module):
         starts = [0] + ends[:-1]
         return torch.cat([F.linear(x[a:b], w[e]) for e, (a, b) in enumerate(zip(starts, ends))]) if x.shape[0] \
             else x.new_empty((0, w.shape[1]))
+
+
+def _counts(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """`[n]` int64: how many entries of `ids` equal each index (bincount, minus its host sync on CUDA)."""
+    return torch.zeros(n, dtype=torch.int64, device=ids.device).index_add_(0, ids, torch.ones_like(ids))
 
 
 def _grouped_mm_works(dtype: torch.dtype, device: torch.device, *dims: int) -> bool:
@@ -191,7 +196,7 @@ class MoE(nn.Module):
         per-expert row counts, the rows, the outputs)."""
         group, per_rank = self.group, self.experts.count
         order = ids.argsort(stable=True)  # grouped by expert, hence by destination rank
-        counts = torch.bincount(ids, minlength=per_rank * group.size)  # [E]: rows I send each expert
+        counts = _counts(ids, per_rank * group.size)  # [E]: rows I send each expert
         got = group.all_to_all(counts, f"{self.prefix}.dispatch_counts")  # [tp*E_local]: rows each rank sends mine
         send = counts.view(group.size, per_rank).sum(1).tolist()
         recv_by_expert = got.view(group.size, per_rank)
