@@ -115,12 +115,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--experts-implementation", default=None,
                     help="transformers' experts implementation (eager, grouped_mm, ...); default: its own")
     ap.add_argument("--mm-size", type=int, default=None, help="N of the N x N x N matmul ceiling (8192 CUDA, 1024 CPU)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads of this process (default 1 on CPU, as each rank of the TP table; "
+                         "torch's default on CUDA)")
     ap.add_argument("--cpu-tp", default="1,2,4,8", help="CPU only: TP degrees of the gloo table, or 'none'")
     ap.add_argument("--cpu-tp-tokens", default="16,64,256", help="CPU only: token counts of the gloo table")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/forward-{device}.json)")
     args = ap.parse_args(argv)
-    if args.repeats < 1 or args.warmup < 0:
-        ap.error("--repeats must be at least 1 and --warmup at least 0")
+    if args.repeats < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1):
+        ap.error("--repeats and --threads must be at least 1 and --warmup at least 0")
     return args
 
 
@@ -507,6 +510,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
     if args.repeats < 5:
         print(f"forward: note: --repeats {args.repeats} < 5: the medians are rough", file=sys.stderr)
+    if args.threads or not cuda:
+        torch.set_num_threads(args.threads or 1)
     if cuda:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

@@ -1,7 +1,8 @@
 """The property suite's core checks on CUDA (`pytest -m gpu` on a GPU node; skipped elsewhere).
 
 - TP equivalence: the capture at TP=2 and TP=4 equals TP=1 (relative Frobenius error; float32
-  <= 1e-5 with TF32 off in every rank process, bfloat16 <= the CLI's norm-based 3e-2), every
+  <= 1e-5 with TF32 off in every rank process, on drawn seeds, tokens and captures; bfloat16
+  <= the CLI's norm-based 3e-2, with every expert active, see ALL_EXPERTS), every
   rank's capture bitwise identical to its group's rank 0, width `[T, n x hidden]`, 1 + 2L
   all-reduces. With one GPU the TP ranks share it: `RankPool(4, backend="gloo", device="cuda")`
   (a rank takes `cuda:{rank % device_count}`, so all take cuda:0; gloo reduces CUDA tensors).
@@ -118,12 +119,20 @@ def test_tp_equivalence_float32(cuda_pool, seed, T, res, data):
     check_tp_equivalence(runs, TINY, "float32", ids, res.positions)
 
 
+# bf16 with every expert active (top_k = E): in tiny's bf16 runs a near-tie in the top-k flips
+# at some token in most seeds, often the first (an O(1) change no tolerance covers, which would
+# leave nothing to compare); with all experts picked there is no discrete choice to flip, and
+# the attention, experts and all-reduces are all still exercised. Measured on the CPU: 1e-2.
+ALL_EXPERTS = with_overrides(TINY, ["topk_method=greedy", "n_group=1", "topk_group=1",
+                                    f"num_experts_per_tok={TINY.n_routed_experts}"])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_tp_equivalence_bfloat16(cuda_pool, seed):
-    positions = list(resolve("sglang", None, TINY.num_hidden_layers).positions)
-    ids = input_ids_for(TINY, seed, 32)
-    runs = run_tps(cuda_pool, TINY, seed, "bfloat16", ids, positions)
-    check_tp_equivalence(runs, TINY, "bfloat16", ids, positions)
+    positions = list(resolve("sglang", None, ALL_EXPERTS.num_hidden_layers).positions)
+    ids = input_ids_for(ALL_EXPERTS, seed, 32)
+    runs = run_tps(cuda_pool, ALL_EXPERTS, seed, "bfloat16", ids, positions)
+    check_tp_equivalence(runs, ALL_EXPERTS, "bfloat16", ids, positions)
 
 
 # --- one process on the GPU -------------------------------------------------------------------------------------
