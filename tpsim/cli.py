@@ -222,7 +222,8 @@ def job_args(src: ModelSource, args, res: Resolution, tokens: list[int]) -> dict
     return dict(cfg=src.cfg.to_dict(), seed=args.seed, dtype=dtype_for(args), input_ids=tokens,
                 positions=[str(p) for p in res.positions],
                 checkpoint=None if src.checkpoint is None else str(src.checkpoint),
-                mode=args.mode_spec.to_dict(), strategy=args.capture_strategy)
+                mode=args.mode_spec.to_dict() if getattr(args, "mode_spec", None) else None,
+                strategy=getattr(args, "capture_strategy", None))
 
 
 def cmd_check(args) -> int:
