@@ -9,7 +9,9 @@ checkpoint written). Then, per token count (one sequence each), it times:
 - `tpsim+capture`: `model(ids, recorder=Recorder(positions))` + `recorder.concat()`, the sglang
   default capture positions (`tpsim.capture.resolve("sglang", None, L).positions`), logits included;
 - `tpsim`: `model(ids)` (logits included);
-- `transformers`: `model(input_ids=ids[None], output_hidden_states=True, use_cache=False)`.
+- `transformers`: `model(input_ids=ids[None], output_hidden_states=True, use_cache=False)`;
+- `tpsim+capture graph` (CUDA, up to `--graph-max-tokens` tokens): the first variant captured once
+  as a CUDA graph (`tpsim.cuda_graph.GraphedForward`) and replayed; the 8-token target uses it.
 
 All under `torch.inference_mode()`. Timing: `--warmup` untimed calls of each variant, then
 `--repeats` rounds, each running every variant once, the order reversed every other round
@@ -112,6 +114,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls of each variant per token count")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-transformers", action="store_true", help="time tpsim only")
+    ap.add_argument("--graph-max-tokens", type=int, default=512,
+                    help="CUDA: also time tpsim+capture replayed as a CUDA graph up to this many tokens (default 512)")
     ap.add_argument("--experts-implementation", default=None,
                     help="transformers' experts implementation (eager, grouped_mm, ...); default: its own")
     ap.add_argument("--mm-size", type=int, default=None, help="N of the N x N x N matmul ceiling (8192 CUDA, 1024 CPU)")
@@ -312,7 +316,7 @@ def summarize(T: int, cfg: ModelConfig, dtype: str, timing: dict, mm: dict, mode
         row["variants"][name] = v
     V = row["variants"]
     hf_ms = V.get("transformers", {}).get("median_ms")
-    for name in ("tpsim+capture", "tpsim"):
+    for name in ("tpsim+capture", "tpsim", "tpsim+capture graph"):
         if V.get(name, {}).get("median_ms"):
             V[name]["speedup_vs_transformers"] = hf_ms / V[name]["median_ms"] if hf_ms else None
     w, wo = V.get("tpsim+capture", {}), V.get("tpsim", {})
@@ -353,8 +357,9 @@ def targets(rows: list[dict], mm: dict | None) -> list[dict]:
                  f"{r['capture_overhead_paired_pct']:+.2f}%)")
     for T, lim in ((P, TARGETS["prefill_speedup_min"]), (D, TARGETS["decode_speedup_min"])):
         r = by_t.get(T)
-        s = None if r is None else r["variants"].get("tpsim+capture", {}).get("speedup_vs_transformers")
-        name = f"tpsim+capture vs transformers at {T} tokens"
+        variant = "tpsim+capture graph" if r is not None and "tpsim+capture graph" in r["variants"] else "tpsim+capture"
+        s = None if r is None else r["variants"].get(variant, {}).get("speedup_vs_transformers")
+        name = f"{variant} vs transformers at {T} tokens"
         if s is None:
             add(name, f">= {lim}x", None, None, f"not measured ({T} tokens not run)" if r is None
                 else "not measured (transformers skipped or a variant failed)")
@@ -587,6 +592,11 @@ def main(argv=None) -> int:
             return rec.concat()
 
         fns = {"tpsim+capture": with_capture, "tpsim": lambda: model(ids, logits=True)}
+        if cuda and T <= args.graph_max_tokens:  # the decode/verify regime: launch-bound, replay a CUDA graph
+            from tpsim.cuda_graph import GraphedForward
+            with torch.inference_mode():
+                graphed = GraphedForward(model, T, positions)
+            fns["tpsim+capture graph"] = lambda: graphed(ids)
         if hf is not None:
             fns["transformers"] = lambda: hf(input_ids=ids2, output_hidden_states=True, use_cache=False)
         progress(f"{T} tokens: {args.warmup} warm-up + {args.repeats} timed rounds of {', '.join(fns)}")

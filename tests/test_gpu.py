@@ -187,6 +187,22 @@ def test_forward_makes_no_host_sync(v2_lite_2_layers):
         torch.cuda.synchronize()
 
 
+def test_cuda_graph_replay_is_the_eager_forward(v2_lite_2_layers):
+    """tpsim.cuda_graph: the replayed graph gives the eager forward's capture and logits bit for
+    bit, for new ids copied into it each time."""
+    from tpsim.cuda_graph import GraphedForward
+    cfg, model = v2_lite_2_layers
+    positions = list(resolve("hf", [0, 1, 2], 2).positions)
+    with torch.inference_mode():
+        graphed = GraphedForward(model, 8, positions)
+        for seed in (5, 6):
+            ids = torch.tensor(input_ids_for(cfg, seed, 8), device=model.group.device)
+            cap, logits = graphed(ids)
+            rec = Recorder(positions)
+            ref_logits = model(ids, recorder=rec)
+            assert torch.equal(cap, rec.concat()) and torch.equal(logits, ref_logits)
+
+
 def test_transformers_with_tpsim_weights_agrees_on_cuda():
     """benchmarks/forward.py's transformers model computes what tpsim computes (float32, TF32 off)."""
     pytest.importorskip("transformers")

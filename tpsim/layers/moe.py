@@ -103,12 +103,13 @@ class Experts(nn.Module):
             yield WeightSpec(f"{name}.down_proj.weight", (self.hidden, self.intermediate),
                              lambda t, i=i: _copy(self.w2[i], t[:, r * n:(r + 1) * n]))
 
-    def forward(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """x `[N, hidden]` rows, experts `[N]` local expert index of each row → `[N, hidden]`
-        (this rank's partial sum under TP, the whole expert output under EP)."""
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """experts `[N]`: the local expert of each of N rows; the rows are `x[rows]` (`x` itself
+        when `rows` is None) → `[N, hidden]`, each row through its expert (this rank's partial
+        sum under TP, the whole expert output under EP)."""
         order = experts.argsort(stable=True)
         offs = _counts(experts, self.count).cumsum(0).to(torch.int32)
-        xs = x[order]
+        xs = x[order if rows is None else rows[order]]  # one gather, straight into expert order
         h = self._mm(xs, self.w13, offs)
         gate, up = h.chunk(2, dim=-1)
         y = self._mm(F.silu(gate) * up, self.w2, offs)
@@ -172,12 +173,12 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
         k = ids.shape[1]
-        token = torch.arange(x.shape[0], device=x.device).repeat_interleave(k)
-        rows = x[token]  # one row per (token, slot)
-        y = self._ep_experts(rows, ids.flatten()) if self.ep else self.experts(rows, ids.flatten())
-        routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        routed.index_add_(0, token, y.float() * weights.flatten()[:, None])
-        out = (routed * self.routed_scaling_factor).to(x.dtype)
+        token = torch.arange(x.shape[0], device=x.device).repeat_interleave(k)  # one row per (token, slot)
+        y = self._ep_experts(x[token], ids.flatten()) if self.ep else self.experts(x, ids.flatten(), token)
+        # sum over each token's k slots, weighted: one batched [1, k] x [k, hidden] product per token
+        # (accumulated in float32; the weights, scaled first, rounded once to the model dtype)
+        w = (weights * self.routed_scaling_factor).to(y.dtype).unsqueeze(1)
+        out = torch.bmm(w, y.view(x.shape[0], k, x.shape[1])).squeeze(1)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         if self.ep:
