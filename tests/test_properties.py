@@ -15,7 +15,7 @@ from reference import reference_capture
 from strategies import TP_DEGREES, captures, config_dicts
 from tpsim.capture import resolve
 from tpsim.config import config_from_dict, load_config
-from tpsim.jobs import build_model, rel_err, run_captured
+from tpsim.jobs import build_model, comparable_rows, rel_err, run_captured
 from tpsim.parallel import TPGroup
 from tpsim.testing.jobs import routing
 from tpsim.weights import init_tensor, weight_specs
@@ -40,24 +40,6 @@ def tp1_run(cfg, seed, dtype, ids, positions):
     model = build_model(cfg, TPGroup(), seed, dtype)
     capture, logits = run_captured(model, ids, positions)
     return capture, logits, routing(model)
-
-
-def comparable_rows(positions, hidden: int, routing_a: dict, routing_b: dict, T: int) -> torch.Tensor:
-    """`[T, n * hidden]` mask of the capture entries that must agree across TP degrees.
-
-    When rounding flips a near-tie in MoE layer k's top-k for token t, that token takes other
-    experts (an O(1) change, as in any engine), and through causal attention so may every later
-    token in later layers. Entries at positions after layer k, for tokens >= t, are excluded.
-    """
-    mask = torch.ones(T, len(positions) * hidden, dtype=torch.bool)
-    for k in routing_a:
-        flipped = (routing_a[k] != routing_b[k]).any(-1).nonzero()
-        if len(flipped):
-            t = int(flipped[0])
-            for i, p in enumerate(positions):
-                if p.kind == "final" or p.boundary > k:
-                    mask[t:, i * hidden:(i + 1) * hidden] = False
-    return mask
 
 
 def masked_rel_err(x, ref, mask) -> float:

@@ -194,7 +194,7 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     {strategy: this rank's capture per position}, the logits, the model's collectives of the
     last forward (op, caller; the capture's own gathers left out) and the routing of every MoE
     layer over all T tokens in order ([T, top_k] sorted; gathered from the ranks under ep)."""
-    from tpsim.jobs import own_tokens, run_captured_parts
+    from tpsim.jobs import own_tokens, routing_rows, run_captured_parts
     from tpsim.modes import Mode
     if not ctx.participates(tp):
         return None
@@ -206,12 +206,10 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     for s in strategies:
         parts, logits = run_captured_parts(model, ids, pos, s)
         caps[s] = [p.clone() for p in parts]
-    T, route = len(input_ids), {}
-    for k, ids_k in routing(model).items():
-        if m.name == "ep" and tp > 1:  # each rank routed its own token shard
-            every = [None] * tp
-            torch.distributed.all_gather_object(every, ids_k, group=group.pg)
-            ids_k = torch.cat(every)
-        route[k] = ids_k[:T]  # sp: the padding rows dropped
+    route = routing_rows(model, m, group, len(input_ids))
+    if m.name == "dp-attention" and tp > 1:  # every rank's rows, in rank order
+        every = [None] * tp
+        torch.distributed.all_gather_object(every, {k: v.cpu() for k, v in route.items()}, group=group.pg)
+        route = {k: torch.cat([e[k] for e in every]) for k in route}
     return {"captures": caps, "logits": logits, "routing": route,
             "collectives": [(r.op, r.caller) for r in group.tracer.records if not r.caller.startswith("capture.")]}
