@@ -113,7 +113,7 @@ class Experts(nn.Module):
         h = self._mm(xs, self.w13, offs)
         gate, up = h.chunk(2, dim=-1)
         y = self._mm(F.silu(gate) * up, self.w2, offs)
-        return torch.empty_like(y).index_copy_(0, order, y)
+        return y[_inverse(order)]  # back to row order: a gather (faster than the scatter index_copy_)
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Rows of group e (between offs[e-1] and offs[e]) times w[e]^T."""
@@ -123,6 +123,11 @@ class Experts(nn.Module):
         starts = [0] + ends[:-1]
         return torch.cat([F.linear(x[a:b], w[e]) for e, (a, b) in enumerate(zip(starts, ends))]) if x.shape[0] \
             else x.new_empty((0, w.shape[1]))
+
+
+def _inverse(perm: torch.Tensor) -> torch.Tensor:
+    """The inverse of a permutation `[N]`: `x[perm][_inverse(perm)] == x`."""
+    return torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.shape[0], device=perm.device))
 
 
 def _counts(ids: torch.Tensor, n: int) -> torch.Tensor:
@@ -206,4 +211,4 @@ class MoE(nn.Module):
         local = torch.arange(per_rank, device=rows.device).repeat(group.size).repeat_interleave(got)
         out = self.experts(received, local)
         back = group.all_to_all(out, f"{self.prefix}.combine", send, recv)
-        return torch.empty_like(back).index_copy_(0, order, back)
+        return back[_inverse(order)]
