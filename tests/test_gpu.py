@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from strategies import captures
 from tpsim.capture import Recorder, resolve
 from tpsim.config import load_config, with_overrides
-from tpsim.jobs import bitwise_equal, build_model, input_ids_for, rel_err
+from tpsim.jobs import bitwise_equal, build_model, comparable_rows, input_ids_for, rel_err
 from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool
 
@@ -54,22 +54,6 @@ TPS = (2, 4)
 def cuda_pool():
     with RankPool(WORLD, backend="gloo", device="cuda", timeout_s=120) as pool:
         yield pool
-
-
-def comparable(positions, hidden: int, routing_a, routing_b, T: int) -> torch.Tensor:
-    """`[T, n * hidden]` mask of entries that must agree: after an MoE layer k where token t's
-    experts differ between the two runs, positions past layer k for tokens >= t are excluded."""
-    mask = torch.ones(T, len(positions) * hidden, dtype=torch.bool)
-    if routing_a is None or routing_b is None:
-        return mask
-    for k in routing_a:
-        flipped = (routing_a[k] != routing_b[k]).any(-1).nonzero()
-        if len(flipped):
-            t = int(flipped[0])
-            for i, p in enumerate(positions):
-                if p.kind == "final" or p.boundary > k:
-                    mask[t:, i * hidden:(i + 1) * hidden] = False
-    return mask
 
 
 def run_tps(pool, cfg, seed, dtype, ids, positions):
@@ -95,7 +79,9 @@ def check_tp_equivalence(runs, cfg, dtype, ids, positions):
             assert torch.isfinite(cap).all() and r["logits_finite"]
             assert bitwise_equal(cap, ranks[0]["capture"]), f"TP={tp}: rank {r['rank']} differs from its rank 0"
             assert r["all_reduces"] == (1 + 2 * L if tp > 1 else 0)
-        mask = comparable(positions, H, ranks[0].get("routing"), ref.get("routing"), T)
+        routing = ranks[0].get("routing"), ref.get("routing")
+        mask = comparable_rows(positions, H, *routing, T) if None not in routing \
+            else torch.ones(T, len(positions) * H, dtype=torch.bool)
         assert mask.any(), f"TP={tp}: a routing flip at the first token leaves nothing to compare"
         err = rel_err(ranks[0]["capture"][mask], ref["capture"][mask])
         assert err <= TOLERANCE[dtype], (f"TP={tp} {dtype}: rel err {err:.2e} > {TOLERANCE[dtype]} over the "
