@@ -7,10 +7,10 @@ start of layer k+1 is `out(k)`. Before layer 0 the residual is None. The communi
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
-
-from dataclasses import dataclass, field
 
 from tpsim.capture.points import P, R, S0
 from tpsim.capture.recorder import Recorder
