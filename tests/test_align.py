@@ -21,7 +21,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from strategies import ID_RANGES
-from test_cli import run_cli
+from clirun import assert_one_line_error, run_cli
 from tpsim.align import align, make_side, read_draft_config, side_from_config
 from tpsim.capture import Position, ids_for, resolve
 from tpsim.cli import run_command
@@ -339,13 +339,7 @@ def bad_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_is_one_line_exit_2(bad_runs, case):
-    r = bad_runs[case]
-    assert r.returncode == 2, r
-    assert "Traceback" not in r.stdout + r.stderr and r.stdout == "", r
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tpsim: error: "), r
-    for s in BAD[case][1]:
-        assert s in lines[0], f"{s!r} not in {lines[0]!r}"
+    assert_one_line_error(bad_runs[case], BAD[case][1])
 
 
 # --- scenarios --------------------------------------------------------------------------------

@@ -14,12 +14,6 @@ read it (the TP=1 and TP=2 captures, for instance).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +24,11 @@ import yaml
 from safetensors import safe_open
 
 import tpsim
+from clirun import RUN_TIMEOUT_S, ROOT, Run, assert_one_line_error, run_cli
 from tpsim.capture import CONVENTIONS
 from tpsim.capture_file import tensor_sha256
 from tpsim.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 HIDDEN = 64  # tiny.yaml hidden_size
 ALL_CONVENTIONS = ", ".join(CONVENTIONS)
@@ -46,66 +40,6 @@ ALL_CONVENTIONS = ", ".join(CONVENTIONS)
 # reaped), not wall time, because this module's subprocesses run concurrently on a machine that
 # may be busy with other work.
 BAD_INPUT_MAX_CPU_S = 4.0
-RUN_TIMEOUT_S = 600  # hard limit per subprocess (its whole process group), so a wedged rank cannot hang the suite
-
-# Variables that would make tpsim believe it runs under torchrun, or print more on errors.
-_SCRUB = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-          "MASTER_PORT", "TPSIM_DEBUG")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-@dataclass(frozen=True)
-class Run:
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float  # wall
-    cpu_s: float  # user + system of the CLI process and the ranks it reaped
-    timed_out: bool = False
-
-    def __str__(self) -> str:  # what a failing assert shows
-        return (f"tpsim {' '.join(self.argv)} -> exit {self.returncode} in {self.seconds:.1f} s "
-                f"({self.cpu_s:.1f} s CPU){' TIMED OUT' if self.timed_out else ''}\n"
-                f"--- stdout ---\n{self.stdout}--- stderr ---\n{self.stderr}")
-
-
-def _kill_group(pgid: int, fired: threading.Event) -> None:
-    fired.set()
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def run_cli(*args) -> Run:
-    """`python -m tpsim ARGS` in its own session; waited for with wait4 to get its CPU time."""
-    argv = [str(a) for a in args]
-    t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "tpsim", *argv], cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    fired = threading.Event()
-    timer = threading.Timer(RUN_TIMEOUT_S, _kill_group, (p.pid, fired))
-    timer.start()
-    try:
-        with ThreadPoolExecutor(max_workers=2) as readers:
-            out, err = readers.submit(p.stdout.read), readers.submit(p.stderr.read)
-            _, status, usage = os.wait4(p.pid, 0)
-            p.returncode = os.waitstatus_to_exitcode(status)
-            stdout, stderr = out.result(), err.result()
-    finally:
-        timer.cancel()
-        p.stdout.close()
-        p.stderr.close()
-    return Run(argv, p.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace"),
-               time.monotonic() - t0, usage.ru_utime + usage.ru_stime, fired.is_set())
-
-
 # --- configs written next to the runs ------------------------------------------------------
 
 def _tiny() -> dict:
@@ -287,14 +221,7 @@ def runs(request, tmp_path_factory):
 @pytest.mark.parametrize("case", BAD, ids=lambda b: b.id)
 def test_bad_input_is_one_line_exit_2(case: Bad, runs: Runs):
     r = runs[f"bad:{case.id}"]
-    assert r.returncode == 2, r
-    assert "Traceback" not in r.stdout + r.stderr, r
-    assert r.stdout == "", r
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1, r  # in particular no "tpsim: starting N gloo ranks"
-    assert lines[0].startswith("tpsim: error: "), r
-    for s in case.expect:
-        assert s in lines[0], f"{s!r} not in {lines[0]!r}"
+    assert_one_line_error(r, case.expect)
     assert r.cpu_s < BAD_INPUT_MAX_CPU_S, r
     # Nothing written: neither the --out file nor write_capture's temporary, nor a directory.
     assert sorted(p.name for p in runs.bad_dirs[case.id].iterdir()) == []

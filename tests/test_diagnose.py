@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 import diagnose_jobs
-from test_cli import run_cli
+from clirun import assert_one_line_error, run_cli
 from tpsim.capture_file import tensor_sha256
 from tpsim.diagnose import (P, R, S0, S1, UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors,
                             match_threshold, read_rank_files, read_reference)
@@ -452,13 +452,7 @@ def cli(files):
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_is_one_line_exit_2(cli, case):
-    r = cli[f"bad:{case}"]
-    assert r.returncode == 2, r
-    assert "Traceback" not in r.stdout + r.stderr and r.stdout == "", r
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tpsim: error: "), r
-    for s in BAD[case][1]:
-        assert s in lines[0], f"{s!r} not in {lines[0]!r}"
+    assert_one_line_error(cli[f"bad:{case}"], BAD[case][1])
     assert cli.snapshot() == cli.before  # nothing written (nor by any other run)
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import TP_DEGREES, config_dicts
-from test_cli import run_cli
+from clirun import run_cli
 from tpsim.capture_file import write_capture
 from tpsim.checkpoint.export import export_checkpoint
 from tpsim.config import config_from_dict, load_config, with_overrides

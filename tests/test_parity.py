@@ -206,7 +206,7 @@ def test_cli_capture_of_a_transformers_checkpoint_at_tp4(tmp_path):
     --tp 4` writes the aux hidden states transformers' output_hidden_states gives."""
     from safetensors import safe_open
 
-    from test_cli import run_cli
+    from clirun import run_cli
     cfg = hf_config("deepseek_v3", q_lora_rank=24, norm_topk_prob=True, routed_scaling_factor=2.5,
                     rope_scaling=yarn(1.0, 0.707), vocab_size=333)
     model = save_hf(cfg, 9, tmp_path / "hf")

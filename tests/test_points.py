@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from strategies import TP_DEGREES, config_dicts
-from test_cli import run_cli
+from clirun import run_cli
 from tpsim.capture.points import P, R, S, catalogue
 from tpsim.config import config_from_dict
 from tpsim.diagnose import diagnose_tensors

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_cli import run_cli
+from clirun import run_cli
 from tpsim.scenario import available, load
 
 
