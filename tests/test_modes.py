@@ -20,11 +20,10 @@ from tpsim.capture import Position
 from tpsim.capture.points import Taps
 from tpsim.config import config_from_dict
 from tpsim.diagnose import diagnose_tensors
-from tpsim.jobs import build_model, rel_err, run_captured
+from tpsim.jobs import build_model, rel_err, routing_rows, run_captured
 from tpsim.model import split_sizes
 from tpsim.modes import STRATEGIES, Mode, expected_collectives
 from tpsim.parallel import TPGroup
-from tpsim.testing.jobs import routing
 
 TOL = 1e-5  # float32 ‖Δ‖/‖ref‖
 
@@ -62,7 +61,7 @@ def reference(cfg, seed, ids, positions, mode, tp):
     for chunk in chunks:
         model.group.taps = Taps(wanted={f"layers.{p.layer}.mid" for p in positions if p.kind == "out"})
         cap, logits = run_captured(model, chunk, positions)
-        runs.append((cap, logits, routing(model), model.group.taps.got))
+        runs.append((cap, logits, routing_rows(model), model.group.taps.got))
         model.group.taps = None
     cap = torch.cat([r[0] for r in runs])
     logits = torch.cat([r[1] for r in runs])

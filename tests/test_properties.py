@@ -15,9 +15,8 @@ from reference import reference_capture
 from strategies import TP_DEGREES, captures, config_dicts
 from tpsim.capture import resolve
 from tpsim.config import config_from_dict, load_config
-from tpsim.jobs import build_model, comparable_rows, rel_err, run_captured
+from tpsim.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured
 from tpsim.parallel import TPGroup
-from tpsim.testing.jobs import routing
 from tpsim.weights import init_tensor, weight_specs
 
 FP32_TOL = 1e-5  # ‖Δ‖/‖ref‖, float32
@@ -39,7 +38,7 @@ def tp1_run(cfg, seed, dtype, ids, positions):
     """The in-process TP=1 model: (capture, logits, routing)."""
     model = build_model(cfg, TPGroup(), seed, dtype)
     capture, logits = run_captured(model, ids, positions)
-    return capture, logits, routing(model)
+    return capture, logits, routing_rows(model)
 
 
 def masked_rel_err(x, ref, mask) -> float:

@@ -23,6 +23,28 @@ from tpsim.jobs import build_model, input_ids_for
 from tpsim.parallel.launch import RankContext
 
 
+def timed_forward(model, ids: torch.Tensor, positions: list[Position] | None = None) -> tuple[float, list]:
+    """(seconds, collective records) of one full forward (logits included) of this rank's model,
+    with EAGLE-3 capture of `positions` (a fresh Recorder, timed up to and including its
+    `concat()`) or without (None). The TP group meets at a barrier first so all ranks start
+    together; the clock (time.perf_counter, after a CUDA synchronize) covers only the forward."""
+    group = model.group
+    if group.size > 1:
+        dist.barrier(group=group.pg)
+    group.tracer.clear()
+    cuda = group.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(group.device)
+    t0 = time.perf_counter()
+    recorder = Recorder(positions) if positions is not None else None
+    model(ids, recorder=recorder, logits=True)
+    if recorder is not None:
+        recorder.concat()
+    if cuda:
+        torch.cuda.synchronize(group.device)
+    return time.perf_counter() - t0, list(group.tracer.records)
+
+
 def overhead_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, seq_len: int, positions: list[str],
                  tp: int, warmup: int, repeats: int) -> dict | None:
     """Wall time of one full forward (logits included) on this rank at TP=`tp`, with EAGLE-3
@@ -42,22 +64,9 @@ def overhead_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, seq_len: in
     group = ctx.groups[tp]
     model = build_model(config, group, seed, dtype)
     ids = torch.tensor(input_ids_for(config, seed, seq_len), dtype=torch.long, device=group.device)
-    cuda = group.device.type == "cuda"
 
     def timed(capture: bool) -> tuple[float, list]:
-        if group.size > 1:
-            dist.barrier(group=group.pg)
-        group.tracer.clear()
-        if cuda:
-            torch.cuda.synchronize(group.device)
-        t0 = time.perf_counter()
-        recorder = Recorder(pos) if capture else None
-        model(ids, recorder=recorder, logits=True)
-        if recorder is not None:
-            recorder.concat()
-        if cuda:
-            torch.cuda.synchronize(group.device)
-        return time.perf_counter() - t0, list(group.tracer.records)
+        return timed_forward(model, ids, pos if capture else None)
 
     ctx.progress(f"TP={tp}: {warmup} warmup + {repeats} timed pairs, seq_len {seq_len}")
     for _ in range(warmup):
@@ -335,28 +344,16 @@ def forward_sweep_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, tokens
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
     model = build_model(config, group, seed, dtype)
-    cuda = group.device.type == "cuda"
     rows = []
     for T in tokens:
         ids = torch.tensor(input_ids_for(config, seed, T), dtype=torch.long, device=group.device)
-
-        def once() -> float:
-            if group.size > 1:
-                dist.barrier(group=group.pg)
-            group.tracer.clear()
-            if cuda:
-                torch.cuda.synchronize(group.device)
-            t0 = time.perf_counter()
-            model(ids, logits=True)
-            if cuda:
-                torch.cuda.synchronize(group.device)
-            return time.perf_counter() - t0
-
         ctx.progress(f"TP={tp}: {T} tokens, {warmup} warmup + {repeats} timed forwards")
         for _ in range(warmup):
-            once()
-        seconds = [once() for _ in range(repeats)]
-        records = list(group.tracer.records)
+            timed_forward(model, ids)
+        seconds, records = [], list(group.tracer.records)
+        for _ in range(repeats):
+            t, records = timed_forward(model, ids)
+            seconds.append(t)
         rows.append({"tokens": T, "seconds": seconds,
                      "all_reduces": sum(r.op == "all_reduce" for r in records),
                      "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),
@@ -433,8 +430,8 @@ def cuda_capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_i
     capture, logits = run_captured(model, input_ids, [Position.parse(p, config.num_hidden_layers) for p in positions])
     records = list(group.tracer.records)
     try:  # the experts each token picked per MoE layer, to leave routing near-ties out of comparisons
-        from tpsim.testing.jobs import routing
-        picked = {k: v.cpu() for k, v in routing(model).items()}
+        from tpsim.jobs import routing_rows
+        picked = {k: v.cpu() for k, v in routing_rows(model).items()}
     except Exception:  # noqa: BLE001 (a MoE that no longer records its choice)
         picked = None
     return {"rank": ctx.rank, "group_rank": group.rank, "device": str(capture.device), "capture": capture.cpu(),

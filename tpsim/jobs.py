@@ -144,7 +144,7 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
             if replica is None:
                 replica = build_model(config, TPGroup(device=group.device), seed, dtype, checkpoint)
             c1, l1 = run_captured(replica, mine, pos)
-            ref = {"capture": c1, "logits": l1, "residual": {}, "routing": routing_rows(replica, Mode(), None, 0)}
+            ref = {"capture": c1, "logits": l1, "residual": {}, "routing": routing_rows(replica)}
         # entries a routing near-tie flipped (bf16 rounding picks another expert) are not compared
         mask = comparable_rows(pos, config.hidden_size, route, ref["routing"], cap.shape[0]) \
             if ref is not None and not mixed and cap.shape == ref["capture"].shape else None
@@ -167,7 +167,8 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
     return rows
 
 
-def routing_rows(model: DeepseekForCausalLM, mode: Mode, group: TPGroup | None, T: int) -> dict[int, torch.Tensor]:
+def routing_rows(model: DeepseekForCausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
+                 T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: the experts each of this rank's tokens picked in the last forward `[T_own, top_k]`,
     sorted}: the whole batch, in token order (ep: gathered from the ranks' token shards; sp:
     padding dropped; dp-attention: this rank's own sequence's rows)."""

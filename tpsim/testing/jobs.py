@@ -11,7 +11,7 @@ import torch
 
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
-from tpsim.jobs import DTYPES, build_model, run_captured
+from tpsim.jobs import DTYPES, build_model, routing_rows, run_captured
 from tpsim.model import DeepseekForCausalLM
 from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
@@ -108,13 +108,7 @@ def model_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
     pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
     capture, logits = run_captured(model, input_ids, pos)
     return {"capture": capture, "logits": logits, "all_reduces": group.tracer.count("all_reduce"),
-            "all_gathers": group.tracer.count("all_gather"), "routing": routing(model)}
-
-
-def routing(model) -> dict[int, torch.Tensor]:
-    """{MoE layer k: the experts each token picked `[T, top_k]`, sorted} of the last forward."""
-    return {k: layer.mlp.gate.last_ids.sort(-1).values for k, layer in enumerate(model.model.layers)
-            if hasattr(layer.mlp, "gate")}
+            "all_gathers": group.tracer.count("all_gather"), "routing": routing_rows(model)}
 
 
 def fault_job(ctx: RankContext, rank: int, how: str):
@@ -194,7 +188,7 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     {strategy: this rank's capture per position}, the logits, the model's collectives of the
     last forward (op, caller; the capture's own gathers left out) and the routing of every MoE
     layer over all T tokens in order ([T, top_k] sorted; gathered from the ranks under ep)."""
-    from tpsim.jobs import own_tokens, routing_rows, run_captured_parts
+    from tpsim.jobs import own_tokens, run_captured_parts
     from tpsim.modes import Mode
     if not ctx.participates(tp):
         return None
