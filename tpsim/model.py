@@ -122,15 +122,14 @@ class DecoderLayer(nn.Module):
         """ep: route this rank's token shard through experts on their ranks (all_to_all), then
         all-gather the outputs (ep_output=replicated) or keep the stream scattered."""
         g, pt = self.group, self.point
+        sizes = split_sizes(st.total, g.size)  # this rank's token share (the scattered stream's own split)
+        start = sum(sizes[:g.rank])
         if not st.sharded:
-            sizes = split_sizes(st.total, g.size)
-            start = sum(sizes[:g.rank])
             hidden = hidden[start:start + sizes[g.rank]]
         self.group.tap(f"{pt}.mlp.in", hidden, S0)
         out = self.mlp(hidden)
         if self.mode.ep_output == "replicated":
-            out = g.gather_rows(out, split_sizes(st.total, g.size), f"{self.prefix}.mlp_gather")
-            return out, residual
+            return g.gather_rows(out, sizes, f"{self.prefix}.mlp_gather"), residual
         if not st.sharded:
             st.sharded, st.sizes, st.real = True, sizes, sizes[g.rank]
             residual = residual[start:start + sizes[g.rank]]
