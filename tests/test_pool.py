@@ -22,6 +22,22 @@ def test_a_failing_rank_brings_the_pool_down_with_its_name(how, message):
     assert all(not p.is_alive() for p in pool._procs)  # no orphan ranks
 
 
+@pytest.mark.parametrize("reports,message", [
+    ({2: (0.0, "Connection closed by peer"), 1: (0.5, "injected fault"), 0: (0.7, "Connection reset by peer")},
+     "rank 1 failed while running report_job: RuntimeError: injected fault"),
+    ({2: (0.0, "caused by a remote worker crashing"), 0: (0.5, "Timed out waiting 5000ms for recv"), 1: (0.0, None)},
+     "rank 1 stalled while running report_job; rank 0 gave up waiting for it after the 20 s collective timeout"),
+])
+def test_the_root_cause_is_named_even_when_a_symptom_is_heard_first(reports, message):
+    """A survivor's "connection closed" can reach the launcher before the failing rank's own
+    report (the CI run that found this named rank 3 for rank 1's stall)."""
+    pool = RankPool(3, timeout_s=20)
+    with pytest.raises(RankError) as info:
+        pool.run("tpsim.testing.jobs:report_job", reports=reports)
+    assert str(info.value).splitlines()[0].startswith(message), str(info.value)
+    assert all(not p.is_alive() for p in pool._procs)
+
+
 def test_pool_answers_many_jobs():
     with RankPool(2) as pool:
         for _ in range(3):

@@ -182,6 +182,17 @@ def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, 
     dist.destroy_process_group()
 
 
+def _last_line(report: str) -> str:
+    return report.strip().splitlines()[-1]
+
+
+def _peer_symptom(report: str) -> bool:
+    """Whether a rank's error is what a peer's death or stall looks like from outside (a lost
+    connection or a collective timeout) rather than a fault of its own."""
+    message = "\n".join(line for line in report.splitlines() if not line.startswith(" ")).lower()  # no frames
+    return any(w in message for w in ("connection", "remote worker", "peer", "timed out", "timeout"))
+
+
 class RankPool:
     """`world` local ranks over gloo (CPU) with a file rendezvous, reused for many jobs.
 
@@ -274,38 +285,47 @@ class RankPool:
     def _failure(self, rank: int, payload: str, got: dict, doing: str) -> RankError:
         """The error to raise when `rank` reported an exception: name the root cause. A peer's
         death reaches the survivors as "connection closed"; a stalled peer as a collective
-        timeout, while the stalled rank itself stays silent."""
-        last = payload.strip().splitlines()[-1]
-        what = self._what(rank)
-        dead = self._dead(exclude=set(got) | {rank}, grace_s=1.0)  # the reporter may exit after reporting
-        silent = []
-        if dead is None and ("timed out" in payload.lower() or "timeout" in payload.lower()):
-            reported = self._drain_errors(grace_s=3.0) | {rank} | set(got)
-            silent = [r for r in range(self.world) if r not in reported and self._procs[r].is_alive()]
-        culprit = {r: self._what(r) for r in ([dead] if dead is not None else silent[:1])}
+        timeout, while the stalled rank itself stays silent. The first report to arrive need
+        not be the cause (a survivor's "connection closed" can overtake the failing rank's own
+        report), so the reports of the next few seconds are read before choosing."""
+        errors = {rank: payload} | self._drain_errors(grace_s=3.0, done=set(got) | {rank})
+        dead = self._dead(exclude=set(got) | set(errors), grace_s=1.0)  # reporters exit with code 0
+        own = [r for r, p in errors.items() if not _peer_symptom(p)]
+        silent = [r for r in range(self.world) if r not in errors and r not in got and self._procs[r].is_alive()]
+        culprit = {r: self._what(r) for r in [dead, *own[:1], *silent[:1]] if r is not None}
         self.kill()
-        if dead is not None and dead != rank:
-            lost = any(w in last.lower() for w in ("connection", "remote worker", "peer"))
+        if dead is not None:
+            last = _last_line(payload)
+            lost = _peer_symptom(payload)
             then = "lost the connection to it" if lost else f"failed: {last}"
             return RankError(f"rank {dead} {self._death(dead)} while {doing}{culprit[dead]}; "
                              f"rank {rank} then {then}\n{payload}")
+        if own:
+            r = own[0]
+            return RankError(f"rank {r} failed while {doing}{culprit[r]}: {_last_line(errors[r])}\n{errors[r]}")
         if silent:
             s = silent[0]
-            return RankError(f"rank {s} stalled while {doing}{culprit[s]}; rank {rank} gave up waiting "
-                             f"for it after the {self.timeout_s:g} s collective timeout{what}\n{payload}")
-        return RankError(f"rank {rank} failed while {doing}{what}: {last}\n{payload}")
+            waiter = next((r for r, p in errors.items() if "timeout" in p.lower() or "timed out" in p.lower()), rank)
+            return RankError(f"rank {s} stalled while {doing}{culprit[s]}; rank {waiter} gave up waiting "
+                             f"for it after the {self.timeout_s:g} s collective timeout{self._what(waiter)}"
+                             f"\n{errors[waiter]}")
+        return RankError(f"rank {rank} failed while {doing}{self._what(rank)}: {_last_line(payload)}\n{payload}")
 
-    def _drain_errors(self, grace_s: float) -> set[int]:
-        """Ranks that report an error within grace_s (the survivors of a stall time out together)."""
-        ranks, deadline = set(), time.monotonic() + grace_s
+    def _drain_errors(self, grace_s: float, done: set[int]) -> dict[int, str]:
+        """{rank: report} for the ranks that report an error within grace_s, stopping early once
+        every rank not in `done` has reported or exited."""
+        errors, deadline = {}, time.monotonic() + grace_s
         while time.monotonic() < deadline:
+            pending = [r for r in range(self.world) if r not in done and r not in errors]
+            if all(self._procs[r].exitcode not in (None, 0) for r in pending):
+                break
             try:
-                kind, rank, _ = self._results.get(timeout=0.1)
+                kind, rank, payload = self._results.get(timeout=0.1)
             except queue.Empty:
                 continue
             if kind == "error":
-                ranks.add(rank)
-        return ranks
+                errors[rank] = payload
+        return errors
 
     def _dead(self, exclude, grace_s: float = 0.0) -> int | None:
         """The first rank whose process has exited (waiting up to grace_s for one to)."""

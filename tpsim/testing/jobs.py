@@ -123,6 +123,20 @@ def fault_job(ctx: RankContext, rank: int, how: str):
     return group.all_reduce(torch.ones(1), "fault_job").item()
 
 
+def report_job(ctx: RankContext, reports: dict):
+    """Rank r sleeps reports[r][0] seconds, then raises RuntimeError(reports[r][1]), or stalls
+    forever when that message is None; ranks not in `reports` return. This fixes the order in
+    which the launcher hears of failures, as a race between ranks may."""
+    import time
+    if ctx.rank not in reports:
+        return ctx.rank
+    delay, message = reports[ctx.rank]
+    time.sleep(delay)
+    while message is None:
+        time.sleep(3600)
+    raise RuntimeError(message)
+
+
 def load_job(ctx: RankContext, cfg: dict, dtype: str, checkpoint: str, tp: int, seed: int | None = None,
              reference: str | None = None):
     """Load `checkpoint` at TP=tp and compare every parameter bitwise with the seeded model
