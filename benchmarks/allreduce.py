@@ -17,8 +17,9 @@ over samples (and min/max):
 busbw is what each link carries in a ring all-reduce, comparable across n (0 at n = 1).
 
 NVLink multicast (NVLS) stays off: this sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-and NVSHMEM_DISABLE_NVLS=1 with os.environ.setdefault before any process group starts (a
-program that uses multicast can take a shared host's GPUs out of service). Every process group
+and NVSHMEM_DISABLE_NVLS=1 with os.environ.setdefault before any process group starts
+(`tpsim.parallel.launch.MULTICAST_OFF`, set when that module is imported; a program that uses
+multicast can take a shared host's GPUs out of service). Every process group
 has a collective timeout (--timeout, default 300 s): a stalled rank fails the run, not hangs it.
 
 Output: a table on stdout (rank 0), progress on stderr, and JSON in
@@ -27,19 +28,15 @@ benchmarks/results/allreduce-{device}-{n}.json (--out to override).
 
 from __future__ import annotations
 
+import argparse
 import os
-
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ.setdefault(_k, _v)  # before torch.distributed starts anything (and inherited by spawned ranks)
-
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
+import platform
+import re
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,9 +46,9 @@ import torch  # noqa: E402
 from tpsim import ui  # noqa: E402
 from tpsim.bench import write_json_atomic  # noqa: E402
 from tpsim.errors import RankError, UsageError  # noqa: E402
-from tpsim.parallel import launch  # noqa: E402
+from tpsim.parallel import launch  # noqa: E402  (its import turns NVLink multicast off: launch.MULTICAST_OFF)
 
-NVLS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+NVLS_ENV = tuple(launch.MULTICAST_OFF)
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 

@@ -43,9 +43,9 @@ Targets (reported, never asserted): capture overhead <= 0.5 % at 8192 tokens; tp
 transformers.
 
 With `--device cpu` it also runs the CPU TP table: the same config over gloo at TP `--cpu-tp`
-(1,2,4,8; a `RankPool`, `tpsim.bench:forward_sweep_job`) at `--cpu-tp-tokens` (16,64,256):
-seconds per plain forward (per iteration the slowest rank, then the median) and its growth
-relative to the smallest token count.
+(1,2,4,8; `tpsim.bench.tp_table`) at `--cpu-tp-tokens` (16,64,256): seconds per plain forward
+(per iteration the slowest rank, then the median) and its growth relative to the smallest token
+count. On GPUs, `benchmarks/forward_tp.py` is the TP table (NCCL, one GPU per rank).
 
     python benchmarks/forward.py                               # CUDA if available: deepseek-v2-lite, bf16
     python benchmarks/forward.py --device cpu --tokens 8,64 --repeats 3
@@ -76,7 +76,7 @@ import torch  # noqa: E402
 
 from tpsim import ui  # noqa: E402
 from tpsim.bench import (FLOP_FORMULA, active_params, build_models, forward_flops, hf_unsupported,  # noqa: E402
-                         tp_all_reduces, write_json_atomic)
+                         tp_all_reduces, tp_table, write_json_atomic)
 from tpsim.capture import Recorder, resolve  # noqa: E402
 from tpsim.config import ModelConfig, load_config, with_overrides  # noqa: E402
 from tpsim.errors import UsageError  # noqa: E402
@@ -380,46 +380,6 @@ def targets(rows: list[dict], mm: dict | None) -> list[dict]:
 
 # --- CPU TP table -----------------------------------------------------------------------------------------------
 
-def cpu_tp_table(cfg: ModelConfig, tps: list[int], tokens: list[int], dtype: str, seed: int, warmup: int,
-                 repeats: int, progress) -> dict:
-    """tpsim over gloo at each TP degree (one pool of max(tps) ranks), seconds per plain forward."""
-    from tpsim.parallel.launch import RankPool
-    ok, skipped = [], []
-    for tp in tps:
-        try:
-            cfg.check_tp(tp)
-            ok.append(tp)
-        except UsageError as e:
-            skipped.append({"tp": tp, "reason": str(e)})
-    rows = []
-    t0 = time.perf_counter()
-    # verify_collectives off: its extra all-gather per collective would be timed too
-    with RankPool(world=max(ok), on_progress=progress, env={"TPSIM_VERIFY_COLLECTIVES": "0"}) as pool:
-        for tp in ok:
-            res = pool.run("tpsim.bench:forward_sweep_job", cfg=cfg.to_dict(), seed=seed, dtype=dtype, tokens=tokens,
-                           tp=tp, warmup=warmup, repeats=repeats)
-            ranks = [r for r in res.values() if r is not None]
-            assert len(ranks) == tp, f"TP={tp}: {len(ranks)} ranks answered"
-            base = None
-            for i, T in enumerate(tokens):
-                per_rank = [r["rows"][i] for r in ranks]
-                slowest = [max(pr["seconds"][j] for pr in per_rank) for j in range(len(per_rank[0]["seconds"]))]
-                med = statistics.median(slowest)
-                base = med if base is None else base
-                first = per_rank[0]
-                rows.append({"tp": tp, "tokens": T, "median_s": med, "min_s": min(slowest), "max_s": max(slowest),
-                             "slowest_rank_s": slowest, "growth_vs_smallest": med / base,
-                             "tokens_per_s": T / med, "all_reduces": first["all_reduces"],
-                             "all_reduce_bytes": first["all_reduce_bytes"],
-                             "all_reduces_formula": tp_all_reduces(cfg, T, dtype, tp)["all_reduces"],
-                             "all_reduce_bytes_formula": tp_all_reduces(cfg, T, dtype, tp)["bytes"]})
-    return {"tps": ok, "skipped": skipped, "tokens": tokens, "dtype": dtype, "backend": "gloo", "warmup": warmup,
-            "repeats": repeats, "torch_threads_per_rank": 1, "wall_s": time.perf_counter() - t0,
-            "note": "per iteration the slowest rank's seconds (a TP forward ends when its last rank does), then the "
-                    "median; all ranks share this machine's cores, so TP > 1 rows say nothing about GPU scaling",
-            "rows": rows}
-
-
 # --- output -------------------------------------------------------------------------------------------------------
 
 def gb(b) -> str:
@@ -629,8 +589,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if cpu_tps and device.type == "cpu":
         progress(f"CPU TP table: TP {','.join(map(str, cpu_tps))} over gloo at {','.join(map(str, cpu_tokens))} tokens")
-        result["cpu_tp"] = cpu_tp_table(cfg, cpu_tps, cpu_tokens, dtype, args.seed, min(args.warmup, 1),
-                                        args.repeats, progress)
+        result["cpu_tp"] = tp_table(cfg, cpu_tps, cpu_tokens, dtype, args.seed, min(args.warmup, 1), args.repeats,
+                                    progress)
     progress.stop()
     result["targets"] = targets(result["rows"], mm)
     result["complete"] = True

@@ -72,7 +72,7 @@ def test_forward_sweep_job_counts_what_the_formula_says(pool):
     tokens = [3, 8]
     for tp in (1, 2):
         res = pool.run("tpsim.bench:forward_sweep_job", cfg=cfg.to_dict(), seed=0, dtype="float32", tokens=tokens,
-                       tp=tp, warmup=0, repeats=2)
+                       tp=tp, warmup=0, repeats=2, time_all_reduces=True)
         ranks = [r for r in res.values() if r is not None]
         assert len(ranks) == tp
         for r in ranks:
@@ -81,6 +81,46 @@ def test_forward_sweep_job_counts_what_the_formula_says(pool):
                 assert len(row["seconds"]) == 2 and all(s > 0 for s in row["seconds"])
                 f = tp_all_reduces(cfg, row["tokens"], "float32", tp)
                 assert (row["all_reduces"], row["all_reduce_bytes"]) == (f["all_reduces"], f["bytes"])
+                # the time waited for all-reduces is part of the forward's time (none at TP=1)
+                for ar, fw in zip(row["all_reduce_seconds"], row["seconds"]):
+                    assert (ar == 0) if tp == 1 else (0 < ar < fw)
+
+
+def test_forward_tp_table_and_sweep_comparison(tmp_path, capsys):
+    """benchmarks/forward_tp.py on gloo: a row per runnable TP degree and token count, the
+    skipped degree named with the reason, speedup relative to TP=1, and the all-reduces looked
+    up in an all-reduce sweep of the same world."""
+    ftp = script("forward_tp")
+    sweep = {"settings": {"world": 2}, "rows": [{"bytes": 1 << 20, "median_s": 1e-3}, {"bytes": 2 << 20,
+                                                                                      "median_s": 1.5e-3}]}
+    (tmp_path / "ar.json").write_text(json.dumps(sweep))
+    out = tmp_path / "ftp.json"
+    assert ftp.main(["--device", "cpu", "--tp", "1,2,3", "--tokens", "4,8", "--repeats", "2", "--warmup", "0",
+                     "--allreduce", str(tmp_path / "ar.json"), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows, cfg = data["table"]["rows"], load_config(TINY)
+    assert [(r["tp"], r["tokens"]) for r in rows] == [(1, 4), (1, 8), (2, 4), (2, 8)]
+    assert data["table"]["skipped"][0]["tp"] == 3 and "does not divide" in data["table"]["skipped"][0]["reason"]
+    for r in rows:
+        assert r["all_reduces"] == tp_all_reduces(cfg, r["tokens"], "float32", r["tp"])["all_reduces"]
+        assert r["speedup"] == pytest.approx(rows[[x["tokens"] for x in rows].index(r["tokens"])]["median_s"]
+                                             / r["median_s"])
+        assert ("sweep" in r) == (r["tp"] == 2)
+        if r["tp"] == 2:  # [T, hidden] float32 all-reduces are far below 1 MiB: the 1 MiB row, scaled by bytes
+            per = r["all_reduce_bytes"] // r["all_reduces"]
+            assert r["sweep"]["size_bytes"] == 1 << 20
+            assert r["sweep"]["seconds_per_forward"] == pytest.approx(1e-3 * per / (1 << 20) * r["all_reduces"])
+            assert 0 < r["all_reduce_s"] < r["median_s"] and r["all_reduce_busbw_gbps"] > 0
+    assert "skipped TP=3" in capsys.readouterr().out
+    assert ftp.sweep_seconds(sweep["rows"], 2 << 20) == (1.5e-3, 2 << 20)
+
+
+def test_forward_tp_refuses_a_file_that_is_not_a_sweep(tmp_path, capsys):
+    ftp = script("forward_tp")
+    (tmp_path / "x.json").write_text("{}")
+    assert ftp.main(["--device", "cpu", "--allreduce", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a benchmarks/allreduce.py result" in err[0] and "run that script first" in err[0]
 
 
 def test_allreduce_job_and_summary(pool, tmp_path):

@@ -4,7 +4,8 @@
 - `build_models`: tpsim at TP=1 and transformers' DeepseekV2/V3ForCausalLM with the same seeded
   weights, built in memory (benchmarks/forward.py, tests/test_bench.py);
 - `active_params`, `forward_flops`, `tp_all_reduces`: the FLOP and collective formulas;
-- `forward_sweep_job`: seconds per forward per token count at a TP degree (forward.py's CPU table);
+- `forward_sweep_job`: seconds per forward (and in its all-reduces) per token count at a TP degree;
+  `tp_table` runs it for every TP degree in one pool (benchmarks/forward_tp.py, forward.py's CPU table);
 - `allreduce_job`: the all-reduce sweep (benchmarks/allreduce.py);
 - `cuda_capture_job`: a capture on CUDA ranks with TF32 off (tests/test_gpu.py).
 """
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 import time
 
 import torch
@@ -334,15 +336,17 @@ def tp_all_reduces(cfg, T: int, dtype: str, tp: int) -> dict:
 # --- jobs ----------------------------------------------------------------------------------------------------------
 
 def forward_sweep_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, tokens: list[int], tp: int, warmup: int,
-                      repeats: int) -> dict | None:
+                      repeats: int, time_all_reduces: bool = False) -> dict | None:
     """Seconds of one plain forward (logits included, no capture) on this rank at TP=`tp` for
     each token count, one model for all of them; the TP group meets at a barrier before every
     timed forward. Also the all-reduces (count, bytes of this rank's input) of one forward per
-    token count. None on ranks outside the first TP block."""
+    token count and, with `time_all_reduces`, the seconds this rank waited for them in each timed
+    forward (`Tracer.timed`). None on ranks outside the first TP block."""
     if not ctx.participates(tp):
         return None
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
+    group.tracer.timed = time_all_reduces
     model = build_model(config, group, seed, dtype)
     rows = []
     for T in tokens:
@@ -350,15 +354,74 @@ def forward_sweep_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, tokens
         ctx.progress(f"TP={tp}: {T} tokens, {warmup} warmup + {repeats} timed forwards")
         for _ in range(warmup):
             timed_forward(model, ids)
-        seconds, records = [], list(group.tracer.records)
+        seconds, ar_seconds, records = [], [], list(group.tracer.records)
         for _ in range(repeats):
             t, records = timed_forward(model, ids)
             seconds.append(t)
-        rows.append({"tokens": T, "seconds": seconds,
+            ar_seconds.append(sum(r.seconds() or 0.0 for r in records if r.op == "all_reduce"))
+        rows.append({"tokens": T, "seconds": seconds, "all_reduce_seconds": ar_seconds,
                      "all_reduces": sum(r.op == "all_reduce" for r in records),
                      "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),
                      "collectives": len(records)})
     return {"rank": ctx.rank, "tp": tp, "group_rank": group.rank, "rows": rows}
+
+
+def tp_table(cfg, tps: list[int], tokens: list[int], dtype: str, seed: int, warmup: int, repeats: int, progress,
+             device: str = "cpu", timeout_s: float = 300.0) -> dict:
+    """Seconds per plain forward at each TP degree, over one self-spawned pool of max(tps) ranks:
+    NCCL with one GPU per rank on CUDA (a degree needing more GPUs than there are is skipped with
+    the reason, as is one the config cannot split), gloo on the CPU. Per iteration the slowest
+    rank counts, then the median; all-reduces counted and timed from the trace
+    (`forward_sweep_job`), their time per forward the mean over ranks, then the median."""
+    from tpsim.errors import UsageError
+    from tpsim.parallel.launch import RankPool, default_backend
+    backend = default_backend(device)
+    gpus = torch.cuda.device_count() if device == "cuda" else None
+    ok, skipped = [], []
+    for tp in tps:
+        try:
+            cfg.check_tp(tp)
+            if gpus is not None and tp > gpus:
+                raise UsageError(f"TP={tp} over NCCL needs {tp} GPUs; this machine has {gpus}")
+            ok.append(tp)
+        except UsageError as e:
+            skipped.append({"tp": tp, "reason": str(e)})
+    if not ok:
+        raise UsageError("no TP degree to run: " + "; ".join(s["reason"] for s in skipped))
+    rows, t0 = [], time.perf_counter()
+    # verify_collectives off: its extra all-gather per collective would be timed too
+    with RankPool(world=max(ok), backend=backend, device=device, timeout_s=timeout_s, on_progress=progress,
+                  env={"TPSIM_VERIFY_COLLECTIVES": "0"}) as pool:
+        for tp in ok:
+            res = pool.run("tpsim.bench:forward_sweep_job", cfg=cfg.to_dict(), seed=seed, dtype=dtype, tokens=tokens,
+                           tp=tp, warmup=warmup, repeats=repeats, time_all_reduces=True)
+            ranks = [r for r in res.values() if r is not None]
+            assert len(ranks) == tp, f"TP={tp}: {len(ranks)} ranks answered"
+            for i, T in enumerate(tokens):
+                per_rank = [r["rows"][i] for r in ranks]
+                slowest = [max(pr["seconds"][j] for pr in per_rank) for j in range(repeats)]
+                ar = [statistics.mean(pr["all_reduce_seconds"][j] for pr in per_rank) for j in range(repeats)]
+                first, formula = per_rank[0], tp_all_reduces(cfg, T, dtype, tp)
+                row = {"tp": tp, "tokens": T, "median_s": statistics.median(slowest), "min_s": min(slowest),
+                       "max_s": max(slowest), "slowest_rank_s": slowest, "all_reduces": first["all_reduces"],
+                       "all_reduce_bytes": first["all_reduce_bytes"], "all_reduces_formula": formula["all_reduces"],
+                       "all_reduce_bytes_formula": formula["bytes"], "all_reduce_s": statistics.median(ar)}
+                row["tokens_per_s"] = T / row["median_s"]
+                row["all_reduce_busbw_gbps"] = (2 * (tp - 1) / tp * row["all_reduce_bytes"] / row["all_reduce_s"] / 1e9
+                                                if row["all_reduce_s"] > 0 else None)
+                rows.append(row)
+    for r in rows:
+        smallest = next(x for x in rows if x["tp"] == r["tp"])
+        base = next((x for x in rows if x["tp"] == 1 and x["tokens"] == r["tokens"]), None)
+        r["growth_vs_smallest"] = r["median_s"] / smallest["median_s"]
+        r["speedup"] = None if base is None else base["median_s"] / r["median_s"]
+        r["efficiency"] = None if base is None else r["speedup"] / r["tp"]
+    return {"tps": ok, "skipped": skipped, "tokens": tokens, "dtype": dtype, "backend": backend, "warmup": warmup,
+            "repeats": repeats, "wall_s": time.perf_counter() - t0,
+            "note": "per iteration the slowest rank's seconds (a TP forward ends when its last rank does), then the "
+                    "median" + ("" if device == "cuda" else "; all ranks share this machine's cores, so TP > 1 rows "
+                                "say nothing about GPU scaling"),
+            "rows": rows}
 
 
 def allreduce_job(ctx: RankContext, sizes: list[int], dtype: str, warmup: int, iters: int,

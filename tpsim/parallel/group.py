@@ -8,6 +8,7 @@ collective runs (engines skip them too) and nothing is recorded.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,15 +24,37 @@ class CollectiveRecord:
     shape: tuple
     dtype: str
     bytes: int  # bytes of this rank's input tensor
+    span: tuple | None = None  # (start, end): CUDA events or perf_counter stamps, when the tracer is timed
+
+    def seconds(self) -> float | None:
+        """How long this rank's stream waited for the collective, a slower peer included (on CUDA
+        only after a synchronize); None when it was not timed."""
+        if self.span is None:
+            return None
+        start, end = self.span
+        return start.elapsed_time(end) / 1e3 if isinstance(start, torch.cuda.Event) else end - start
 
 
 @dataclass
 class Tracer:
     records: list[CollectiveRecord] = field(default_factory=list)
+    timed: bool = False  # stamp each all-reduce (benchmarks/forward_tp.py); off, nothing is stamped
 
-    def record(self, op: str, caller: str, t: torch.Tensor) -> None:
-        self.records.append(CollectiveRecord(op, caller, tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                                             t.numel() * t.element_size()))
+    def record(self, op: str, caller: str, t: torch.Tensor) -> CollectiveRecord:
+        rec = CollectiveRecord(op, caller, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                               t.numel() * t.element_size())
+        self.records.append(rec)
+        return rec
+
+    def stamp(self, device: torch.device):
+        """A CUDA event recorded on the current stream, or perf_counter() on the CPU (None untimed)."""
+        if not self.timed:
+            return None
+        if device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def count(self, op: str) -> int:
         return sum(r.op == op for r in self.records)
@@ -108,8 +131,10 @@ class TPGroup:
             return x
         x = x.contiguous()
         self._enter("all_reduce", caller, x)
-        self.tracer.record("all_reduce", caller, x)
+        rec, start = self.tracer.record("all_reduce", caller, x), self.tracer.stamp(self.device)
         dist.all_reduce(x, group=self.pg)
+        if start is not None:
+            rec.span = (start, self.tracer.stamp(self.device))
         return x
 
     def all_gather(self, x: torch.Tensor, caller: str, dim: int = -1) -> torch.Tensor:

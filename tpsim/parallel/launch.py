@@ -32,6 +32,14 @@ from tpsim.parallel import faults
 from tpsim.parallel.group import TPGroup
 
 
+# NVLink multicast (NVLS) stays off in every process tpsim starts: on a shared host a program using
+# it can take the GPUs out of service. NCCL reads these when a communicator starts, so setting them
+# at import (before any process group; spawned ranks inherit them) is early enough.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+for _name, _value in MULTICAST_OFF.items():
+    os.environ.setdefault(_name, _value)
+
+
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ
                                                     and "LOCAL_RANK" in os.environ)
