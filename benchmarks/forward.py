@@ -99,8 +99,8 @@ def int_list(text: str, what: str) -> list[int]:
     return values
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """--model, --override, --device, --dtype (this script's and forward_tp.py's)."""
     ap.add_argument("--model", default=None, help="built-in name (tiny, deepseek-v2-lite, deepseek-v3), YAML/JSON "
                     "config or HF model dir (its config only); default deepseek-v2-lite on CUDA, tiny on CPU")
     ap.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
@@ -108,6 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                     help="auto: bfloat16 on CUDA, float32 on CPU")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(ap)
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (one sequence each); "
                     "default 8,512,4096,8192 on CUDA, 8,64,512 on CPU")
     ap.add_argument("--repeats", type=int, default=10, help="timed rounds (each runs every variant once)")

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .`
 
 import torch  # noqa: E402
 
-from benchmarks.forward import environment, int_list, load_model_config, resolve_device  # noqa: E402
+from benchmarks.forward import add_model_args, environment, int_list, load_model_config, resolve_device  # noqa: E402
 from tpsim import ui  # noqa: E402
 from tpsim.bench import tp_table, write_json_atomic  # noqa: E402
 from tpsim.errors import RankError, UsageError  # noqa: E402
@@ -53,13 +53,7 @@ from tpsim.errors import RankError, UsageError  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="built-in name, YAML/JSON config or HF model dir (its config); "
-                    "default deepseek-v2-lite on CUDA, tiny on CPU")
-    ap.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
-                    help="change a config field, e.g. num_hidden_layers=4 (repeatable)")
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help="auto: bfloat16 on CUDA, float32 on CPU")
+    add_model_args(ap)
     ap.add_argument("--tp", default=None, help="TP degrees (default 1,2,4,8 up to the GPU count on CUDA; 1,2,4,8 "
                     "on CPU)")
     ap.add_argument("--tokens", default=None, help="token counts (default 4096,8192 on CUDA, 16,64,256 on CPU)")
