@@ -112,6 +112,28 @@ def test_explain_tiny_lists_every_point_and_collective(tmp_path):
     xml.dom.minidom.parse(str(svg))  # a well-formed SVG
 
 
+@pytest.mark.parametrize("mode", ["tp", "ar-fusion", "sp", "ep", "dp-attention"])
+def test_explain_describes_the_collectives_each_mode_ran(mode):
+    """The point descriptions follow the run, not pure TP: a description names only reductions
+    that ran in that mode, "before" only a partial sum, a rank's heads only a head shard."""
+    r = run_cli("explain", "--mode", mode, "--tp", "2", "--seq-len", "6", "--json", "--no-svg")
+    assert r.returncode == 0, r
+    rows = json.loads(r.stdout)["rows"]
+    ran = {row["name"].split()[0] for row in rows if row["kind"] == "collective"}
+    points = [row for row in rows if row["kind"] == "point"]
+    for row in points:
+        d = row["detail"]
+        for op, word in (("all_reduce", "all-reduce"), ("reduce_scatter", "reduce-scatter"),
+                         ("all_to_all", "all-to-all")):
+            assert word not in d or op in ran, (mode, row)
+        assert (" before " not in d) or row["placement"] == P, (mode, row)
+        assert ("this rank's heads" not in d) or row["placement"] == S, (mode, row)
+        if row["name"].endswith(".partial") and row["placement"] != P:
+            assert "nothing to reduce" in d, (mode, row)
+    out1 = next(row for row in points if row["name"] == "layers.1.out")
+    assert ("deferred" in out1["detail"]) == (mode == "ar-fusion") == (out1["placement"] == P), out1
+
+
 def test_explain_v3_shapes_at_tp8():
     """V3's first MoE layer at TP=8 on a laptop: uninitialised weights, real shapes and bytes."""
     r = run_cli("explain", "--model", "deepseek-v3", "--tp", "8", "--seq-len", "4", "--json", "--no-svg")

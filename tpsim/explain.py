@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 
 from tpsim.capture import CONVENTIONS, ids_for
-from tpsim.capture.points import catalogue, position_of
+from tpsim.capture.points import P, S0, catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
 
@@ -58,6 +58,35 @@ def capture_ids(point: str, L: int) -> str:
     return f"{pos}: " + (" / ".join(out) if out else "no convention captures it")
 
 
+OP_WORDS = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all combine"}
+
+
+def in_this_run(name: str, detail: str, tap, colls: list, last_order: int) -> str:
+    """The catalogue's description (written for `tp`) with the collective this run really used:
+    a partial sum is reduced by the next all-reduce or reduce-scatter (under ar-fusion, the one
+    fused into the next layer's norm); a reduced output comes after the collective just before
+    it; a layer that is replicated (dp-attention's attention, embedding) reduces nothing, and
+    its heads are all heads. `last_order`: the collectives run before the previous point."""
+    if ".partial" in name and tap.placement != P:
+        return detail.split(",")[0].replace("this rank's vocab rows looked up (zeros elsewhere)", "embedding lookup") \
+            + ": computed whole on this rank (replicated weights), nothing to reduce"
+    if ".partial" in name:
+        by = next((c for c in colls[tap.order:] if c[0] in ("all_reduce", "reduce_scatter")), None)
+        fused = by is not None and by[1].endswith("input_layernorm")
+        return detail.replace("all-reduce", OP_WORDS[by[0]] + (f" (fused into {by[1]})" if fused else "")) \
+            if by else detail
+    if "after its all-reduce" in detail:
+        prev = colls[tap.order - 1] if tap.order > last_order else None  # a collective since the previous point
+        return detail.replace("after its all-reduce", f"after its {OP_WORDS.get(prev[0], prev[0])}" if prev
+                              else "computed whole on this rank, no collective")
+    if position_of(name) and tap.placement == P:  # ar-fusion: the MLP all-reduce moved into the next norm
+        return detail + " (its MLP/MoE all-reduce is deferred into the next layer's input_layernorm: each rank " \
+                        "holds its own summand plus the residual)"
+    if "this rank's heads" in detail and tap.placement == S0:
+        return detail.replace("this rank's heads", "all heads, this rank's own tokens")
+    return detail
+
+
 def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
     """Interleave layer k's (and the embedding's and head's) points with the collectives that
     ran between them, in the order of the real run."""
@@ -78,8 +107,8 @@ def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
                        "all_to_all": "Shard(dim=0)"}.get(op, "?")
                 rows.append(Row("collective", f"{op} ({caller})", "x".join(map(str, shape)), res,
                                 f"{human_bytes(nbytes)} per rank, {dtype}"))
+        detail = in_this_run(n, what.get(n, ""), tap, colls, last_order=done)
         done = max(done, tap.order)
-        detail = what.get(n, "")
         if n == f"layers.{k - 1}.out":
             detail = f"layer {k}'s input: {detail}"
         rows.append(Row("point", n, "x".join(map(str, tap.shape)), tap.placement, detail, capture_ids(n, L_full)))
@@ -194,7 +223,7 @@ def cmd_explain(args) -> int:
                              r.capture] for r in rows]))
         stdout.print("Placements: Replicate() = every rank holds the whole tensor; Shard(dim=-1) = each rank "
                      "a contiguous 1/tp of the last dim; Shard(dim=0) = each rank its own tokens; Partial(sum) = "
-                     "each rank a summand (before an all-reduce).")
+                     "each rank a summand (before its all-reduce or reduce-scatter).")
         stdout.print(f"Captured by: the id each convention writes for that position (L={L}); engines compute "
                      "hidden + residual at the start of the next layer, after every all-reduce.")
     if out is not None:
