@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -85,7 +84,8 @@ def compare_with_sweep(rows: list[dict], sweep: dict) -> None:
             continue
         per = r["all_reduce_bytes"] // r["all_reduces"]
         t, size = sweep_seconds(sweep["rows"], per)
-        r["sweep"] = {"size_bytes": size, "exact": size == per, "seconds_per_all_reduce": t, "seconds_per_forward": t * r["all_reduces"],
+        r["sweep"] = {"size_bytes": size, "exact": size == per, "seconds_per_all_reduce": t,
+                      "seconds_per_forward": t * r["all_reduces"],
                       "busbw_gbps": 2 * (world - 1) / world * per / t / 1e9}
 
 
@@ -103,7 +103,8 @@ def print_table(result: dict) -> None:
         busbw = r.get("all_reduce_busbw_gbps")
         none = r["speedup"] is None  # no TP=1 row to compare with
         out.append([str(r["tp"]), str(r["tokens"]), f"{r['median_s'] * 1e3:.2f}",
-                    "-" if none else f"{r['speedup']:.2f}x", "-" if none else f"{r['efficiency']:.0%}", f"{r['all_reduces']} ({r['all_reduces_formula']})",
+                    "-" if none else f"{r['speedup']:.2f}x", "-" if none else f"{r['efficiency']:.0%}",
+                    f"{r['all_reduces']} ({r['all_reduces_formula']})",
                     f"{r['all_reduce_bytes'] / 1e6:,.2f}", "-" if ar_s is None else f"{ar_s * 1e3:.2f}",
                     "-" if ar_s is None else f"{ar_s / r['median_s']:.0%}", "-" if busbw is None else f"{busbw:.3g}",
                     "-" if sw is None else f"{sw['seconds_per_forward'] * 1e3:.2f}",

@@ -346,23 +346,26 @@ def forward_sweep_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, tokens
         return None
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
-    group.tracer.timed = time_all_reduces
-    model = build_model(config, group, seed, dtype)
-    rows = []
-    for T in tokens:
-        ids = torch.tensor(input_ids_for(config, seed, T), dtype=torch.long, device=group.device)
-        ctx.progress(f"TP={tp}: {T} tokens, {warmup} warmup + {repeats} timed forwards")
-        for _ in range(warmup):
-            timed_forward(model, ids)
-        seconds, ar_seconds, records = [], [], list(group.tracer.records)
-        for _ in range(repeats):
-            t, records = timed_forward(model, ids)
-            seconds.append(t)
-            ar_seconds.append(sum(r.seconds() or 0.0 for r in records if r.op == "all_reduce"))
-        rows.append({"tokens": T, "seconds": seconds, "all_reduce_seconds": ar_seconds,
-                     "all_reduces": sum(r.op == "all_reduce" for r in records),
-                     "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),
-                     "collectives": len(records)})
+    group.tracer.timed = time_all_reduces  # the group outlives this job: switched off again below
+    try:
+        model = build_model(config, group, seed, dtype)
+        rows = []
+        for T in tokens:
+            ids = torch.tensor(input_ids_for(config, seed, T), dtype=torch.long, device=group.device)
+            ctx.progress(f"TP={tp}: {T} tokens, {warmup} warmup + {repeats} timed forwards")
+            for _ in range(warmup):
+                timed_forward(model, ids)
+            seconds, ar_seconds, records = [], [], list(group.tracer.records)
+            for _ in range(repeats):
+                t, records = timed_forward(model, ids)
+                seconds.append(t)
+                ar_seconds.append(sum(r.seconds() or 0.0 for r in records if r.op == "all_reduce"))
+            rows.append({"tokens": T, "seconds": seconds, "all_reduce_seconds": ar_seconds,
+                         "all_reduces": sum(r.op == "all_reduce" for r in records),
+                         "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),
+                         "collectives": len(records)})
+    finally:
+        group.tracer.timed = False
     return {"rank": ctx.rank, "tp": tp, "group_rank": group.rank, "rows": rows}
 
 
@@ -417,7 +420,7 @@ def tp_table(cfg, tps: list[int], tokens: list[int], dtype: str, seed: int, warm
         r["speedup"] = None if base is None else base["median_s"] / r["median_s"]
         r["efficiency"] = None if base is None else r["speedup"] / r["tp"]
     return {"tps": ok, "skipped": skipped, "tokens": tokens, "dtype": dtype, "backend": backend, "warmup": warmup,
-            "repeats": repeats, "wall_s": time.perf_counter() - t0,
+            "repeats": repeats, "torch_threads_per_rank": 1, "wall_s": time.perf_counter() - t0,
             "note": "per iteration the slowest rank's seconds (a TP forward ends when its last rank does), then the "
                     "median" + ("" if device == "cuda" else "; all ranks share this machine's cores, so TP > 1 rows "
                                 "say nothing about GPU scaling"),

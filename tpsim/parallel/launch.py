@@ -194,11 +194,21 @@ def _last_line(report: str) -> str:
     return report.strip().splitlines()[-1]
 
 
+def _says(report: str, *words: str) -> bool:
+    """Whether the exception text of a rank's traceback (not its indented frame and source
+    lines, which may hold any word) contains one of `words`."""
+    message = "\n".join(line for line in report.splitlines() if not line.startswith(" ")).lower()
+    return any(w in message for w in words)
+
+
+def _timed_out(report: str) -> bool:
+    return _says(report, "timed out", "timeout")
+
+
 def _peer_symptom(report: str) -> bool:
     """Whether a rank's error is what a peer's death or stall looks like from outside (a lost
     connection or a collective timeout) rather than a fault of its own."""
-    message = "\n".join(line for line in report.splitlines() if not line.startswith(" ")).lower()  # no frames
-    return any(w in message for w in ("connection", "remote worker", "peer", "timed out", "timeout"))
+    return _timed_out(report) or _says(report, "connection", "remote worker", "peer")
 
 
 class RankPool:
@@ -313,7 +323,7 @@ class RankPool:
             return RankError(f"rank {r} failed while {doing}{culprit[r]}: {_last_line(errors[r])}\n{errors[r]}")
         if silent:
             s = silent[0]
-            waiter = next((r for r, p in errors.items() if "timeout" in p.lower() or "timed out" in p.lower()), rank)
+            waiter = next((r for r, p in errors.items() if _timed_out(p)), rank)
             return RankError(f"rank {s} stalled while {doing}{culprit[s]}; rank {waiter} gave up waiting "
                              f"for it after the {self.timeout_s:g} s collective timeout{self._what(waiter)}"
                              f"\n{errors[waiter]}")
