@@ -47,6 +47,7 @@ from tpsim import ui  # noqa: E402
 from tpsim.bench import write_json_atomic  # noqa: E402
 from tpsim.errors import RankError, UsageError  # noqa: E402
 from tpsim.parallel import launch  # noqa: E402  (its import turns NVLink multicast off: launch.MULTICAST_OFF)
+from tpsim.bench import allreduce_job
 
 NVLS_ENV = tuple(launch.MULTICAST_OFF)
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
     try:
         with launch.RankPool(world, backend=args.backend, device=args.device, timeout_s=args.timeout,
                              on_progress=progress) as pool:
-            results = pool.run("tpsim.bench:allreduce_job", **job)
+            results = pool.run(allreduce_job, **job)
     except RankError as e:
         progress.stop()
         print(f"allreduce: {e}", file=sys.stderr)

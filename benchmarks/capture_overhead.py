@@ -27,6 +27,7 @@ from tpsim.capture import CONVENTIONS, resolve
 from tpsim.config import load_config
 from tpsim.errors import UsageError
 from tpsim.parallel.launch import RankPool
+from tpsim.bench import overhead_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     with RankPool(world=args.tps[-1], on_progress=progress) as pool:
         for tp in args.tps:
-            results = pool.run("tpsim.bench:overhead_job", cfg=config.to_dict(), seed=args.seed, dtype=args.dtype,
+            results = pool.run(overhead_job, cfg=config.to_dict(), seed=args.seed, dtype=args.dtype,
                                seq_len=args.seq_len, positions=positions, tp=tp, warmup=args.warmup,
                                repeats=args.repeats)
             rows.append(summarize(tp, args.seq_len, results))

@@ -80,7 +80,7 @@ from tpsim.bench import (FLOP_FORMULA, active_params, build_models, forward_flop
 from tpsim.capture import Recorder, resolve  # noqa: E402
 from tpsim.config import ModelConfig, load_config, with_overrides  # noqa: E402
 from tpsim.errors import UsageError  # noqa: E402
-from tpsim.jobs import DTYPES, input_ids_for  # noqa: E402
+from tpsim.run.jobs import DTYPES, input_ids_for  # noqa: E402
 
 VARIANTS = ("tpsim+capture", "tpsim", "transformers")
 TARGETS = {"capture_overhead_pct_max": 0.5, "prefill_tokens": 8192, "prefill_speedup_min": 1.5,

@@ -15,9 +15,10 @@ from tpsim.capture import Recorder, resolve
 from tpsim.checkpoint import expected_tensors
 from tpsim.config import load_config, with_overrides
 from tpsim.errors import UsageError
-from tpsim.jobs import build_model, rel_err
+from tpsim.run.jobs import build_model, rel_err
 from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool
+from tpsim.bench import allreduce_job, forward_sweep_job, overhead_job
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -46,7 +47,7 @@ def test_overhead_job_structure(pool):
     positions = [str(p) for p in resolve("sglang", None, L).positions]
     repeats = 2
     for tp in (1, 2):
-        results = pool.run("tpsim.bench:overhead_job", cfg=cfg.to_dict(), seed=0, dtype="float32", seq_len=8,
+        results = pool.run(overhead_job, cfg=cfg.to_dict(), seed=0, dtype="float32", seq_len=8,
                            positions=positions, tp=tp, warmup=1, repeats=repeats)
         assert set(results) == {0, 1}
         ranks = [r for r in results.values() if r is not None]
@@ -71,7 +72,7 @@ def test_forward_sweep_job_counts_what_the_formula_says(pool):
     cfg = load_config(TINY)
     tokens = [3, 8]
     for tp in (1, 2):
-        res = pool.run("tpsim.bench:forward_sweep_job", cfg=cfg.to_dict(), seed=0, dtype="float32", tokens=tokens,
+        res = pool.run(forward_sweep_job, cfg=cfg.to_dict(), seed=0, dtype="float32", tokens=tokens,
                        tp=tp, warmup=0, repeats=2, time_all_reduces=True)
         ranks = [r for r in res.values() if r is not None]
         assert len(ranks) == tp
@@ -127,7 +128,7 @@ def test_allreduce_job_and_summary(pool, tmp_path):
     ar = script("allreduce")
     sizes = ar.sizes_between(1 << 10, 4 << 10)
     assert sizes == [1024, 2048, 4096]
-    res = pool.run("tpsim.bench:allreduce_job", sizes=sizes, dtype="bfloat16", warmup=0, iters=3, inner=2)
+    res = pool.run(allreduce_job, sizes=sizes, dtype="bfloat16", warmup=0, iters=3, inner=2)
     assert set(res) == {0, 1}
     rows = ar.summarize(res, 2)
     assert [r["bytes"] for r in rows] == sizes

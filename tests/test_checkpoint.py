@@ -22,6 +22,7 @@ from tpsim.checkpoint.export import export_checkpoint
 from tpsim.checkpoint.fp8 import dequantize, quantize
 from tpsim.config import config_from_dict, load_config, with_overrides
 from tpsim.errors import UsageError
+from tpsim.testing.jobs import load_job, model_job
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = load_config(ROOT / "configs/tiny.yaml")
@@ -62,7 +63,7 @@ def test_export_then_load_is_the_seeded_model(rank_pool, tmp_path_factory, tp, d
     d = export(cfg, tmp_path_factory.mktemp("export") / "ckpt", seed, dtype, shard_kib * 1024)
     assert (d / "model.safetensors.index.json").exists() == (len(list(d.glob("*.safetensors"))) > 1)
     assert validate(Checkpoint(d), load_config(d)) == []
-    out = rank_pool.run("tpsim.testing.jobs:load_job", cfg=cfg.to_dict(), dtype=dtype, checkpoint=str(d), tp=tp,
+    out = rank_pool.run(load_job, cfg=cfg.to_dict(), dtype=dtype, checkpoint=str(d), tp=tp,
                         seed=seed)
     rows = [r for r in out.values() if r is not None]
     assert len(rows) == tp
@@ -79,8 +80,8 @@ def test_capture_of_an_export_equals_the_seeded_capture(rank_pool, tmp_path):
     for tp in (1, 2, 4):
         kw = dict(cfg=cfg.to_dict(), seed=7, dtype="float32", input_ids=ids, positions=["embed", "out(1)", "final"],
                   tp=tp)
-        seeded = rank_pool.run("tpsim.testing.jobs:model_job", **kw)
-        loaded = rank_pool.run("tpsim.testing.jobs:model_job", checkpoint=str(d), **kw)
+        seeded = rank_pool.run(model_job, **kw)
+        loaded = rank_pool.run(model_job, checkpoint=str(d), **kw)
         for rank in range(tp):
             assert torch.equal(seeded[rank]["capture"], loaded[rank]["capture"])
             assert torch.equal(seeded[rank]["logits"], loaded[rank]["logits"])
@@ -132,7 +133,7 @@ def test_fp8_slices_dequantize_like_the_full_tensor(rank_pool, tmp_path_factory,
     root = tmp_path_factory.mktemp("fp8")
     fp8, deq = fp8_pair(export(cfg, root / "src", seed), root, block)
     assert validate(Checkpoint(fp8), load_config(fp8)) == []
-    out = rank_pool.run("tpsim.testing.jobs:load_job", cfg=load_config(fp8).to_dict(), dtype=dtype,
+    out = rank_pool.run(load_job, cfg=load_config(fp8).to_dict(), dtype=dtype,
                         checkpoint=str(fp8), tp=tp, reference=str(deq))
     for r in (r for r in out.values() if r is not None):
         assert r["differ"] == [], f"fp8 slices differ from the dequantized full tensor: {r['differ'][:3]}"

@@ -32,9 +32,10 @@ from hypothesis import strategies as st
 from strategies import captures
 from tpsim.capture import Recorder, resolve
 from tpsim.config import load_config, with_overrides
-from tpsim.jobs import bitwise_equal, build_model, comparable_rows, input_ids_for, rel_err
+from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, input_ids_for, rel_err
 from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool
+from tpsim.bench import cuda_capture_job
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run pytest -m gpu on a GPU node")]
@@ -60,7 +61,7 @@ def run_tps(pool, cfg, seed, dtype, ids, positions):
     """{tp: [each group rank's result]} for TP 1 and TPS."""
     out = {}
     for tp in (1, *TPS):
-        res = pool.run("tpsim.bench:cuda_capture_job", cfg=cfg.to_dict(), seed=seed, dtype=dtype, input_ids=ids,
+        res = pool.run(cuda_capture_job, cfg=cfg.to_dict(), seed=seed, dtype=dtype, input_ids=ids,
                        positions=[str(p) for p in positions], tp=tp)
         out[tp] = [res[r] for r in range(tp)]
         assert all(res[r] is None for r in range(tp, WORLD))

@@ -19,6 +19,7 @@ from tpsim.checkpoint.export import export_checkpoint
 from tpsim.config import config_from_dict, load_config, with_overrides
 from tpsim.model import shard_bytes
 from tpsim.verify import verify_file
+from tpsim.testing.jobs import param_bytes_job
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +78,7 @@ def test_a_file_without_checksums_is_not_verified(tmp_path):
 @given(tp=st.sampled_from(TP_DEGREES), data=st.data(), dtype=st.sampled_from(["float32", "bfloat16"]))
 def test_the_memory_estimate_is_what_each_rank_allocates(rank_pool, tp, data, dtype):
     cfg = config_from_dict(data.draw(config_dicts(tp), label="config"))
-    out = rank_pool.run("tpsim.testing.jobs:param_bytes_job", cfg=cfg.to_dict(), dtype=dtype, tp=tp)
+    out = rank_pool.run(param_bytes_job, cfg=cfg.to_dict(), dtype=dtype, tp=tp)
     real = {b for b in out.values() if b is not None}
     assert real == {shard_bytes(cfg, tp, getattr(torch, dtype))}
 

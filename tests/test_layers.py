@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 import reference as R
 from strategies import TP_DEGREES, config_dicts
 from tpsim.config import config_from_dict
-from tpsim.jobs import rel_err
+from tpsim.run.jobs import rel_err
 from tpsim.parallel import TPGroup
 from tpsim.testing.jobs import layer_input, make_layer
 from tpsim.weights import init_tensor, weight_specs
+from tpsim.testing.jobs import layer_job
 
 # kind -> (placement of the output on each rank, collectives per forward at tp > 1)
 KINDS = {"embedding": ("replicate", 1), "lm_head": ("replicate", 0), "column": ("shard", 0),
@@ -63,7 +64,7 @@ def layer_cases(draw, kind):
 def test_tp_layer_equals_unsharded_reference(rank_pool, kind, data):
     tp, cfg_d, seed, T = data.draw(layer_cases(kind))
     cfg = config_from_dict(cfg_d)
-    out = rank_pool.run("tpsim.testing.jobs:layer_job", kind=kind, cfg=cfg_d, seed=seed, dtype="float32", T=T, tp=tp)
+    out = rank_pool.run(layer_job, kind=kind, cfg=cfg_d, seed=seed, dtype="float32", T=T, tp=tp)
     outs = [out[r]["out"] for r in range(tp)]
     placement, n_collectives = KINDS[kind]
     ref = expected(kind, cfg, seed, T)
@@ -108,7 +109,7 @@ def _small():
 def test_weights_identical_at_every_tp():
     """Master weight then split: concatenating the shards of every TP degree gives the TP=1 weight."""
     cfg = config_from_dict(_small())
-    from tpsim.jobs import build_model
+    from tpsim.run.jobs import build_model
     ref = {n: p for n, p in build_model(cfg, TPGroup(), 7, "float32").named_parameters()}
     for tp in (2,):
         shards = [dict(build_model(cfg, TPGroup(rank=r, size=tp, ranks=tuple(range(tp))), 7, "float32")

@@ -20,10 +20,11 @@ from tpsim.capture import Position
 from tpsim.capture.points import Taps
 from tpsim.config import config_from_dict
 from tpsim.diagnose import diagnose_tensors
-from tpsim.jobs import build_model, rel_err, routing_rows, run_captured
+from tpsim.run.jobs import build_model, rel_err, routing_rows, run_captured
 from tpsim.model import split_sizes
 from tpsim.modes import STRATEGIES, Mode, expected_collectives
 from tpsim.parallel import TPGroup
+from tpsim.testing.jobs import mode_job
 
 TOL = 1e-5  # float32 ‖Δ‖/‖ref‖
 
@@ -95,7 +96,7 @@ def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c
     cfg, T, H = config_from_dict(cfg_d), len(ids), cfg_d["hidden_size"]
     right, naive = STRATEGIES[mode.name][0], STRATEGIES[mode.name][1:]
-    out = rank_pool.run("tpsim.testing.jobs:mode_job", cfg=cfg_d, seed=seed, input_ids=ids,
+    out = rank_pool.run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids,
                         positions=[str(p) for p in positions], tp=tp, mode=mode.to_dict(),
                         strategies=[right, *naive])
     ranks = [out[r] for r in range(tp)]

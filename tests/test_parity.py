@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 
 from tpsim.config import load_config
 from tpsim.errors import UsageError
-from tpsim.jobs import rel_err
+from tpsim.run.jobs import rel_err
+from tpsim.testing.jobs import model_job
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: "
                                    "pip install -e '.[test]' (CI installs it, so these tests run there)")
@@ -154,7 +155,7 @@ def test_tpsim_equals_transformers(rank_pool, tmp_path_factory, cfg, seed):
     positions = positions_for(L)
     tp_cfg = load_config(d).to_dict()
     for tp in TPS:
-        out = rank_pool.run("tpsim.testing.jobs:model_job", cfg=tp_cfg, seed=0, dtype="float32", input_ids=ids,
+        out = rank_pool.run(model_job, cfg=tp_cfg, seed=0, dtype="float32", input_ids=ids,
                             positions=positions, tp=tp, checkpoint=str(d))
         cap = out[0]["capture"]
         for i, pos in enumerate(positions):
@@ -174,7 +175,7 @@ def test_exception_v2_ignores_norm_topk_prob(rank_pool, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["norm_topk_prob"] is True
     ids = list(range(1, 12))
     hidden, _ = hf_reference(model, ids)
-    out = rank_pool.run("tpsim.testing.jobs:model_job", cfg=load_config(tmp_path).to_dict(), seed=0,
+    out = rank_pool.run(model_job, cfg=load_config(tmp_path).to_dict(), seed=0,
                         dtype="float32", input_ids=ids, positions=["final"], tp=1, checkpoint=str(tmp_path))
     assert rel_err(out[0]["capture"], hidden[-1]) > 1e-3
 
@@ -234,7 +235,7 @@ def test_transformers_loads_an_export(tmp_path, over):
     from tpsim.capture import Position
     from tpsim.checkpoint.export import export_checkpoint
     from tpsim.config import with_overrides
-    from tpsim.jobs import build_model, run_captured
+    from tpsim.run.jobs import build_model, run_captured
     from tpsim.parallel import TPGroup
     from pathlib import Path
     cfg = with_overrides(load_config(Path(__file__).resolve().parents[1] / "configs/tiny.yaml"),

@@ -23,14 +23,15 @@ from clirun import run_cli
 from tpsim.capture.points import P, R, S, catalogue
 from tpsim.config import config_from_dict
 from tpsim.diagnose import diagnose_tensors
-from tpsim.jobs import rel_err
+from tpsim.run.jobs import rel_err
+from tpsim.run.jobs import points_job
 
 TOL = 1e-5  # float32, as the main property
 
 
 def run_points(rank_pool, cfg, tp, ids, seed=0):
     names = [n for n, _, _ in catalogue(cfg)]
-    out = rank_pool.run("tpsim.jobs:points_job", cfg=cfg.to_dict(), seed=seed, dtype="float32", input_ids=ids, tp=tp,
+    out = rank_pool.run(points_job, cfg=cfg.to_dict(), seed=seed, dtype="float32", input_ids=ids, tp=tp,
                         points=names)
     return [r for r in sorted((r for r in out.values() if r is not None), key=lambda r: r["rank"])]
 

@@ -8,6 +8,7 @@ import pytest
 
 from tpsim.errors import RankError
 from tpsim.parallel.launch import RankPool
+from tpsim.testing.jobs import disagree_job, fault_job, mismatch_job, report_job, slow_job
 
 
 @pytest.mark.parametrize("how,message", [("raise", "rank 1 failed while running fault_job: RuntimeError"),
@@ -16,7 +17,7 @@ def test_a_failing_rank_brings_the_pool_down_with_its_name(how, message):
     pool = RankPool(3, timeout_s=20)
     start = time.monotonic()
     with pytest.raises(RankError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        pool.run("tpsim.testing.jobs:fault_job", rank=1, how=how)
+        pool.run(fault_job, rank=1, how=how)
     assert time.monotonic() - start < 20  # well before the collective timeout
     assert pool.closed
     assert all(not p.is_alive() for p in pool._procs)  # no orphan ranks
@@ -33,7 +34,7 @@ def test_the_root_cause_is_named_even_when_a_symptom_is_heard_first(reports, mes
     report (the CI run that found this named rank 3 for rank 1's stall)."""
     pool = RankPool(3, timeout_s=20)
     with pytest.raises(RankError) as info:
-        pool.run("tpsim.testing.jobs:report_job", reports=reports)
+        pool.run(report_job, reports=reports)
     assert str(info.value).splitlines()[0].startswith(message), str(info.value)
     assert all(not p.is_alive() for p in pool._procs)
 
@@ -41,7 +42,7 @@ def test_the_root_cause_is_named_even_when_a_symptom_is_heard_first(reports, mes
 def test_pool_answers_many_jobs():
     with RankPool(2) as pool:
         for _ in range(3):
-            out = pool.run("tpsim.testing.jobs:fault_job", rank=-1, how="raise")
+            out = pool.run(fault_job, rank=-1, how="raise")
             assert out == {0: 2.0, 1: 2.0}  # a real all-reduce over both ranks
 
 
@@ -49,10 +50,10 @@ def test_the_stall_watchdog_counts_silence_not_total_time():
     """Loading a full-size model takes minutes: a job that keeps reporting progress runs past
     the watchdog's limit, and a silent one is stopped at it with the rank named."""
     with RankPool(2, timeout_s=1, stall_grace_s=1) as pool:  # silence limit: 2 s
-        assert pool.run("tpsim.testing.jobs:slow_job", seconds=4, report_every=0.3) == {0: 0, 1: 1}
+        assert pool.run(slow_job, seconds=4, report_every=0.3) == {0: 0, 1: 1}
         start = time.monotonic()
         with pytest.raises(RankError, match=r"rank 0 stalled while running slow_job \(silent for 2 s\)"):
-            pool.run("tpsim.testing.jobs:slow_job", seconds=30, report_every=None)
+            pool.run(slow_job, seconds=30, report_every=None)
         assert time.monotonic() - start < 10
         assert all(not p.is_alive() for p in pool._procs)
 
@@ -66,9 +67,9 @@ def test_ranks_that_disagree_stop_before_any_forward(rank_pool, field, from_rank
     from tpsim.errors import UsageError
     start = time.monotonic()
     with pytest.raises(UsageError, match=expect):
-        rank_pool.run("tpsim.testing.jobs:disagree_job", field=field, from_rank=from_rank)
+        rank_pool.run(disagree_job, field=field, from_rank=from_rank)
     assert time.monotonic() - start < 30
-    assert rank_pool.run("tpsim.testing.jobs:disagree_job", field=field, from_rank=8) == {r: "ran" for r in range(8)}
+    assert rank_pool.run(disagree_job, field=field, from_rank=8) == {r: "ran" for r in range(8)}
 
 
 @pytest.mark.parametrize("case,expect", [("shape", r"rank 1 shape \[6\]|rank 1 has float32 \[6\]"),
@@ -79,7 +80,7 @@ def test_a_collective_mismatch_is_an_error_not_an_abort(case, expect):
     with RankPool(2, timeout_s=20) as pool:
         with pytest.raises(RankError, match=r"failed while running mismatch_job.*collective mismatch in all_reduce"
                                             r" at mismatch_job") as info:
-            pool.run("tpsim.testing.jobs:mismatch_job", case=case)
+            pool.run(mismatch_job, case=case)
     assert "SIGABRT" not in str(info.value)
     import re
     assert re.search(expect, str(info.value).splitlines()[0])

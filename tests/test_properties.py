@@ -15,9 +15,10 @@ from reference import reference_capture
 from strategies import TP_DEGREES, captures, config_dicts
 from tpsim.capture import resolve
 from tpsim.config import config_from_dict, load_config
-from tpsim.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured
+from tpsim.run.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured
 from tpsim.parallel import TPGroup
 from tpsim.weights import init_tensor, weight_specs
+from tpsim.testing.jobs import model_job
 
 FP32_TOL = 1e-5  # ‖Δ‖/‖ref‖, float32
 # bfloat16: a norm-relative bound (elementwise bounds fail under search). bf16 keeps 8 mantissa
@@ -64,7 +65,7 @@ def test_capture_is_full_identical_and_tp_invariant(rank_pool, c):
     tp, cfg_d, res, seed, ids = c
     cfg = config_from_dict(cfg_d)
     pos = [str(p) for p in res.positions]
-    out = rank_pool.run("tpsim.testing.jobs:model_job", cfg=cfg_d, seed=seed, dtype="float32", input_ids=ids,
+    out = rank_pool.run(model_job, cfg=cfg_d, seed=seed, dtype="float32", input_ids=ids,
                         positions=pos, tp=tp)
     caps = [out[r]["capture"] for r in range(tp)]
     width = len(res.positions) * cfg.hidden_size
@@ -90,7 +91,7 @@ def test_capture_is_full_identical_and_tp_invariant(rank_pool, c):
 def test_bf16_capture_within_norm_bound(rank_pool, c):
     tp, cfg_d, res, seed, ids = c
     cfg = config_from_dict(cfg_d)
-    out = rank_pool.run("tpsim.testing.jobs:model_job", cfg=cfg_d, seed=seed, dtype="bfloat16", input_ids=ids,
+    out = rank_pool.run(model_job, cfg=cfg_d, seed=seed, dtype="bfloat16", input_ids=ids,
                         positions=[str(p) for p in res.positions], tp=tp)
     caps = [out[r]["capture"] for r in range(tp)]
     assert all(torch.equal(c, caps[0]) for c in caps)
@@ -106,7 +107,7 @@ def test_negative_control_is_caught(rank_pool, sabotage):
     cfg = config_from_dict(TINY)
     res = resolve("sglang", None, cfg.num_hidden_layers)
     ids = list(range(1, 17))
-    out = rank_pool.run("tpsim.testing.jobs:model_job", cfg=TINY, seed=3, dtype="float32", input_ids=ids,
+    out = rank_pool.run(model_job, cfg=TINY, seed=3, dtype="float32", input_ids=ids,
                         positions=[str(p) for p in res.positions], tp=4, sabotage=sabotage)
     ref, _, _ = tp1_run(cfg, 3, "float32", ids, res.positions)
     assert rel_err(out[0]["capture"], ref) > 10 * FP32_TOL

@@ -23,6 +23,7 @@ from pathlib import Path
 from tpsim.capture import Position, check_convention, default_ids, ids_for, resolve
 from tpsim.cli import add_override, emit_json, positive_int, seed_value
 from tpsim.errors import UsageError
+from tpsim.run.jobs import capture_job
 
 LOOP_ORDER = ("sglang", "sglang-boundary", "vllm", "eagle")  # `if i in layers`: ascending, each once
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -479,7 +480,7 @@ def fix_hint(report: Report, by_config: bool) -> str:
 
 def cmd_align(args) -> int:
     from tpsim.cli import load_model
-    from tpsim.runner import is_reporting_process
+    from tpsim.run.ranks import is_reporting_process
     check_inputs(args)
     src, tp = None, positive_int(args.tp, "--tp")
     if args.model is not None:
@@ -516,7 +517,7 @@ def run_model(args, src, tp: int, report: Report) -> dict | None:
 
     from tpsim.cli import dtype_for, job_args, tokens_for
     from tpsim.parallel.launch import under_torchrun
-    from tpsim.runner import check_memory, check_world, is_reporting_process, run_on_ranks
+    from tpsim.run.ranks import check_memory, check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine
     tokens = tokens_for(args, src.cfg)
     check_world(tp, args.device, args.force)
@@ -532,7 +533,7 @@ def run_model(args, src, tp: int, report: Report) -> dict | None:
         return info
     progress = ProgressLine(enabled=is_reporting_process())
     try:
-        results = run_on_ranks("tpsim.jobs:capture_job", tp, device=args.device, backend=args.backend,
+        results = run_on_ranks(capture_job, tp, device=args.device, backend=args.backend,
                                timeout_s=args.timeout, progress=progress, tp=tp,
                                **job_args(src, args, SimpleNamespace(positions=union), tokens))
     finally:

@@ -1,4 +1,4 @@
-"""Benchmark helpers and jobs (jobs run on every rank through a RankPool or torchrun, like tpsim.jobs).
+"""Benchmark helpers and jobs (jobs run on every rank through a RankPool or torchrun, like tpsim.run.jobs).
 
 - `overhead_job`: capture vs no capture per TP degree (benchmarks/capture_overhead.py);
 - `build_models`: tpsim at TP=1 and transformers' DeepseekV2/V3ForCausalLM with the same seeded
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from tpsim.capture import Position, Recorder
 from tpsim.config import config_from_dict
-from tpsim.jobs import build_model, input_ids_for
+from tpsim.run.jobs import build_model, input_ids_for
 from tpsim.parallel.launch import RankContext
 
 
@@ -167,7 +167,7 @@ def build_hf_model(cfg, dtype: str, device: torch.device, attn_implementation: s
     import transformers
 
     from tpsim.errors import UsageError
-    from tpsim.jobs import DTYPES
+    from tpsim.run.jobs import DTYPES
     why = hf_unsupported(cfg)
     if why:
         raise UsageError(why)
@@ -252,7 +252,7 @@ def build_models(cfg, seed: int, dtype: str, device: torch.device, transformers:
     import time as _time
 
     from tpsim.checkpoint.export import tensor_dtype
-    from tpsim.jobs import DTYPES
+    from tpsim.run.jobs import DTYPES
     from tpsim.model import DeepseekForCausalLM
     from tpsim.parallel.group import TPGroup
     from tpsim.weights import weight_specs
@@ -328,7 +328,7 @@ def tp_all_reduces(cfg, T: int, dtype: str, tp: int) -> dict:
     (o_proj, MLP/MoE), each of this rank's `[T, hidden]` activation in `dtype` (what `tpsim
     check` counts from the collective trace at TP > 1); none at TP=1. The lm_head's all-gather of
     logits is not an all-reduce and is not counted here."""
-    from tpsim.jobs import DTYPES
+    from tpsim.run.jobs import DTYPES
     n = 0 if tp == 1 else 1 + 2 * cfg.num_hidden_layers
     return {"tp": tp, "all_reduces": n, "bytes": n * T * cfg.hidden_size * DTYPES[dtype].itemsize}
 
@@ -396,7 +396,7 @@ def tp_table(cfg, tps: list[int], tokens: list[int], dtype: str, seed: int, warm
     with RankPool(world=max(ok), backend=backend, device=device, timeout_s=timeout_s, on_progress=progress,
                   env={"TPSIM_VERIFY_COLLECTIVES": "0"}) as pool:
         for tp in ok:
-            res = pool.run("tpsim.bench:forward_sweep_job", cfg=cfg.to_dict(), seed=seed, dtype=dtype, tokens=tokens,
+            res = pool.run(forward_sweep_job, cfg=cfg.to_dict(), seed=seed, dtype=dtype, tokens=tokens,
                            tp=tp, warmup=warmup, repeats=repeats, time_all_reduces=True)
             ranks = [r for r in res.values() if r is not None]
             assert len(ranks) == tp, f"TP={tp}: {len(ranks)} ranks answered"
@@ -436,7 +436,7 @@ def allreduce_job(ctx: RankContext, sizes: list[int], dtype: str, warmup: int, i
     barrier and times `inner` back-to-back all-reduces (CUDA events on a GPU, perf_counter on the
     CPU); its value is that time / inner. `inner` defaults to 64 MiB / size, clamped to 1..50, so
     a small all-reduce is not lost in the timer's resolution. Returns this rank's samples."""
-    from tpsim.jobs import DTYPES
+    from tpsim.run.jobs import DTYPES
     dev, world = ctx.device, ctx.world_size
     cuda = dev.type == "cuda"
     dt = DTYPES[dtype]
@@ -488,7 +488,7 @@ def cuda_capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_i
     this rank process (float32 comparisons across TP degrees need IEEE float32)."""
     if not ctx.participates(tp):
         return None
-    from tpsim.jobs import run_captured
+    from tpsim.run.jobs import run_captured
     strict_fp32()
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
@@ -496,7 +496,7 @@ def cuda_capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_i
     capture, logits = run_captured(model, input_ids, [Position.parse(p, config.num_hidden_layers) for p in positions])
     records = list(group.tracer.records)
     try:  # the experts each token picked per MoE layer, to leave routing near-ties out of comparisons
-        from tpsim.jobs import routing_rows
+        from tpsim.run.jobs import routing_rows
         picked = {k: v.cpu() for k, v in routing_rows(model).items()}
     except Exception:  # noqa: BLE001 (a MoE that no longer records its choice)
         picked = None

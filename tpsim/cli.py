@@ -20,6 +20,7 @@ from tpsim.capture import CONVENTIONS, Resolution, check_convention, ids_for, re
 from tpsim.config import ModelConfig, load_config, with_overrides
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel.launch import under_torchrun
+from tpsim.run.jobs import capture_job, check_job, points_job
 
 BUILTIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_MODEL = "configs/tiny.yaml"
@@ -129,7 +130,7 @@ def layer_ids(args) -> list[int] | None:
 
 
 def tokens_for(args, cfg: ModelConfig) -> list[int]:
-    from tpsim.jobs import input_ids_for
+    from tpsim.run.jobs import input_ids_for
     if getattr(args, "tokens", None) is not None:
         if args.seq_len is not None:
             raise UsageError("--tokens and --seq-len both say which tokens to run; give one of them")
@@ -204,7 +205,7 @@ def tp_degrees(args) -> list[int]:
 
 def prepare(args, tps: list[int]):
     """Everything validated before any rank starts: config, degrees, capture, tokens, memory."""
-    from tpsim.runner import check_memory, check_world
+    from tpsim.run.ranks import check_memory, check_world
     if not 0 < args.timeout < timedelta.max.total_seconds():  # also rejects nan and inf
         raise UsageError(f"--timeout {args.timeout:g} must be a positive, finite number of seconds "
                          f"(below {timedelta.max.total_seconds():.2g}), e.g. 60")
@@ -227,14 +228,14 @@ def job_args(src: ModelSource, args, res: Resolution, tokens: list[int]) -> dict
 
 
 def cmd_check(args) -> int:
-    from tpsim.runner import is_reporting_process, run_on_ranks
+    from tpsim.run.ranks import is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine, stdout, table
     tps = tp_degrees(args)
     src, res, tokens = prepare(args, tps)
     cfg, dtype = src.cfg, dtype_for(args)
     progress = ProgressLine(enabled=is_reporting_process())
     try:
-        results = run_on_ranks("tpsim.jobs:check_job", max(tps), device=args.device, backend=args.backend,
+        results = run_on_ranks(check_job, max(tps), device=args.device, backend=args.backend,
                                timeout_s=args.timeout, progress=progress, tps=tps,
                                **job_args(src, args, res, tokens))
     finally:
@@ -386,7 +387,7 @@ def _ops_text(counts: dict[str, int]) -> str:
 
 def cmd_capture(args) -> int:
     from tpsim.capture_file import write_capture
-    from tpsim.runner import is_reporting_process, run_on_ranks
+    from tpsim.run.ranks import is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine
     tp = positive_int(args.tp, "--tp")
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) % tp:
@@ -404,7 +405,7 @@ def cmd_capture(args) -> int:
     cfg, dtype = src.cfg, dtype_for(args)
     progress = ProgressLine(enabled=is_reporting_process())
     try:
-        results = run_on_ranks("tpsim.jobs:capture_job", tp, device=args.device, backend=args.backend,
+        results = run_on_ranks(capture_job, tp, device=args.device, backend=args.backend,
                                timeout_s=args.timeout, progress=progress, tp=tp, **job_args(src, args, res, tokens))
     finally:
         progress.stop()
@@ -444,7 +445,7 @@ def capture_points(args, tp: int, out: Path) -> int:
     """`capture --points`: each rank's local tensor of each named point, one file per rank."""
     from tpsim.capture.points import check_points
     from tpsim.capture_file import rank_dump_path, write_rank_dump
-    from tpsim.runner import check_memory, check_world, is_reporting_process, run_on_ranks
+    from tpsim.run.ranks import check_memory, check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine
     if args.layers is not None:
         raise UsageError("--points and --layers both name what to capture; give one of them")
@@ -461,7 +462,7 @@ def capture_points(args, tp: int, out: Path) -> int:
     check_memory(src.cfg, [tp], dtype, args.device, args.force, str(args.model))
     progress = ProgressLine(enabled=is_reporting_process())
     try:
-        results = run_on_ranks("tpsim.jobs:points_job", tp, device=args.device, backend=args.backend,
+        results = run_on_ranks(points_job, tp, device=args.device, backend=args.backend,
                                timeout_s=args.timeout, progress=progress, tp=tp, points=points, cfg=src.cfg.to_dict(),
                                seed=args.seed, dtype=dtype, input_ids=tokens, mode=mode.to_dict(),
                                checkpoint=None if src.checkpoint is None else str(src.checkpoint))
@@ -503,7 +504,7 @@ def cmd_export(args) -> int:
     import shutil
 
     from tpsim.checkpoint.export import export_checkpoint, total_bytes
-    from tpsim.runner import human_bytes
+    from tpsim.run.ranks import human_bytes
     from tpsim.ui import progress_bar
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -668,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(argv: list[str] | None) -> int:
-    from tpsim.runner import is_reporting_process
+    from tpsim.run.ranks import is_reporting_process
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)

@@ -20,6 +20,7 @@ from tpsim.capture import CONVENTIONS, ids_for
 from tpsim.capture.points import P, S0, catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
+from tpsim.run.jobs import points_job
 
 PLACEMENT_COLOURS = {"Replicate()": "#d8f0d8", "Shard(dim=-1)": "#d8e4f8", "Partial(sum)": "#fde3c8",
                      "Shard(dim=0)": "#efe0f7"}
@@ -164,7 +165,7 @@ def cmd_explain(args) -> int:
     from tpsim.capture_file import write_text
     from tpsim.cli import dtype_for, emit_json, load_model, mode_from, mode_note, positive_int, tokens_for
     from tpsim.config import with_overrides
-    from tpsim.runner import check_world, is_reporting_process, run_on_ranks
+    from tpsim.run.ranks import check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine, stdout, table
     tp = positive_int(args.tp, "--tp")
     if args.svg is not None and args.no_svg:
@@ -194,7 +195,7 @@ def cmd_explain(args) -> int:
     dtype = dtype_for(args)
     progress = ProgressLine(enabled=is_reporting_process())
     try:
-        results = run_on_ranks("tpsim.jobs:points_job", tp, device=args.device, backend=args.backend,
+        results = run_on_ranks(points_job, tp, device=args.device, backend=args.backend,
                                timeout_s=args.timeout, progress=progress, tp=tp, points=[], everything=True,
                                weights=False, cfg=cfg.to_dict(), seed=args.seed, dtype=dtype, input_ids=tokens,
                                mode=mode.to_dict())

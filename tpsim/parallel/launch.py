@@ -5,14 +5,14 @@ world size: with 8 ranks, one TP=8 group, two TP=4, four TP=2 and eight TP=1. Un
 torchrun every block runs; in a self-spawned pool only the first block of each degree
 (global ranks 0..tp-1) runs, so 8 CPU ranks on a laptop do not repeat the same work.
 
-A job is a function `fn(ctx, **kwargs)` named by its import path; it runs on every rank
-and returns something picklable.
+A job is a module-level function `fn(ctx, **kwargs)` (pickled by reference, so a moved or
+renamed job fails at import, not on the ranks); it runs on every rank and returns something
+picklable.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import queue
 import shutil
@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -94,11 +95,6 @@ def verify_collectives(device: torch.device) -> bool:
     would cost a small all-gather per collective in the timings."""
     env = os.environ.get("TPSIM_VERIFY_COLLECTIVES")
     return env == "1" if env in ("0", "1") else device.type == "cpu"
-
-
-def resolve_job(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 # --- torchrun ---------------------------------------------------------------------------
@@ -180,9 +176,9 @@ def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, 
         if task is None:
             break
         fn, kwargs = task
-        faults.doing(f"running {fn.rpartition(':')[2]}")
+        faults.doing(f"running {fn.__name__}")
         try:
-            results.put(("ok", rank, resolve_job(fn)(ctx, **kwargs)))
+            results.put(("ok", rank, fn(ctx, **kwargs)))
         except UsageError as e:
             results.put(("usage", rank, str(e)))
         except BaseException:
@@ -356,12 +352,12 @@ class RankPool:
                 return None
             time.sleep(0.05)
 
-    def run(self, fn: str, **kwargs) -> dict:
+    def run(self, fn: Callable, **kwargs) -> dict:
         if self.closed:
             raise RankError("the rank pool is closed")
         for q in self._tasks:
             q.put((fn, kwargs))
-        return self._collect(f"running {fn.rpartition(':')[2]}")
+        return self._collect(f"running {fn.__name__}")
 
     def kill(self) -> None:
         for p in self._procs:

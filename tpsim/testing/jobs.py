@@ -11,7 +11,7 @@ import torch
 
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
-from tpsim.jobs import DTYPES, build_model, routing_rows, run_captured
+from tpsim.run.jobs import DTYPES, build_model, routing_rows, run_captured
 from tpsim.model import DeepseekForCausalLM
 from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
@@ -145,7 +145,7 @@ def load_job(ctx: RankContext, cfg: dict, dtype: str, checkpoint: str, tp: int, 
     if not ctx.participates(tp):
         return None
     from tpsim.checkpoint import Checkpoint, load_weights
-    from tpsim.jobs import bitwise_equal
+    from tpsim.run.jobs import bitwise_equal
     config, group = config_from_dict(cfg), ctx.groups[tp]
     ckpt = Checkpoint(checkpoint)
     model = DeepseekForCausalLM(config, group, DTYPES[dtype])
@@ -202,7 +202,7 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     {strategy: this rank's capture per position}, the logits, the model's collectives of the
     last forward (op, caller; the capture's own gathers left out) and the routing of every MoE
     layer over all T tokens in order ([T, top_k] sorted; gathered from the ranks under ep)."""
-    from tpsim.jobs import own_tokens, run_captured_parts
+    from tpsim.run.jobs import own_tokens, run_captured_parts
     from tpsim.modes import Mode
     if not ctx.participates(tp):
         return None

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 import torch
 
 from tpsim.errors import RankError, UsageError
-from tpsim.parallel.launch import RankPool, default_backend, gather_to_rank0, init_from_env, resolve_job, \
-    under_torchrun
+from tpsim.parallel.launch import RankPool, default_backend, gather_to_rank0, init_from_env, under_torchrun
 
 _TORCHRUN_CTX = None
 
@@ -65,7 +65,7 @@ def check_memory(cfg, tps: list[int], dtype: str, device: str, force: bool, sour
     """Refuse, before any rank allocates, weights that would not fit: per GPU (the ranks that
     share one), or on the host (every self-spawned rank of the largest degree at once; under
     torchrun the ranks of this node, each at its largest shard)."""
-    from tpsim.jobs import DTYPES
+    from tpsim.run.jobs import DTYPES
     from tpsim.model import shard_bytes
     if force or (device == "cpu" and not os.path.exists("/proc/meminfo")):
         return
@@ -98,7 +98,7 @@ def pick_backend(device: str, backend: str | None, world: int) -> str:
     return default_backend(device)
 
 
-def run_on_ranks(job: str, world: int, *, device: str, backend: str | None, timeout_s: float,
+def run_on_ranks(job: Callable, world: int, *, device: str, backend: str | None, timeout_s: float,
                  progress=None, **kwargs) -> dict | None:
     """{global rank: job result} on the reporting process; None on other torchrun ranks."""
     global _TORCHRUN_CTX
@@ -106,11 +106,11 @@ def run_on_ranks(job: str, world: int, *, device: str, backend: str | None, time
         if _TORCHRUN_CTX is None:
             _TORCHRUN_CTX = init_from_env(device, backend, timeout_s)
         try:
-            result = resolve_job(job)(_TORCHRUN_CTX, **kwargs)
+            result = job(_TORCHRUN_CTX, **kwargs)
         except (UsageError, RankError):
             raise
         except Exception as e:
-            raise RankError(f"rank {_TORCHRUN_CTX.rank} failed while running {job.rpartition(':')[2]}: "
+            raise RankError(f"rank {_TORCHRUN_CTX.rank} failed while running {job.__name__}: "
                             f"{e.__class__.__name__}: {e}\n{traceback.format_exc()}") from e
         return gather_to_rank0(result)
     backend = pick_backend(device, backend, world)
