@@ -1,6 +1,6 @@
 """Rank-pool jobs for tests/test_diagnose.py: genuine per-rank tensors from real collectives.
 
-Imported by the spawned ranks as `diagnose_jobs:...`: spawn hands the children the parent's
+Pickled by reference (module `diagnose_jobs`): spawn hands the children the parent's
 sys.path, which under pytest holds tests/ (rootdir conftest, prepend import mode).
 """
 

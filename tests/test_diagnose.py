@@ -194,7 +194,7 @@ def test_partial_and_shard_wording():
 
 def test_genuine_collectives(rank_pool):
     kw = dict(seed=5, T=16, d_in=32, H=24, dtypes=["float32", "bfloat16"], tps=[1, 2, 4, 8])
-    out = rank_pool.run("diagnose_jobs:collectives_job", **kw)
+    out = rank_pool.run(diagnose_jobs.collectives_job, **kw)
     for dtype in kw["dtypes"]:
         t = diagnose_jobs.inputs(kw["seed"], kw["T"], kw["d_in"], kw["H"], dtype)
         ref = {"row": t["x"] @ t["w_row"].T, "col": t["x"] @ t["w_col"].T}  # TP=1, in process

@@ -20,7 +20,8 @@ from safetensors import safe_open
 
 from strategies import TP_DEGREES, config_dicts
 from clirun import run_cli
-from tpsim.capture.points import P, R, S, catalogue
+from tpsim.capture.points import catalogue
+from tpsim.parallel.placement import P, R, S1
 from tpsim.config import config_from_dict
 from tpsim.diagnose import diagnose_tensors
 from tpsim.run.jobs import rel_err
@@ -40,7 +41,7 @@ def combine(placement: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     """The full tensor a placement says the ranks' local tensors make up."""
     if placement == R:
         return tensors[0]
-    if placement == S:
+    if placement == S1:
         return torch.cat(tensors, dim=-1)
     assert placement == P, placement
     return torch.stack([t.double() for t in tensors]).sum(0).to(tensors[0].dtype)
@@ -128,7 +129,7 @@ def test_explain_describes_the_collectives_each_mode_ran(mode):
                          ("all_to_all", "all-to-all")):
             assert word not in d or op in ran, (mode, row)
         assert (" before " not in d) or row["placement"] == P, (mode, row)
-        assert ("this rank's heads" not in d) or row["placement"] == S, (mode, row)
+        assert ("this rank's heads" not in d) or row["placement"] == S1, (mode, row)
         if row["name"].endswith(".partial") and row["placement"] != P:
             assert "nothing to reduce" in d, (mode, row)
     out1 = next(row for row in points if row["name"] == "layers.1.out")

@@ -53,8 +53,9 @@ from pathlib import Path
 import torch
 
 from tpsim.errors import UsageError
+from tpsim.parallel.placement import P, R, S0, S1, Placement
 
-R, P, S0, S1, UNEXPLAINED = "Replicate()", "Partial(sum)", "Shard(dim=0)", "Shard(dim=-1)", "unexplained"
+UNEXPLAINED = "unexplained"
 PLACEMENTS = (R, S0, S1, P)  # tie-break order
 
 # calc_diff thresholds (calc_diff ~ rel_err^2 / 2 for rel_err = ||x - y|| / ||y||).
@@ -74,7 +75,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 @dataclass
 class Verdict:
     point: str              # the asked tensor's name (e.g. "layers.3.attn.o_proj.partial" or "out(2)")
-    placement: str          # "Replicate()", "Partial(sum)", "Shard(dim=0)", "Shard(dim=-1)" or "unexplained"
+    placement: Placement | str  # a Placement, or UNEXPLAINED
     matches: str | None     # the reference candidate it matches (None when unexplained)
     correct: bool           # Replicate() and matches == the asked name
     diff: float             # calc_diff of the best match

@@ -17,13 +17,13 @@ from html import escape
 from pathlib import Path
 
 from tpsim.capture import CONVENTIONS, ids_for
-from tpsim.capture.points import P, S0, catalogue, position_of
+from tpsim.capture.points import catalogue, position_of
+from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
 from tpsim.run.jobs import points_job
 
-PLACEMENT_COLOURS = {"Replicate()": "#d8f0d8", "Shard(dim=-1)": "#d8e4f8", "Partial(sum)": "#fde3c8",
-                     "Shard(dim=0)": "#efe0f7"}
+PLACEMENT_COLOURS = {R: "#d8f0d8", S1: "#d8e4f8", P: "#fde3c8", S0: "#efe0f7"}
 CAPTURE_CONVENTIONS = [c for c in CONVENTIONS if c != "output-of"]
 
 
@@ -104,8 +104,7 @@ def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
         for i in range(done, tap.order):
             op, caller, shape, dtype, nbytes = colls[i]
             if caller.startswith(callers):
-                res = {"all_reduce": "Replicate()", "all_gather": "Replicate()", "reduce_scatter": "Shard(dim=0)",
-                       "all_to_all": "Shard(dim=0)"}.get(op, "?")
+                res = {"all_reduce": R, "all_gather": R, "reduce_scatter": S0, "all_to_all": S0}.get(op, "?")
                 rows.append(Row("collective", f"{op} ({caller})", "x".join(map(str, shape)), res,
                                 f"{human_bytes(nbytes)} per rank, {dtype}"))
         detail = in_this_run(n, what.get(n, ""), tap, colls, last_order=done)

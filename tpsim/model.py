@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tpsim.capture.points import P, R, S0
+from tpsim.parallel.placement import P, R, S0, Placement
 from tpsim.capture.recorder import Recorder
 from tpsim.config import ModelConfig
 from tpsim.layers import MLA, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
@@ -40,7 +40,7 @@ class Stream:
     dp_sizes: list[int] | None = None
 
     @property
-    def placement(self) -> str:
+    def placement(self) -> Placement:
         if self.pending:
             return P  # hidden + residual: partial sums plus the replicated residual
         return S0 if self.sharded or self.dp_sizes is not None else R

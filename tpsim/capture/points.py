@@ -21,8 +21,8 @@ import torch
 
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
+from tpsim.parallel.placement import P, R, S1, Placement
 
-R, S, P, S0 = "Replicate()", "Shard(dim=-1)", "Partial(sum)", "Shard(dim=0)"
 
 
 def point_name(prefix: str) -> str:
@@ -30,15 +30,15 @@ def point_name(prefix: str) -> str:
     return prefix.removeprefix("model.").replace(".self_attn", ".attn")
 
 
-def layer_points(cfg: ModelConfig, k: int) -> list[tuple[str, str, str]]:
+def layer_points(cfg: ModelConfig, k: int) -> list[tuple[str, Placement, str]]:
     """(name, placement at TP>1, what it is) of decoder layer k, in forward order."""
     p = f"layers.{k}."
     pts = [
         (p + "attn.in", R, "input_layernorm(hidden + residual): what attention reads"),
-        (p + "attn.q", S, "q_proj / q_b_proj output: this rank's heads"),
+        (p + "attn.q", S1, "q_proj / q_b_proj output: this rank's heads"),
         (p + "attn.kv_latent", R, "kv_a_layernorm(compressed kv): the latent every head shares"),
-        (p + "attn.kv", S, "kv_b_proj output (k_nope, v): this rank's heads"),
-        (p + "attn.out", S, "attention output, this rank's heads: o_proj's input"),
+        (p + "attn.kv", S1, "kv_b_proj output (k_nope, v): this rank's heads"),
+        (p + "attn.out", S1, "attention output, this rank's heads: o_proj's input"),
         (p + "attn.o_proj.partial", P, "o_proj output before its all-reduce"),
         (p + "attn.o_proj.out", R, "o_proj output after its all-reduce"),
         (p + "mid", R, "residual stream between attention and MLP (hidden + residual)"),
@@ -49,21 +49,21 @@ def layer_points(cfg: ModelConfig, k: int) -> list[tuple[str, str, str]]:
                 (p + "mlp.partial", P, "routed * routed_scaling_factor + shared, before the one all-reduce"),
                 (p + "mlp.out", R, "MoE output after its all-reduce")]
     else:
-        pts += [(p + "mlp.act", S, "silu(gate) * up: this rank's intermediate columns"),
+        pts += [(p + "mlp.act", S1, "silu(gate) * up: this rank's intermediate columns"),
                 (p + "mlp.down_proj.partial", P, "down_proj output before its all-reduce"),
                 (p + "mlp.down_proj.out", R, "down_proj output after its all-reduce")]
     pts.append((p + "out", R, f"out({k}) = hidden + residual after layer {k}"))
     return pts
 
 
-def catalogue(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+def catalogue(cfg: ModelConfig) -> list[tuple[str, Placement, str]]:
     """Every named point of the model, in forward order."""
     pts = [("embed.partial", P, "this rank's vocab rows looked up (zeros elsewhere), before the all-reduce"),
            ("embed.out", R, "embedding output = position embed")]
     for k in range(cfg.num_hidden_layers):
         pts += layer_points(cfg, k)
     pts += [("final", R, "final norm output = position final"),
-            ("logits.local", S, "this rank's slice of the padded vocab logits"),
+            ("logits.local", S1, "this rank's slice of the padded vocab logits"),
             ("logits", R, "all-gathered logits, sliced to vocab_size")]
     return pts
 
@@ -93,7 +93,7 @@ def check_points(cfg: ModelConfig, names: list[str]) -> list[str]:
 
 @dataclass
 class Tap:
-    placement: str
+    placement: Placement
     shape: tuple[int, ...]
     dtype: str
     order: int  # how many collectives this rank had run when the point was produced
@@ -111,7 +111,7 @@ class Taps:
     got: dict[str, Tap] = field(default_factory=dict)
     first_nonfinite: tuple[str, int] | None = None
 
-    def record(self, name: str, x, placement: str, order: int) -> None:
+    def record(self, name: str, x, placement: Placement, order: int) -> None:
         if self.watch_finite and self.first_nonfinite is None:
             x = x() if callable(x) else x
             bad = ~torch.isfinite(x)

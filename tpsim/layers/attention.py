@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import R, S, point_name
+from tpsim.capture.points import point_name
+from tpsim.parallel.placement import R, S1
 from tpsim.config import ModelConfig
 from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide
 from tpsim.layers.norm import RMSNorm
@@ -51,13 +52,13 @@ class MLA(nn.Module):
         T, h = x.shape[0], self.local_heads
         tap, pt = self.group.tap, self.point
         q_in = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
-        tap(f"{pt}.q", q_in, S)
+        tap(f"{pt}.q", q_in, S1)
         q_nope, q_pe = q_in.view(T, h, self.qk_dim).split([self.nope, self.rope], dim=-1)
         kv_a, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         latent = self.kv_a_layernorm(kv_a)
         tap(f"{pt}.kv_latent", latent, R)
         kv = self.kv_b_proj(latent)
-        tap(f"{pt}.kv", kv, S)
+        tap(f"{pt}.kv", kv, S1)
         kv = kv.view(T, h, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe.unsqueeze(1))  # k_pe: one head shared by all
@@ -67,5 +68,5 @@ class MLA(nn.Module):
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                              is_causal=True, scale=self.scaling)[0]  # [h, T, v_dim]
         out = out.transpose(0, 1).reshape(T, h * self.v_dim)
-        tap(f"{pt}.out", out, S)
+        tap(f"{pt}.out", out, S1)
         return self.o_proj(out)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import P, R, S, S0
+from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.config import VOCAB_PADDING
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.parallel.group import TPGroup
@@ -79,7 +79,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)
-        self.group.tap("logits.local", logits, S)
+        self.group.tap("logits.local", logits, S1)
         logits = self.group.all_gather(logits, self.prefix, dim=-1)[..., : self.vocab_size]
         self.group.tap("logits", logits, R)
         return logits

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import P, R, point_name
+from tpsim.capture.points import point_name
+from tpsim.parallel.placement import P, R
 from tpsim.parallel.group import TPGroup
 
 

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import S, point_name
+from tpsim.capture.points import point_name
+from tpsim.parallel.placement import S1
 from tpsim.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from tpsim.parallel.group import TPGroup
 
@@ -29,5 +30,5 @@ class DenseMLP(nn.Module):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if self.tap_act:  # a dense MLP, not the shared experts inside the MoE
-            self.group.tap(f"{self.point}.act", act, S)
+            self.group.tap(f"{self.point}.act", act, S1)
         return self.down_proj(act)

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import P, R, S0, point_name
+from tpsim.capture.points import point_name
+from tpsim.parallel.placement import P, R, S0
 from tpsim.config import ModelConfig
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.layers.mlp import DenseMLP

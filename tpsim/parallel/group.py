@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tpsim.parallel import faults
+from tpsim.parallel.placement import R, S0, Placement
 
 
 @dataclass
@@ -92,13 +93,13 @@ class TPGroup:
         return TPGroup(rank=0, size=1, ranks=(self.ranks[self.rank],), device=self.device, tracer=self.tracer,
                        parent=self)
 
-    def tap(self, name: str, x, placement: str) -> None:
+    def tap(self, name: str, x, placement: Placement) -> None:
         """Offer activation `name` (a tensor, or a function making it, so an unwanted point
         costs nothing) with its placement at this group's size (Replicate() at size 1)."""
         if self.parent is not None:  # a local view: each rank its own tokens (data parallel)
-            return self.parent.tap(name, x, "Shard(dim=0)")
+            return self.parent.tap(name, x, S0)
         if self.taps is not None:
-            self.taps.record(name, x, placement if self.size > 1 else "Replicate()", len(self.tracer.records))
+            self.taps.record(name, x, placement if self.size > 1 else R, len(self.tracer.records))
 
     def _enter(self, op: str, caller: str, x: torch.Tensor) -> None:
         faults.doing(f"{op} in {caller} (TP={self.size} group of ranks {list(self.ranks)})")
