@@ -26,7 +26,7 @@ from safetensors import safe_open
 import tpsim
 from clirun import RUN_TIMEOUT_S, ROOT, Run, assert_one_line_error, run_cli
 from tpsim.capture import CONVENTIONS
-from tpsim.capture_file import tensor_sha256
+from tpsim.files.safetensors import tensor_sha256
 from tpsim.config import load_config
 
 TINY = ROOT / "configs" / "tiny.yaml"

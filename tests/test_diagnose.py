@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 import diagnose_jobs
 from clirun import assert_one_line_error, run_cli
-from tpsim.capture_file import tensor_sha256
+from tpsim.files.safetensors import tensor_sha256
 from tpsim.diagnose import (P, R, S0, S1, UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors,
                             match_threshold, read_rank_files, read_reference)
 from tpsim.errors import UsageError

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from strategies import TP_DEGREES, config_dicts
 from clirun import run_cli
-from tpsim.capture_file import write_capture
+from tpsim.files.capture import write_capture
 from tpsim.checkpoint.export import export_checkpoint
 from tpsim.config import config_from_dict, load_config, with_overrides
 from tpsim.model import shard_bytes

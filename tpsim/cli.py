@@ -386,7 +386,7 @@ def _ops_text(counts: dict[str, int]) -> str:
 # --- tpsim capture -----------------------------------------------------------------------
 
 def cmd_capture(args) -> int:
-    from tpsim.capture_file import write_capture
+    from tpsim.files.capture import write_capture
     from tpsim.run.ranks import is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine
     tp = positive_int(args.tp, "--tp")
@@ -444,7 +444,7 @@ def cmd_capture(args) -> int:
 def capture_points(args, tp: int, out: Path) -> int:
     """`capture --points`: each rank's local tensor of each named point, one file per rank."""
     from tpsim.capture.points import check_points
-    from tpsim.capture_file import rank_dump_path, write_rank_dump
+    from tpsim.files.capture import rank_dump_path, write_rank_dump
     from tpsim.run.ranks import check_memory, check_world, is_reporting_process, run_on_ranks
     from tpsim.ui import ProgressLine
     if args.layers is not None:

@@ -275,7 +275,7 @@ def open_safetensors(path: Path, keep: set[str] | None = None):
     verified (one tensor at a time; only the names in `keep` are returned, all when None)."""
     from safetensors import safe_open
 
-    from tpsim.capture_file import tensor_sha256
+    from tpsim.files.safetensors import tensor_sha256
     if not path.is_file():
         raise UsageError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
     tensors, bad = {}, None

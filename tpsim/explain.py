@@ -161,7 +161,7 @@ def add_parser(sub, add_run_options) -> None:
 
 
 def cmd_explain(args) -> int:
-    from tpsim.capture_file import write_text
+    from tpsim.files.atomic import write_text
     from tpsim.cli import dtype_for, emit_json, load_model, mode_from, mode_note, positive_int, tokens_for
     from tpsim.config import with_overrides
     from tpsim.run.ranks import check_world, is_reporting_process, run_on_ranks

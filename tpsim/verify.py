@@ -19,7 +19,7 @@ from tpsim.errors import UsageError
 
 def verify_file(path: Path) -> list[str]:
     """Problems with one file (empty: whole and unchanged)."""
-    from tpsim.capture_file import tensor_sha256
+    from tpsim.files.safetensors import tensor_sha256
     from tpsim.checkpoint.reader import read_header
     names = list(read_header(path))  # a truncated or corrupt file is a UsageError here
     with safe_open(str(path), "pt") as f:

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from tpsim import __version__
-from tpsim.capture_file import tensor_sha256
+from tpsim.files.safetensors import tensor_sha256
 from tpsim.checkpoint.reader import INDEX, expected_tensors
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError

@@ -1,0 +1,22 @@
+"""safetensors files with string metadata and a `sha256.<tensor>` checksum per tensor
+(`tpsim verify` checks them), written atomically."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from tpsim.files.atomic import atomic_write
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    tensors = {k: v.contiguous().cpu() for k, v in tensors.items()}
+    meta = {**metadata, **{f"sha256.{k}": tensor_sha256(v) for k, v in tensors.items()}}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
