@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from tpsim import ui  # noqa: E402
-from tpsim.bench import write_json_atomic  # noqa: E402
+from tpsim.bench.jobs import allreduce_job  # noqa: E402
 from tpsim.errors import RankError, UsageError  # noqa: E402
+from tpsim.files.atomic import write_json  # noqa: E402
 from tpsim.parallel import launch  # noqa: E402  (its import turns NVLink multicast off: launch.MULTICAST_OFF)
-from tpsim.bench import allreduce_job
 
 NVLS_ENV = tuple(launch.MULTICAST_OFF)
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -144,7 +144,7 @@ def report(args, rows: list[dict], world: int, device: str, backend: str, how: s
                                f"{r['busbw_gbps']:.2f}", str(r["inner"]), "yes" if r["correct"] else "NO"]
                               for r in rows]))
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"allreduce-{device}-{world}.json")
-    write_json_atomic(out, {
+    write_json(out, {
         "benchmark": "allreduce", "environment": env,
         "settings": {"world": world, "device": device, "backend": backend, "dtype": args.dtype, "iters": args.iters,
                      "warmup": args.warmup, "inner": args.inner, "timeout_s": args.timeout,
@@ -164,7 +164,6 @@ def main(argv=None) -> int:
         print(f"allreduce: error: no power of 2 between {args.min_size} and {args.max_size} bytes", file=sys.stderr)
         return 2
     job = dict(sizes=sizes, dtype=args.dtype, warmup=args.warmup, iters=args.iters, inner=args.inner)
-    from tpsim.bench import allreduce_job
     t0 = time.perf_counter()
     if launch.under_torchrun():
         try:

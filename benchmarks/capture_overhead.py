@@ -1,6 +1,6 @@
 """Cost of EAGLE-3 capture: forward time with and without a Recorder, per TP degree.
 
-One pool of max(--tp) local ranks (gloo on CPU) runs `tpsim.bench:overhead_job` once per TP
+One pool of max(--tp) local ranks (gloo on CPU) runs `tpsim.bench.jobs.overhead_job` once per TP
 degree. Per iteration the slowest rank's time counts (a TP forward ends when its last rank
 does); the table shows the median over iterations of that, with and without capture.
 
@@ -10,12 +10,10 @@ does); the table shows the median over iterations of that, with and without capt
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,11 +21,12 @@ from pathlib import Path
 import torch
 
 from tpsim import ui
+from tpsim.bench.jobs import overhead_job
 from tpsim.capture import CONVENTIONS, resolve
 from tpsim.config import load_config
 from tpsim.errors import UsageError
+from tpsim.files.atomic import write_json
 from tpsim.parallel.launch import RankPool
-from tpsim.bench import overhead_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,19 +77,6 @@ def summarize(tp: int, seq_len: int, results: dict) -> dict:
     }
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -131,7 +117,7 @@ def main(argv=None) -> int:
         ui.stdout.print("warning: a captured forward ran different collectives than a plain one")
 
     out = Path(args.out)
-    write_json_atomic(out, {
+    write_json(out, {
         "benchmark": "capture_overhead",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"torch": torch.__version__, "cpu_count": os.cpu_count(), "platform": platform.platform(),

@@ -23,7 +23,7 @@ FLOPs of one forward of T tokens (written to the JSON as `flop_formula`):
 
     flops(T) = 2 * T * P_active + L * T^2 * heads * (qk_head_dim + v_head_dim)
 
-P_active = the matmul weights one token goes through, from the config (`tpsim.bench.active_params`):
+P_active = the matmul weights one token goes through, from the config (`tpsim.bench.flops.active_params`):
 per layer MLA q_proj (or q_a_proj + q_b_proj), kv_a_proj_with_mqa, kv_b_proj, o_proj; a dense
 MLP's gate/up/down, or an MoE layer's router + shared experts + top_k routed experts (not all
 experts); plus lm_head over vocab_size; the embedding lookup is excluded. Attention: causal
@@ -35,7 +35,7 @@ The matmul ceiling is measured in the same run: `torch.mm` of two N x N matrices
 dtype (N = --mm-size, 8192 on CUDA), median of 10, 2 N^3 flops each.
 
 All-reduces per forward: measured from the tpsim model's collective trace (0 at TP=1); the
-TP=8 row is the formula 1 + 2L all-reduces of [T, hidden] in the dtype (`tpsim.bench.tp_all_reduces`,
+TP=8 row is the formula 1 + 2L all-reduces of [T, hidden] in the dtype (`tpsim.bench.flops.tp_all_reduces`,
 what `tpsim check` counts at TP > 1), not a measurement: the multi-GPU run measures it.
 
 Targets (reported, never asserted): capture overhead <= 0.5 % at 8192 tokens; tpsim+capture at
@@ -43,7 +43,7 @@ Targets (reported, never asserted): capture overhead <= 0.5 % at 8192 tokens; tp
 transformers.
 
 With `--device cpu` it also runs the CPU TP table: the same config over gloo at TP `--cpu-tp`
-(1,2,4,8; `tpsim.bench.tp_table`) at `--cpu-tp-tokens` (16,64,256): seconds per plain forward
+(1,2,4,8; `tpsim.bench.scaling.tp_table`) at `--cpu-tp-tokens` (16,64,256): seconds per plain forward
 (per iteration the slowest rank, then the median) and its growth relative to the smallest token
 count. On GPUs, `benchmarks/forward_tp.py` is the TP table (NCCL, one GPU per rank).
 
@@ -75,11 +75,13 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .`
 import torch  # noqa: E402
 
 from tpsim import ui  # noqa: E402
-from tpsim.bench import (FLOP_FORMULA, active_params, build_models, forward_flops, hf_unsupported,  # noqa: E402
-                         tp_all_reduces, tp_table, write_json_atomic)
+from tpsim.bench.flops import FLOP_FORMULA, active_params, forward_flops, tp_all_reduces  # noqa: E402
+from tpsim.bench.hf import build_models, hf_unsupported  # noqa: E402
+from tpsim.bench.scaling import tp_table  # noqa: E402
 from tpsim.capture import Recorder, resolve  # noqa: E402
 from tpsim.config import ModelConfig, load_config, with_overrides  # noqa: E402
 from tpsim.errors import UsageError  # noqa: E402
+from tpsim.files.atomic import write_json  # noqa: E402
 from tpsim.run.jobs import DTYPES, input_ids_for  # noqa: E402
 
 VARIANTS = ("tpsim+capture", "tpsim", "transformers")
@@ -587,7 +589,7 @@ def main(argv=None) -> int:
         progress(f"{T} tokens done in {row['wall_s']:.0f} s: " + ", ".join(
             f"{k} {'failed' if v is None else f'{v:.2f} ms'}" for k, v in med.items()))
         result["targets"] = targets(result["rows"], mm)
-        write_json_atomic(out_path, result)  # partial results survive a run stopped early
+        write_json(out_path, result)  # partial results survive a run stopped early
 
     model = hf = None  # free both before the CPU TP table
     if cuda:
@@ -601,7 +603,7 @@ def main(argv=None) -> int:
     result["complete"] = True
     result["wall_s"] = time.perf_counter() - t_start
     result["environment"]["loadavg_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    write_json_atomic(out_path, result)
+    write_json(out_path, result)
     print_tables(result)
     print(f"wrote {out_path.resolve()}")
     return 0

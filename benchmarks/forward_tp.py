@@ -6,7 +6,7 @@
 
 One self-spawned pool of max(--tp) ranks: NCCL with one GPU per rank on CUDA (a TP degree needing
 more GPUs than the machine has is skipped, with the reason), gloo on the CPU. Every TP degree
-builds the same seeded model (`tpsim.bench:forward_sweep_job`, ranks 0..tp-1) and times, per token
+builds the same seeded model (`tpsim.bench.jobs.forward_sweep_job`, ranks 0..tp-1) and times, per token
 count (one sequence each), --warmup untimed and --repeats timed plain forwards (logits included,
 no capture; the TP group meets at a barrier before each). Per forward the slowest rank counts;
 the table shows the median over repeats:
@@ -46,8 +46,9 @@ import torch  # noqa: E402
 
 from benchmarks.forward import add_model_args, environment, int_list, load_model_config, resolve_device  # noqa: E402
 from tpsim import ui  # noqa: E402
-from tpsim.bench import tp_table, write_json_atomic  # noqa: E402
+from tpsim.bench.scaling import tp_table  # noqa: E402
 from tpsim.errors import RankError, UsageError  # noqa: E402
+from tpsim.files.atomic import write_json  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
                          "bytes / all-reduce time; t = median over repeats of the slowest rank's forward",
               "wall_s": time.perf_counter() - t0, "table": table}
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"forward-tp-{device.type}-{max(table['tps'])}.json")
-    write_json_atomic(out, result)
+    write_json(out, result)
     print_table(result)
     print(f"wrote {out.resolve()}")
     return 0

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpsim.bench import active_params, build_models, forward_flops, tp_all_reduces
+from tpsim.bench.flops import active_params, forward_flops, tp_all_reduces
+from tpsim.bench.hf import build_models
+from tpsim.bench.jobs import allreduce_job, forward_sweep_job, overhead_job
 from tpsim.capture import Recorder, resolve
 from tpsim.checkpoint import expected_tensors
 from tpsim.config import load_config, with_overrides
@@ -18,7 +20,6 @@ from tpsim.errors import UsageError
 from tpsim.run.jobs import build_model, rel_err
 from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool
-from tpsim.bench import allreduce_job, forward_sweep_job, overhead_job
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -197,7 +198,7 @@ def test_transformers_model_holds_tpsim_weights(name):
 def test_transformers_refuses_moe_layer_freq():
     """transformers' V2 ignores moe_layer_freq (tests/test_parity.py IGNORES_MOE_LAYER_FREQ): refused, not wrong."""
     pytest.importorskip("transformers")
-    from tpsim.bench import build_hf_model
+    from tpsim.bench.hf import build_hf_model
     cfg = with_overrides(load_config(TINY), ["moe_layer_freq=2"])
     with pytest.raises(UsageError, match="moe_layer_freq"):
         build_hf_model(cfg, "float32", torch.device("cpu"))

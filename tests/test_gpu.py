@@ -30,12 +30,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import captures
+from tpsim.bench.jobs import cuda_capture_job
 from tpsim.capture import Recorder, resolve
 from tpsim.config import load_config, with_overrides
 from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, input_ids_for, rel_err
 from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool
-from tpsim.bench import cuda_capture_job
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run pytest -m gpu on a GPU node")]
@@ -193,7 +193,7 @@ def test_cuda_graph_replay_is_the_eager_forward(v2_lite_2_layers):
 def test_transformers_with_tpsim_weights_agrees_on_cuda():
     """benchmarks/forward.py's transformers model computes what tpsim computes (float32, TF32 off)."""
     pytest.importorskip("transformers")
-    from tpsim.bench import build_models, strict_fp32
+    from tpsim.bench.hf import build_models, strict_fp32
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     strict_fp32()
     try:

@@ -1,0 +1,1 @@
+"""Benchmark helpers: transformers reference model (hf), FLOP formulas (flops), rank jobs (jobs), TP table (scaling)."""
