@@ -82,7 +82,8 @@ from tpsim.capture import Recorder, resolve  # noqa: E402
 from tpsim.config import ModelConfig, load_config, with_overrides  # noqa: E402
 from tpsim.errors import UsageError  # noqa: E402
 from tpsim.files.atomic import write_json  # noqa: E402
-from tpsim.run.jobs import DTYPES, input_ids_for  # noqa: E402
+from tpsim.run.jobs import DTYPES  # noqa: E402
+from tpsim.run.spec import input_ids_for  # noqa: E402
 
 VARIANTS = ("tpsim+capture", "tpsim", "transformers")
 TARGETS = {"capture_overhead_pct_max": 0.5, "prefill_tokens": 8192, "prefill_speedup_min": 1.5,

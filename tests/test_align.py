@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from strategies import ID_RANGES
 from clirun import assert_one_line_error, run_cli
-from tpsim.align import align, make_side, read_draft_config, side_from_config
+from tpsim.capture.align import align, make_side, read_draft_config, side_from_config
 from tpsim.capture import Position, ids_for, resolve
 from tpsim.cli import run_command
 from tpsim.errors import UsageError

@@ -26,8 +26,9 @@ from safetensors.torch import save_file
 import diagnose_jobs
 from clirun import assert_one_line_error, run_cli
 from tpsim.files.safetensors import tensor_sha256
-from tpsim.diagnose import (P, R, S0, S1, UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors,
-                            match_threshold, read_rank_files, read_reference)
+from tpsim.capture.diagnosis import UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors, match_threshold
+from tpsim.files.dumps import read_rank_files, read_reference
+from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.errors import UsageError
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}

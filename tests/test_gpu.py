@@ -33,7 +33,8 @@ from strategies import captures
 from tpsim.bench.jobs import cuda_capture_job
 from tpsim.capture import Recorder, resolve
 from tpsim.config import load_config, with_overrides
-from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, input_ids_for, rel_err
+from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, rel_err
+from tpsim.run.spec import input_ids_for
 from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool
 
@@ -41,7 +42,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run pytest -m gpu on a GPU node")]
 
 try:  # the CLI's bounds, ‖TP=t − TP=1‖ / ‖TP=1‖
-    from tpsim.cli import TOLERANCE
+    from tpsim.run.spec import TOLERANCE
 except ImportError:  # pragma: no cover
     TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}
 

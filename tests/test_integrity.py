@@ -18,7 +18,7 @@ from tpsim.files.capture import write_capture
 from tpsim.checkpoint.export import export_checkpoint
 from tpsim.config import config_from_dict, load_config, with_overrides
 from tpsim.model import shard_bytes
-from tpsim.verify import verify_file
+from tpsim.files.verify import verify_file
 from tpsim.testing.jobs import param_bytes_job
 
 ROOT = Path(__file__).resolve().parents[1]

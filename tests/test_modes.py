@@ -19,7 +19,7 @@ from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.capture.points import Taps
 from tpsim.config import config_from_dict
-from tpsim.diagnose import diagnose_tensors
+from tpsim.capture.diagnosis import diagnose_tensors
 from tpsim.run.jobs import build_model, rel_err, routing_rows, run_captured
 from tpsim.model import split_sizes
 from tpsim.modes import STRATEGIES, Mode, expected_collectives

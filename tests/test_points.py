@@ -23,18 +23,19 @@ from clirun import run_cli
 from tpsim.capture.points import catalogue
 from tpsim.parallel.placement import P, R, S1
 from tpsim.config import config_from_dict
-from tpsim.diagnose import diagnose_tensors
+from tpsim.capture.diagnosis import diagnose_tensors
 from tpsim.run.jobs import rel_err
 from tpsim.run.jobs import points_job
+from tpsim.run.spec import ModelSource, RunSpec
 
 TOL = 1e-5  # float32, as the main property
 
 
 def run_points(rank_pool, cfg, tp, ids, seed=0):
     names = [n for n, _, _ in catalogue(cfg)]
-    out = rank_pool.run(points_job, cfg=cfg.to_dict(), seed=seed, dtype="float32", input_ids=ids, tp=tp,
-                        points=names)
-    return [r for r in sorted((r for r in out.values() if r is not None), key=lambda r: r["rank"])]
+    spec = RunSpec(ModelSource("drawn", cfg), seed, "float32", tuple(ids))
+    out = rank_pool.run(points_job, spec=spec, tp=tp, points=names)
+    return [vars(r) for r in sorted((r for r in out.values() if r is not None), key=lambda r: r.rank)]
 
 
 def combine(placement: str, tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clirun import run_cli
-from tpsim.scenario import available, load
+from tpsim.cli.scenario import available, load
 
 
 def test_there_are_scenarios_for_each_known_failure():

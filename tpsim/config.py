@@ -73,13 +73,17 @@ class ModelConfig:
             and k % self.moe_layer_freq == 0
         )
 
-    def moe_layer_count(self) -> int:
-        """How many of the layers are MoE, counted without looping over them."""
-        if self.n_routed_experts is None:
-            return 0
+    @property
+    def first_moe_layer(self) -> int | None:
+        """The first MoE layer (None: the model has none), found without looping: L may be 10**9."""
         f = self.moe_layer_freq
         first = -(-self.first_k_dense_replace // f) * f
-        return 0 if first >= self.num_hidden_layers else (self.num_hidden_layers - 1 - first) // f + 1
+        return None if self.n_routed_experts is None or first >= self.num_hidden_layers else first
+
+    def moe_layer_count(self) -> int:
+        """How many of the layers are MoE, counted without looping over them."""
+        first = self.first_moe_layer
+        return 0 if first is None else (self.num_hidden_layers - 1 - first) // self.moe_layer_freq + 1
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}

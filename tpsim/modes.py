@@ -91,6 +91,43 @@ class Mode:
         tp > 1, not the last layer, at most fusion_max_tokens tokens in the batch)."""
         return self.name == "ar-fusion" and tp > 1 and k < num_layers - 1 and tokens <= self.fusion_max_tokens
 
+    @property
+    def plain(self) -> bool:
+        """Pure TP: every collective is an all-reduce (check's table counts just those)."""
+        return self.name == "tp"
+
+    @property
+    def rank_local(self) -> bool:
+        """Each rank runs and captures its own tokens (dp-attention), not the whole batch."""
+        return self.name == "dp-attention"
+
+    @staticmethod
+    def token_split(T: int, tp: int) -> list[int]:
+        """Contiguous split of T tokens over tp ranks, the first T % tp one longer."""
+        return [T // tp + (r < T % tp) for r in range(tp)]
+
+    def layers_to_explain(self, k: int, num_layers: int) -> int:
+        """How many layers a run explaining layer k builds: 0..k, and under ar-fusion also k+1,
+        whose input norm holds layer k's fused all-reduce."""
+        return min(num_layers, k + 2) if self.name == "ar-fusion" else k + 1
+
+    def note(self, strategy: str, tokens: int, num_layers: int) -> str | None:
+        """What the mode does to this run's capture, in one line (None for plain tp)."""
+        if self.plain:
+            return None
+        L = num_layers
+        what = {"ar-fusion": (f"{tokens} tokens <= --fusion-max-tokens {self.fusion_max_tokens}: the MLP all-reduce "
+                              f"of layers 0..{L - 2} runs fused in the next layer's input_layernorm"
+                              if tokens <= self.fusion_max_tokens else
+                              f"{tokens} tokens > --fusion-max-tokens {self.fusion_max_tokens}: no fusion in this "
+                              "batch (prefill-sized), every MLP all-reduces in its own layer"),
+                "sp": "the residual stream is token-sharded between layers (reduce-scatter / all-gather)",
+                "ep": "experts split whole over ranks, tokens moved with all_to_all; the MoE output is "
+                      + ("all-gathered" if self.ep_output == "replicated" else "left token-scattered"),
+                "dp-attention": "each rank runs its own sequence (the tokens split in rank order); MLP/MoE "
+                                "over all ranks"}[self.name]
+        return f"mode {self.name}, capture strategy {strategy}: {what}"
+
     def to_dict(self) -> dict:
         return asdict(self)
 

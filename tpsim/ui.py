@@ -60,3 +60,16 @@ def progress_bar(what: str, total: int):
                   console=stderr, transient=True) as bar:
         task = bar.add_task(what, total=total)
         yield lambda: bar.advance(task)
+
+
+def human_bytes(n: float, binary: bool = False) -> str:
+    """`1.23 GB` (powers of 1000, 3 significant digits: memory and disk needs), or with `binary`
+    `2.0 KiB` (powers of 1024, one decimal: per-rank tensor sizes)."""
+    step, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB")) if binary else (1000, ("B", "KB", "MB", "GB", "TB"))
+    for unit in units[:-1]:
+        if n < step:
+            if binary:
+                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{n:.3g} {unit}"
+        n /= step
+    return f"{n:.1f} {units[-1]}" if binary else f"{n:.3g} {units[-1]}"

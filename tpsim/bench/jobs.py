@@ -18,7 +18,8 @@ from tpsim.bench.hf import strict_fp32
 from tpsim.capture import Position, Recorder
 from tpsim.config import config_from_dict
 from tpsim.parallel.launch import RankContext
-from tpsim.run.jobs import DTYPES, build_model, input_ids_for, routing_rows, run_captured
+from tpsim.run.jobs import DTYPES, build_model, routing_rows, run_captured
+from tpsim.run.spec import input_ids_for
 
 
 def timed_forward(model, ids: torch.Tensor, positions: list[Position] | None = None) -> tuple[float, list]:

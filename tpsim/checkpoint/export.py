@@ -64,9 +64,7 @@ def total_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
             else:
                 rest += b
         return rest, layer
-    L, f = cfg.num_hidden_layers, cfg.moe_layer_freq
-    first = -(-cfg.first_k_dense_replace // f) * f  # the first MoE layer, if L is large enough
-    n_moe = 0 if cfg.n_routed_experts is None or first >= L else (L - 1 - first) // f + 1
+    L, n_moe = cfg.num_hidden_layers, cfg.moe_layer_count()
     rest, dense = sizes(dataclasses.replace(cfg, num_hidden_layers=1, first_k_dense_replace=1))
     moe = sizes(dataclasses.replace(cfg, num_hidden_layers=1, first_k_dense_replace=0, moe_layer_freq=1))[1] \
         if n_moe else 0

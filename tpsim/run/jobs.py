@@ -1,7 +1,7 @@
 """Jobs that run on every rank: build the model at a TP degree, run it, capture, compare.
 
-Each job is `fn(ctx, **kwargs)`; kwargs are plain picklable values (the config as a dict,
-ids as lists) so the same job runs in a self-spawned pool or under torchrun.
+Each job is `fn(ctx, spec, ...)`: the RunSpec the command built, as is, so the same job runs
+in a self-spawned pool or under torchrun; it returns a typed result (tpsim.run.results).
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ import torch.distributed as dist
 from tpsim.capture import Position, Recorder
 from tpsim.capture.points import Taps
 from tpsim.checkpoint import Checkpoint, load_weights
-from tpsim.config import ModelConfig, config_from_dict
+from tpsim.capture.diagnosis import diagnose_tensors
+from tpsim.config import ModelConfig
 from tpsim.model import DeepseekForCausalLM, split_sizes
 from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
+from tpsim.run.results import CaptureResult, PointsResult, RankCheck, SlotVerdict
+from tpsim.run.spec import RunSpec
 from tpsim.weights import init_random_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,12 +36,6 @@ def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
     else:
         load_weights(model, Checkpoint(checkpoint), progress)
     return model
-
-
-def input_ids_for(cfg: ModelConfig, seed: int, seq_len: int) -> list[int]:
-    """Random token ids drawn from `seed` (the same on every rank and every run)."""
-    g = torch.Generator().manual_seed(seed ^ 0x5EED)
-    return torch.randint(0, cfg.vocab_size, (seq_len,), generator=g).tolist()
 
 
 def run_captured(model: DeepseekForCausalLM, input_ids: list[int], positions: list[Position],
@@ -82,12 +79,14 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def agree_on_run(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], spec,
-                 checkpoint: str | None, mode: dict | None = None) -> None:
-    """Every rank checks that every other rank is about to run the same thing."""
-    weights = {"checkpoint": Checkpoint(checkpoint).fingerprint()} if checkpoint else {"seed": seed}
-    agree(ctx.world_size, {"config": cfg, "weights": weights, "input ids": input_ids, "dtype": dtype,
-                           "mode": Mode.from_dict(mode).to_dict(), "capture spec": spec})
+def agree_on_run(ctx: RankContext, spec: RunSpec, capture: dict, weights: bool = True) -> None:
+    """Every rank checks that every other rank is about to run the same thing (under torchrun
+    each rank built its spec from its own arguments and files)."""
+    ckpt = spec.checkpoint if weights else None
+    agree(ctx.world_size, {"config": spec.cfg.to_dict(),
+                           "weights": {"checkpoint": Checkpoint(ckpt).fingerprint()} if ckpt else {"seed": spec.seed},
+                           "input ids": list(spec.tokens), "dtype": spec.dtype, "mode": spec.mode.to_dict(),
+                           "capture spec": capture})
 
 
 def _progress(ctx: RankContext, tp: int):
@@ -95,19 +94,14 @@ def _progress(ctx: RankContext, tp: int):
     return lambda msg: ctx.progress(f"TP={tp} on {ranks}: {msg}")
 
 
-def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
-              positions: list[str], tps: list[int], checkpoint: str | None = None, mode: dict | None = None,
-              strategy: str | None = None) -> list[dict]:
+def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck]:
     """For each TP degree this rank takes part in: capture in `mode` with `strategy`, then
     compare against this group's rank 0 (exact) and against the TP=1 capture of this rank's
     tokens (relative error; logits too). A capture that differs between ranks is gathered on
-    the group's rank 0 and diagnosed there (tpsim.diagnose) against the TP=1 reference."""
-    m = Mode.from_dict(mode)
-    strategy = m.strategy(strategy)
-    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"positions": positions, "tps": tps, "strategy": strategy},
-                 checkpoint, mode)
-    config = config_from_dict(cfg)
-    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    the group's rank 0 and diagnosed there (tpsim.capture.diagnosis) against the TP=1 reference."""
+    m, strategy, pos = spec.mode, spec.strategy, list(spec.positions)
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": strategy})
+    config, seed, dtype, checkpoint, input_ids = spec.cfg, spec.seed, spec.dtype, spec.checkpoint, list(spec.tokens)
     residual_points = {p: f"layers.{p.layer}.mid" for p in pos if p.kind == "out"}
     reference, rows, replica = None, [], None
     for tp in sorted(set(tps) | {1}):
@@ -150,20 +144,19 @@ def check_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
             if ref is not None and not mixed and cap.shape == ref["capture"].shape else None
         flipped = _first_flip(route, ref["routing"]) if ref is not None else None
         identical, verdicts = _compare_ranks(group, parts, m, same_run or ref, pos)
-        rows.append({
-            "tp": tp, "rank": ctx.rank, "group_rank": group.rank, "group": list(group.ranks),
-            "shape": list(cap.shape) if not mixed else [[t.shape[0] for t in parts], cap.shape[-1]],
-            "identical": identical, "verdicts": verdicts,
-            "finite": all(bool(torch.isfinite(t).all()) for t in parts), "first_nonfinite": taps.first_nonfinite,
-            "rel_err": None if mask is None or not mask.any() else rel_err(cap[mask.to(cap.device)],
-                                                                          ref["capture"][mask.to(cap.device)]),
-            "compared": None if mask is None else float(mask.float().mean()),
-            "logits_rel_err": _rel_or_none(logits[:flipped], ref and ref["logits"][:flipped]) if flipped != 0 else None,
-            "routing_flip": flipped,
-            "all_reduces": sum(r.op == "all_reduce" for r in records),
-            "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),
-            "collectives": [(r.op, r.caller, r.bytes) for r in records],
-        })
+        rows.append(RankCheck(
+            tp=tp, rank=ctx.rank, group_rank=group.rank, group=list(group.ranks),
+            shape=list(cap.shape) if not mixed else [[t.shape[0] for t in parts], cap.shape[-1]],
+            identical=identical, verdicts=verdicts,
+            finite=all(bool(torch.isfinite(t).all()) for t in parts), first_nonfinite=taps.first_nonfinite,
+            rel_err=None if mask is None or not mask.any() else rel_err(cap[mask.to(cap.device)],
+                                                                        ref["capture"][mask.to(cap.device)]),
+            compared=None if mask is None else float(mask.float().mean()),
+            logits_rel_err=_rel_or_none(logits[:flipped], ref and ref["logits"][:flipped]) if flipped != 0 else None,
+            routing_flip=flipped,
+            all_reduces=sum(r.op == "all_reduce" for r in records),
+            all_reduce_bytes=sum(r.bytes for r in records if r.op == "all_reduce"),
+            collectives=[(r.op, r.caller, r.bytes) for r in records]))
     return rows
 
 
@@ -240,7 +233,6 @@ def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: d
     dist.all_gather_object(every, [t.cpu() for t in parts], group=group.pg)
     if ref is None or group.rank != 0:
         return False, None
-    from tpsim.diagnose import diagnose_tensors
     if "parts" in ref:  # the right strategy's capture of the same run
         slots = ref["parts"]
     else:
@@ -253,55 +245,47 @@ def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: d
         reference = {name: slots[i].cpu()}
         residual = {name: ref["residual"][name].cpu()} if name in ref["residual"] else None
         v = diagnose_tensors(ranks, reference, name, residual=residual)
-        verdicts.append({"position": name, "placement": v.placement, "correct": v.correct, "reason": v.reason})
+        verdicts.append(SlotVerdict(name, v.placement, v.correct, v.reason))
     return False, verdicts
 
 
-def capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int],
-                positions: list[str], tp: int, checkpoint: str | None = None, mode: dict | None = None,
-                strategy: str | None = None):
+def capture_job(ctx: RankContext, spec: RunSpec, tp: int) -> CaptureResult | None:
     """The capture of group rank 0 (on that rank; None elsewhere), after checking that every
     rank of the group holds exactly the same tensor. Under dp-attention every rank returns its
     own sequence's capture (identical is None)."""
-    m = Mode.from_dict(mode)
-    strategy = m.strategy(strategy)
-    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"positions": positions, "tp": tp, "strategy": strategy},
-                 checkpoint, mode)
+    m, pos = spec.mode, list(spec.positions)
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tp": tp, "strategy": spec.strategy})
     if not ctx.participates(tp):
         return None
-    config = config_from_dict(cfg)
     group = ctx.groups[tp]
-    model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp), m)
+    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), m)
     ctx.progress(f"TP={tp}: forward")
-    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
-    parts, _ = run_captured_parts(model, own_tokens(input_ids, m, group), pos, strategy)
+    parts, _ = run_captured_parts(model, own_tokens(list(spec.tokens), m, group), pos, spec.strategy)
     identical, _ = _compare_ranks(group, parts, m, None, pos)
     mine = torch.cat(parts, dim=-1).cpu() if identical is not False else None
-    return {"identical": identical, "capture": mine if group.rank == 0 or identical is None else None,
-            "rank": ctx.rank, "group_rank": group.rank, "group": list(group.ranks)}
+    return CaptureResult(identical, mine if group.rank == 0 or identical is None else None, ctx.rank, group.rank,
+                         list(group.ranks))
 
 
-def points_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], tp: int,
-               points: list[str], everything: bool = False, checkpoint: str | None = None,
-               weights: bool = True, mode: dict | None = None):
-    """One forward at TP=tp with named points tapped. Per group rank: {name: Tap} (tensors for
+def points_job(ctx: RankContext, spec: RunSpec, tp: int, points: list[str], everything: bool = False,
+               weights: bool = True) -> PointsResult | None:
+    """One forward at TP=tp with named points tapped: this rank's {name: Tap} (tensors for
     `points`; with `everything`, every point's shape and placement) and the collective trace.
     `weights=False` leaves the parameters uninitialised: shapes, placements and collectives
     are those of the real model, at the memory cost of the pages the forward touches."""
-    agree_on_run(ctx, cfg, seed, dtype, input_ids, {"points": points, "tp": tp, "everything": everything},
-                 checkpoint if weights else None, mode)
-    m = Mode.from_dict(mode)
+    agree_on_run(ctx, spec, {"points": points, "tp": tp, "everything": everything}, weights)
+    m = spec.mode
     if not ctx.participates(tp):
         return None
-    config, group = config_from_dict(cfg), ctx.groups[tp]
-    model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp), m) if weights \
-        else DeepseekForCausalLM(config, group, DTYPES[dtype], m)
+    group = ctx.groups[tp]
+    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), m) if weights \
+        else DeepseekForCausalLM(spec.cfg, group, DTYPES[spec.dtype], m)
     ctx.progress(f"TP={tp}: forward")
     group.tracer.clear()
     group.taps = Taps(wanted=set(points), everything=everything)
     try:
-        model(torch.tensor(own_tokens(input_ids, m, group), dtype=torch.long, device=group.device))
+        model(torch.tensor(own_tokens(list(spec.tokens), m, group), dtype=torch.long, device=group.device))
     finally:
         taps, group.taps = group.taps, None
-    return {"rank": group.rank, "taps": taps.got,
-            "collectives": [(r.op, r.caller, r.shape, r.dtype, r.bytes) for r in group.tracer.records]}
+    return PointsResult(group.rank, taps.got,
+                        [(r.op, r.caller, r.shape, r.dtype, r.bytes) for r in group.tracer.records])

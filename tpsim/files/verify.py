@@ -1,4 +1,4 @@
-"""`tpsim verify FILE|DIR...`: check that files tpsim wrote are whole and unchanged.
+"""Check that files tpsim wrote are whole and unchanged (`tpsim verify`).
 
 Every safetensors file tpsim writes (captures, rank dumps, checkpoint exports) carries a
 `sha256.<tensor>` checksum per tensor in its metadata. verify re-reads each tensor and
@@ -9,18 +9,18 @@ without checksums, 2 bad input.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from safetensors import safe_open
 
+from tpsim.checkpoint import Checkpoint
+from tpsim.checkpoint.reader import read_header
 from tpsim.errors import UsageError
+from tpsim.files.safetensors import tensor_sha256
 
 
 def verify_file(path: Path) -> list[str]:
     """Problems with one file (empty: whole and unchanged)."""
-    from tpsim.files.safetensors import tensor_sha256
-    from tpsim.checkpoint.reader import read_header
     names = list(read_header(path))  # a truncated or corrupt file is a UsageError here
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
@@ -48,36 +48,8 @@ def check_index(d: Path) -> list[str]:
     index = d / "model.safetensors.index.json"
     if not index.is_file():
         return []
-    from tpsim.checkpoint import Checkpoint
     try:
         Checkpoint(d)  # checks that every indexed tensor is in the shard the index names
     except UsageError as e:
         return [str(e)]
     return []
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="check the per-tensor checksums of files tpsim wrote")
-    p.add_argument("paths", nargs="+", metavar="FILE|DIR")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_verify)
-
-
-def cmd_verify(args) -> int:
-    targets = [Path(p) for p in args.paths]
-    report = {}
-    for t in targets:
-        for f in files_of(t):
-            report[str(f)] = verify_file(f)
-        if t.is_dir():
-            report[str(t)] = report.get(str(t), []) + check_index(t)
-    ok = not any(report.values())
-    if args.json:
-        print(json.dumps({"ok": ok, "files": report}, indent=2))
-    else:
-        for f, problems in report.items():
-            if not problems and Path(f).is_file():
-                print(f"ok   {f}")
-            for p in problems:
-                print(f"FAIL {f}: {p}")
-    return 0 if ok else 1

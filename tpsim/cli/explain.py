@@ -10,18 +10,25 @@ truncated to layers 0..k (the explained layer is the last one run).
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
-from datetime import timedelta
 from html import escape
 from pathlib import Path
 
 from tpsim.capture import CONVENTIONS, ids_for
 from tpsim.capture.points import catalogue, position_of
-from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.capture.positions import Position
+from tpsim.cli.capture import on_ranks
+from tpsim.cli.options import (add_mode_options, add_run_options, dtype_for, emit_json, integer, load_source,
+                               mode_from, positive_int, tokens_for)
+from tpsim.config import with_overrides
 from tpsim.errors import UsageError
+from tpsim.files.atomic import write_text
+from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.run.jobs import points_job
+from tpsim.run.preflight import check_timeout, check_world
+from tpsim.run.results import PointsResult
+from tpsim.run.spec import ModelSource, RunSpec
+from tpsim.ui import human_bytes, stdout, table
 
 PLACEMENT_COLOURS = {R: "#d8f0d8", S1: "#d8e4f8", P: "#fde3c8", S0: "#efe0f7"}
 CAPTURE_CONVENTIONS = [c for c in CONVENTIONS if c != "output-of"]
@@ -35,14 +42,6 @@ class Row:
     placement: str  # point placement, or the collective's result placement
     detail: str  # what it is / bytes
     capture: str = ""  # convention ids that capture this point
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def capture_ids(point: str, L: int) -> str:
@@ -88,25 +87,25 @@ def in_this_run(name: str, detail: str, tap, colls: list, last_order: int) -> st
     return detail
 
 
-def build_rows(result: dict, cfg, k: int, L_full: int) -> list[Row]:
+def build_rows(result: PointsResult, cfg, k: int, L_full: int) -> list[Row]:
     """Interleave layer k's (and the embedding's and head's) points with the collectives that
     ran between them, in the order of the real run."""
     what = {n: w for n, _, w in catalogue(cfg)}
-    shown = [n for n in result["taps"]
+    shown = [n for n in result.taps
              if n.startswith(("embed.", f"layers.{k}.")) or n in ("final", "logits.local", "logits")
              or n == f"layers.{k - 1}.out"]
     callers = ("model.embed_tokens", f"model.layers.{k}.", f"model.layers.{k + 1}.input_layernorm", "lm_head",
                "model.norm", "model.dp_token_counts")
     rows, done = [], 0
-    colls = result["collectives"]
+    colls = result.collectives
     for n in shown:
-        tap = result["taps"][n]
+        tap = result.taps[n]
         for i in range(done, tap.order):
             op, caller, shape, dtype, nbytes = colls[i]
             if caller.startswith(callers):
                 res = {"all_reduce": R, "all_gather": R, "reduce_scatter": S0, "all_to_all": S0}.get(op, "?")
                 rows.append(Row("collective", f"{op} ({caller})", "x".join(map(str, shape)), res,
-                                f"{human_bytes(nbytes)} per rank, {dtype}"))
+                                f"{human_bytes(nbytes, binary=True)} per rank, {dtype}"))
         detail = in_this_run(n, what.get(n, ""), tap, colls, last_order=done)
         done = max(done, tap.order)
         if n == f"layers.{k - 1}.out":
@@ -145,11 +144,10 @@ def svg(rows: list[Row], title: str) -> str:
             + "".join(parts) + legend + "</svg>\n")
 
 
-def add_parser(sub, add_run_options) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("explain", help="where every activation of one layer lives at a TP degree, "
                                        "and which collectives move it")
     add_run_options(p)
-    from tpsim.cli import add_mode_options
     add_mode_options(p, strategy=False)
     p.set_defaults(seq_len="16", dtype="bfloat16")
     p.add_argument("--tp", default="2", help="TP degree (default 2)")
@@ -161,28 +159,20 @@ def add_parser(sub, add_run_options) -> None:
 
 
 def cmd_explain(args) -> int:
-    from tpsim.files.atomic import write_text
-    from tpsim.cli import dtype_for, emit_json, load_model, mode_from, mode_note, positive_int, tokens_for
-    from tpsim.config import with_overrides
-    from tpsim.run.ranks import check_world, is_reporting_process, run_on_ranks
-    from tpsim.ui import ProgressLine, stdout, table
     tp = positive_int(args.tp, "--tp")
     if args.svg is not None and args.no_svg:
         raise UsageError("--svg and --no-svg contradict each other; give one of them")
     if args.svg is not None and not args.svg.strip():
         raise UsageError("--svg is empty; give a file name such as --svg explain.svg, or --no-svg")
-    if not 0 < args.timeout < timedelta.max.total_seconds():  # also rejects nan and inf
-        raise UsageError(f"--timeout {args.timeout:g} must be a positive, finite number of seconds, e.g. 60")
-    src = load_model(args, [tp])
+    check_timeout(args.timeout)
+    src = load_source(args, [tp])
     L, c = src.cfg.num_hidden_layers, src.cfg
-    first = -(-c.first_k_dense_replace // c.moe_layer_freq) * c.moe_layer_freq  # no loop: L can be 10**9
-    first_moe = first if c.n_routed_experts is not None and first < L else 0
-    k = first_moe if args.layer is None else int_arg(args.layer, "--layer")
+    k = (c.first_moe_layer or 0) if args.layer is None else integer(args.layer, "--layer")
     if not 0 <= k < L:
         raise UsageError(f"--layer {k} does not exist: layers are 0..{L - 1}")
     # run layers 0..k; under ar-fusion also layer k+1, whose norm holds layer k's fused all-reduce
     mode = mode_from(args, src.cfg, [tp], None)[0]
-    cfg = with_overrides(src.cfg, [f"num_hidden_layers={min(L, k + 2) if mode.name == 'ar-fusion' else k + 1}"])
+    cfg = with_overrides(src.cfg, [f"num_hidden_layers={mode.layers_to_explain(k, L)}"])
     tokens = tokens_for(args, cfg)
     mode.check(cfg, tp, len(tokens))
     check_world(tp, args.device, args.force)
@@ -192,18 +182,13 @@ def cmd_explain(args) -> int:
     if out is not None and out.is_dir():
         raise UsageError(f"--svg {out} is a directory; give a file name like {out / 'explain.svg'}")
     dtype = dtype_for(args)
-    progress = ProgressLine(enabled=is_reporting_process())
-    try:
-        results = run_on_ranks(points_job, tp, device=args.device, backend=args.backend,
-                               timeout_s=args.timeout, progress=progress, tp=tp, points=[], everything=True,
-                               weights=False, cfg=cfg.to_dict(), seed=args.seed, dtype=dtype, input_ids=tokens,
-                               mode=mode.to_dict())
-    finally:
-        progress.stop()
+    spec = RunSpec(ModelSource(src.name, cfg), args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy, args.device,
+                   args.backend, args.timeout)
+    results = on_ranks(points_job, spec, tp, points=[], everything=True, weights=False)
     if results is None:
         return 0
-    per_rank = sorted((r for r in results.values() if r is not None), key=lambda r: r["rank"])
-    same = all({n: t.shape for n, t in r["taps"].items()} == {n: t.shape for n, t in per_rank[0]["taps"].items()}
+    per_rank = sorted((r for r in results.values() if r is not None), key=lambda r: r.rank)
+    same = all({n: t.shape for n, t in r.taps.items()} == {n: t.shape for n, t in per_rank[0].taps.items()}
                for r in per_rank)
     rows = build_rows(per_rank[0], cfg, k, L)
     kind = "MoE" if cfg.is_moe_layer(k) else "dense"
@@ -215,7 +200,7 @@ def cmd_explain(args) -> int:
                    "same_on_every_rank": same, "rows": [r.__dict__ for r in rows]})
     else:
         stdout.print(title)
-        note = mode_note(mode, mode.right_strategy, len(tokens), L)
+        note = mode.note(mode.right_strategy, len(tokens), L)
         if note:
             stdout.print(f"note: {note}")
         stdout.print(table("", ["point / collective", "shape per rank", "placement", "what", "captured by"],
@@ -231,13 +216,3 @@ def cmd_explain(args) -> int:
         if not args.json:
             stdout.print(f"diagram: {out}")
     return 0
-
-
-def int_arg(text: str, option: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(f"{option} {text!r} is not an integer") from None
-
-
-

@@ -15,15 +15,11 @@ Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 from tpsim.capture import Position, check_convention, default_ids, ids_for, resolve
-from tpsim.cli import add_override, emit_json, positive_int, seed_value
 from tpsim.errors import UsageError
-from tpsim.run.jobs import capture_job
 
 LOOP_ORDER = ("sglang", "sglang-boundary", "vllm", "eagle")  # `if i in layers`: ascending, each once
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -311,16 +307,16 @@ def serve_fix(train: Side, serve: Side) -> Fix:
         ids = ids_for(conv, want, L)
         got = resolve(conv, ids, L).positions
     except UsageError as e:
-        return Fix(None, f"no {conv} ids capture {_ptext(want)}: {e}")
+        return Fix(None, f"no {conv} ids capture {positions_text(want)}: {e}")
     if got != want:
-        return Fix(None, f"no {conv} ids capture {_ptext(want)} in this order: {conv} concatenates "
+        return Fix(None, f"no {conv} ids capture {positions_text(want)} in this order: {conv} concatenates "
                          f"{serve.order}; retrain with ids in ascending order, each once")
     fixed = make_side("serve", conv, ids, L)
     return Fix(ids, f"serve with {conv} ids {','.join(map(str, ids))}",
                {c.position: c.id for c in fixed.slots})
 
 
-def _ptext(positions) -> str:
+def positions_text(positions) -> str:
     return ", ".join("unreachable" if p is None else str(p) for p in positions)
 
 
@@ -400,233 +396,3 @@ def side_from_config(role: str, program: str, draft: DraftConfig, L: int) -> Sid
     if program == "specforge":
         fallback += " (unless the training run overrode the ids)"
     return make_side(role, program, None, L, f"{draft.path}: default fallback", fallback)
-
-
-# --- the command --------------------------------------------------------------------------
-
-def parse_spec(text: str, option: str) -> tuple[str, list[int] | None]:
-    """`CONVENTION:IDS` -> (convention, ids or None for `default`)."""
-    name, colon, ids = text.partition(":")
-    example = f"{option} specforge:1,29,57 or {option} sglang:default"
-    if not colon:
-        raise UsageError(f"{option} {text!r} has no ':'; write CONVENTION:IDS, e.g. {example}")
-    try:
-        conv = check_convention(name.strip())
-    except UsageError as e:
-        raise UsageError(f"{option}: {e}") from None
-    if ids.strip() == "default":
-        return conv, None
-    try:
-        return conv, [int(x) for x in ids.split(",")]
-    except ValueError:
-        raise UsageError(f"{option} {text!r}: {ids!r} is not a comma-separated list of integers or 'default'; "
-                         f"e.g. {example} (negative ids are fine: sglang:-1,2,30)") from None
-
-
-def check_inputs(args) -> None:
-    """Exactly one input style, complete; a layer count from exactly one place."""
-    by_ids = args.train is not None or args.serve is not None
-    by_config = any(v is not None for v in (args.draft_config, args.trainer, args.server))
-    if by_ids and by_config:
-        raise UsageError("give either --train/--serve or --draft-config/--trainer/--server, not both")
-    if not by_ids and not by_config:
-        raise UsageError("nothing to align: give --train CONVENTION:IDS --serve CONVENTION:IDS, or "
-                         "--draft-config PATH --server sglang|sglang-boundary|vllm")
-    for opt, v in (("--train", args.train), ("--serve", args.serve)) if by_ids else ():
-        if v is None:
-            raise UsageError(f"{opt} is missing; give both --train CONVENTION:IDS and --serve CONVENTION:IDS")
-    if by_config:
-        _check_config_inputs(args)
-    if (args.num_layers is None) == (args.model is None):
-        raise UsageError("align needs the target's layer count: give --num-layers L or --model M (not both)")
-    if args.override and args.model is None:
-        raise UsageError("--override changes the --model config; give --model too")
-
-
-def _check_config_inputs(args) -> None:
-    if args.draft_config is None:
-        raise UsageError("--trainer/--server read a draft config: give --draft-config PATH (the draft's config.json)")
-    if args.server is None:
-        raise UsageError(f"--draft-config needs --server, one of {', '.join(SERVERS)}")
-    if args.server not in SERVERS:
-        raise UsageError(f"unknown server {args.server!r}; use one of {', '.join(SERVERS)} (or compare any "
-                         "convention with --train/--serve)")
-    if (args.trainer or "specforge") not in TRAINERS:
-        raise UsageError(f"unknown trainer {args.trainer!r}; use specforge (or compare any convention with "
-                         "--train/--serve)")
-
-
-def sides(args, L: int) -> tuple[Side, Side]:
-    if args.draft_config is None:
-        out = []
-        for role, text in (("train", args.train), ("serve", args.serve)):
-            conv, ids = parse_spec(text, f"--{role}")
-            out.append(make_side(role, conv, ids, L, f"--{role} {text}"))
-        return out[0], out[1]
-    draft = read_draft_config(args.draft_config)
-    return (side_from_config("train", args.trainer or "specforge", draft, L),
-            side_from_config("serve", args.server, draft, L))
-
-
-def fix_hint(report: Report, by_config: bool) -> str:
-    ids = report.fix.ids
-    if not by_config:
-        return f"--serve {report.serve.convention}:{','.join(map(str, ids))}"
-    if report.serve.convention == "vllm":
-        return f'top level of the draft config: "{KEY}": {json.dumps(ids)}'
-    return (f'draft config "eagle_config": {{"{KEY}": {json.dumps(ids)}}}; SpecForge reads the same key, '
-            "so keep the trained ids on record")
-
-
-def cmd_align(args) -> int:
-    from tpsim.cli import load_model
-    from tpsim.run.ranks import is_reporting_process
-    check_inputs(args)
-    src, tp = None, positive_int(args.tp, "--tp")
-    if args.model is not None:
-        _check_timeout(args.timeout)
-        src = load_model(args, [tp])
-        L = src.cfg.num_hidden_layers
-    else:
-        L = positive_int(args.num_layers, "--num-layers")
-    report = align(*sides(args, L))
-    if src is not None:
-        report.run = run_model(args, src, tp, report)
-        if not is_reporting_process():
-            return 0
-    if report.fix is not None and report.fix.ids is not None:
-        report.fix.text += f" ({fix_hint(report, args.draft_config is not None)})"
-    if args.json:
-        emit_json(report.to_dict())
-    else:
-        print_report(report, args)
-    return 0 if report.aligned else 1
-
-
-def _check_timeout(t: float) -> None:
-    if not 0 < t < timedelta.max.total_seconds():
-        raise UsageError(f"--timeout {t:g} must be a positive, finite number of seconds, e.g. 60")
-
-
-# --- running the model --------------------------------------------------------------------
-
-def run_model(args, src, tp: int, report: Report) -> dict | None:
-    """Capture every position either side names once, at TP=`tp`, and set each slot's cosine
-    (mean over tokens) between the feature training saw and the one the server captures."""
-    from types import SimpleNamespace
-
-    from tpsim.cli import dtype_for, job_args, tokens_for
-    from tpsim.parallel.launch import under_torchrun
-    from tpsim.run.ranks import check_memory, check_world, is_reporting_process, run_on_ranks
-    from tpsim.ui import ProgressLine
-    tokens = tokens_for(args, src.cfg)
-    check_world(tp, args.device, args.force)
-    check_memory(src.cfg, [tp], dtype_for(args), args.device, args.force, str(args.model))
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) % tp:
-        raise UsageError(f"--tp {tp} does not divide the torchrun world size {os.environ['WORLD_SIZE']}")
-    union = sorted({p for side in (report.train, report.serve) for p in side.positions if p is not None},
-                   key=Position.sort_key)
-    info = {"model": args.model, "weights": src.weights, "checkpoint_fingerprint": src.fingerprint,
-            "tp": tp, "dtype": dtype_for(args), "seed": args.seed, "tokens": len(tokens),
-            "positions": [str(p) for p in union], "notes": src.notes}
-    if not union:
-        return info
-    progress = ProgressLine(enabled=is_reporting_process())
-    try:
-        results = run_on_ranks(capture_job, tp, device=args.device, backend=args.backend,
-                               timeout_s=args.timeout, progress=progress, tp=tp,
-                               **job_args(src, args, SimpleNamespace(positions=union), tokens))
-    finally:
-        progress.stop()
-    if results is None:
-        return None
-    got = [r for r in results.values() if r is not None]
-    cap = next(r["capture"] for r in got if r["capture"] is not None)
-    info["identical_on_ranks"] = all(r["identical"] for r in got)
-    set_cosines(report.slots, cap, union, src.cfg.hidden_size)
-    return info
-
-
-def set_cosines(slots: list[Slot], cap, union: list[Position], H: int) -> None:
-    """cos(train feature, serve feature) per token, averaged, in float64, for every slot both
-    sides reach."""
-    import torch.nn.functional as F
-    for s in slots:
-        if s.train is None or s.serve is None or s.train.position is None or s.serve.position is None:
-            continue
-        a, b = (cap[:, k * H:(k + 1) * H].double() for k in
-                (union.index(s.train.position), union.index(s.serve.position)))
-        s.cosine = float(F.cosine_similarity(a, b, dim=-1).mean())
-
-
-# --- output -------------------------------------------------------------------------------
-
-def print_report(report: Report, args) -> None:
-    from rich.markup import escape
-
-    from tpsim.ui import stdout, table
-
-    def say(text: str) -> None:  # one line however long, so it can be grepped
-        stdout.print(text, soft_wrap=True, markup=False)
-    train, serve = report.train, report.serve
-    say(f"tpsim align: train {train.convention} vs serve {serve.convention} on {train.num_layers} layers")
-    for side in (train, serve):
-        say(f"{side.role}: {side.convention} ids {side.ids_text()} (from {side.source}) -> "
-            f"{_ptext(side.positions)} ({side.order})")
-        for n in side.notes:
-            say(f"note: {side.role}: {n}")
-    if report.run is not None:
-        r = report.run
-        say(f"run: {args.model}, {r['weights']} weights, TP={r['tp']}, {r['dtype']}, {r['tokens']} tokens, "
-            f"seed {r['seed']}; cosine = mean over tokens of cos(train feature, serve feature)")
-        for n in r["notes"]:
-            say(f"note: {n}")
-    run = report.run is not None
-    columns = ["slot", "train id", "train position", "serve id", "serve position", "match"]
-    stdout.print(table("", columns + (["cosine"] if run else []) + ["reason"],
-                       [[escape(c) for c in _row(s, run)] for s in report.slots]))
-    for n in report.notes:
-        say(f"note: {n}")
-    if report.aligned:
-        say(f"ALIGNED: {len(report.slots)} slots, the same positions in the same order "
-            f"({_ptext(train.positions)})")
-        return
-    say("NOT ALIGNED: " + "; ".join(f"{LABELS[r.code]} ({r.text})" for r in report.reasons))
-    if report.fix is not None:
-        say(f"fix: {report.fix.text}")
-
-
-def _row(s: Slot, run: bool) -> list[str]:
-    def cell(v):
-        return "-" if v is None else str(v)
-    t, v = s.train, s.serve
-    row = [str(s.index), cell(t and t.id), cell(t and (t.position or "unreachable")),
-           cell(v and v.id), cell(v and (v.position or "unreachable")), "yes" if s.match else "NO"]
-    if run:
-        row.append("-" if s.cosine is None else f"{s.cosine:.6f}")
-    return row + ["; ".join(map(str, s.reasons))]
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("align", help="do trainer and server capture the same positions in the same slot order?")
-    p.add_argument("--train", metavar="CONVENTION:IDS", help="training side, e.g. specforge:1,29,57 or specforge:default")
-    p.add_argument("--serve", metavar="CONVENTION:IDS", help="serving side, e.g. sglang:-1,2,30 or vllm:default")
-    p.add_argument("--draft-config", metavar="PATH", help="or read the ids from the draft's config.json as each program does")
-    p.add_argument("--trainer", metavar="{" + ",".join(TRAINERS) + "}", help="with --draft-config (default specforge)")
-    p.add_argument("--server", metavar="{" + ",".join(SERVERS) + "}", help="with --draft-config")
-    p.add_argument("--num-layers", help="num_hidden_layers of the target model")
-    p.add_argument("--model", help="or the target model (config or HF directory): also runs it and reports the "
-                                   "cosine per slot")
-    add_override(p)
-    p.add_argument("--tp", default="1", help="TP degree of the --model run (default 1)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--seq-len", default="16", help="number of random tokens drawn from --seed (default 16)")
-    p.add_argument("--seed", type=seed_value, default=0, help="weights and token seed (default 0)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, gloo on CPU")
-    p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")
-    p.add_argument("--force", action="store_true", help="spawn more CPU ranks than the machine should run")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_align)
-

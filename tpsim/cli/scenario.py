@@ -12,13 +12,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import yaml
 
 from tpsim.errors import UsageError
+from tpsim.run.spec import BUILTIN_CONFIGS
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "configs" / "scenarios"
+SCENARIOS = BUILTIN_CONFIGS / "scenarios"
 
 
 def available() -> list[str]:

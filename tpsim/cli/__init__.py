@@ -1,0 +1,67 @@
+"""`tpsim ...` / `python -m tpsim ...`.
+
+Exit codes: 0 every property holds; 1 a property failed; 2 bad input; 3 a rank failed or
+stalled; 4 an output could not be written (the previous file, if any, is untouched).
+
+One module per command (its arguments and its printing); what they share is in options.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+from tpsim import __version__
+from tpsim.cli import align, capture, check, diagnose, explain, export, resolve, scenario, verify
+from tpsim.cli.options import Parser
+from tpsim.errors import RankError, UsageError
+from tpsim.parallel.launch import exit_torchrun_rank, under_torchrun
+from tpsim.run.ranks import is_reporting_process
+
+COMMANDS = (check, capture, export, explain, align, diagnose, scenario, verify, resolve)  # the order of --help
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="tpsim", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tpsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    code = run_command(argv)
+    if under_torchrun():
+        exit_torchrun_rank(code)
+    return code
+
+
+def run_command(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as e:
+        if is_reporting_process():  # one line, even when a user-given name holds a line break
+            one_line = "\\n".join(str(e).splitlines())
+            print(f"tpsim: error: {one_line}", file=sys.stderr)
+        return 2
+    except RankError as e:
+        print(f"tpsim: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        if os.environ.get("TPSIM_DEBUG"):
+            print(str(e), file=sys.stderr)
+        return 3
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # raised by a path check, before anything is written
+            print(f"tpsim: error: a path is too long ({e.strerror}): {str(e.filename)[:60]}...; use a shorter "
+                  "name", file=sys.stderr)
+            return 2
+        # writing an output failed (disk full, I/O error): the previous file is untouched
+        where = f" {e.filename}" if e.filename else ""
+        print(f"tpsim: error: could not write the output{where}: {e.strerror or e}; nothing was replaced",
+              file=sys.stderr)
+        return 4
+    except KeyboardInterrupt:
+        print("tpsim: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,218 @@
+"""`tpsim align`: does the trainer of an EAGLE-3 draft capture the same residual-stream positions,
+in the same slot order, as the server that runs it? (tpsim.capture.align compares; this module
+reads the options, runs the model when --model is given, and prints.)
+
+Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch.nn.functional as F
+from rich.markup import escape
+
+from tpsim.capture import Position, check_convention
+from tpsim.capture.align import (KEY, LABELS, SERVERS, TRAINERS, Report, Side, Slot, positions_text, align, make_side,
+                                 read_draft_config, side_from_config)
+from tpsim.cli.capture import on_ranks
+from tpsim.cli.options import (add_execution_options, emit_json, load_source, positive_int, run_spec)
+from tpsim.errors import UsageError
+from tpsim.run.jobs import capture_job
+from tpsim.run.preflight import check_divides_world, check_timeout
+from tpsim.run.ranks import is_reporting_process
+from tpsim.ui import stdout, table
+
+
+def parse_spec(text: str, option: str) -> tuple[str, list[int] | None]:
+    """`CONVENTION:IDS` -> (convention, ids or None for `default`)."""
+    name, colon, ids = text.partition(":")
+    example = f"{option} specforge:1,29,57 or {option} sglang:default"
+    if not colon:
+        raise UsageError(f"{option} {text!r} has no ':'; write CONVENTION:IDS, e.g. {example}")
+    try:
+        conv = check_convention(name.strip())
+    except UsageError as e:
+        raise UsageError(f"{option}: {e}") from None
+    if ids.strip() == "default":
+        return conv, None
+    try:
+        return conv, [int(x) for x in ids.split(",")]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: {ids!r} is not a comma-separated list of integers or 'default'; "
+                         f"e.g. {example} (negative ids are fine: sglang:-1,2,30)") from None
+
+
+def check_inputs(args) -> None:
+    """Exactly one input style, complete; a layer count from exactly one place."""
+    by_ids = args.train is not None or args.serve is not None
+    by_config = any(v is not None for v in (args.draft_config, args.trainer, args.server))
+    if by_ids and by_config:
+        raise UsageError("give either --train/--serve or --draft-config/--trainer/--server, not both")
+    if not by_ids and not by_config:
+        raise UsageError("nothing to align: give --train CONVENTION:IDS --serve CONVENTION:IDS, or "
+                         "--draft-config PATH --server sglang|sglang-boundary|vllm")
+    for opt, v in (("--train", args.train), ("--serve", args.serve)) if by_ids else ():
+        if v is None:
+            raise UsageError(f"{opt} is missing; give both --train CONVENTION:IDS and --serve CONVENTION:IDS")
+    if by_config:
+        _check_config_inputs(args)
+    if (args.num_layers is None) == (args.model is None):
+        raise UsageError("align needs the target's layer count: give --num-layers L or --model M (not both)")
+    if args.override and args.model is None:
+        raise UsageError("--override changes the --model config; give --model too")
+
+
+def _check_config_inputs(args) -> None:
+    if args.draft_config is None:
+        raise UsageError("--trainer/--server read a draft config: give --draft-config PATH (the draft's config.json)")
+    if args.server is None:
+        raise UsageError(f"--draft-config needs --server, one of {', '.join(SERVERS)}")
+    if args.server not in SERVERS:
+        raise UsageError(f"unknown server {args.server!r}; use one of {', '.join(SERVERS)} (or compare any "
+                         "convention with --train/--serve)")
+    if (args.trainer or "specforge") not in TRAINERS:
+        raise UsageError(f"unknown trainer {args.trainer!r}; use specforge (or compare any convention with "
+                         "--train/--serve)")
+
+
+def sides(args, L: int) -> tuple[Side, Side]:
+    if args.draft_config is None:
+        out = []
+        for role, text in (("train", args.train), ("serve", args.serve)):
+            conv, ids = parse_spec(text, f"--{role}")
+            out.append(make_side(role, conv, ids, L, f"--{role} {text}"))
+        return out[0], out[1]
+    draft = read_draft_config(args.draft_config)
+    return (side_from_config("train", args.trainer or "specforge", draft, L),
+            side_from_config("serve", args.server, draft, L))
+
+
+def fix_hint(report: Report, by_config: bool) -> str:
+    ids = report.fix.ids
+    if not by_config:
+        return f"--serve {report.serve.convention}:{','.join(map(str, ids))}"
+    if report.serve.convention == "vllm":
+        return f'top level of the draft config: "{KEY}": {json.dumps(ids)}'
+    return (f'draft config "eagle_config": {{"{KEY}": {json.dumps(ids)}}}; SpecForge reads the same key, '
+            "so keep the trained ids on record")
+
+
+def cmd_align(args) -> int:
+    check_inputs(args)
+    src, tp = None, positive_int(args.tp, "--tp")
+    if args.model is not None:
+        check_timeout(args.timeout)
+        src = load_source(args, [tp])
+        L = src.cfg.num_hidden_layers
+    else:
+        L = positive_int(args.num_layers, "--num-layers")
+    report = align(*sides(args, L))
+    if src is not None:
+        report.run = run_model(args, src, tp, report)
+        if not is_reporting_process():
+            return 0
+    if report.fix is not None and report.fix.ids is not None:
+        report.fix.text += f" ({fix_hint(report, args.draft_config is not None)})"
+    if args.json:
+        emit_json(report.to_dict())
+    else:
+        print_report(report, args)
+    return 0 if report.aligned else 1
+
+
+# --- running the model --------------------------------------------------------------------
+
+def run_model(args, src, tp: int, report: Report) -> dict | None:
+    """Capture every position either side names once, at TP=`tp`, and set each slot's cosine
+    (mean over tokens) between the feature training saw and the one the server captures."""
+    union = sorted({p for side in (report.train, report.serve) for p in side.positions if p is not None},
+                   key=Position.sort_key)
+    spec, _ = run_spec(args, [tp], source=src, positions=union)
+    check_divides_world(tp)
+    info = {"model": args.model, "weights": src.weights, "checkpoint_fingerprint": src.fingerprint,
+            "tp": tp, "dtype": spec.dtype, "seed": args.seed, "tokens": len(spec.tokens),
+            "positions": [str(p) for p in union], "notes": list(src.notes)}
+    if not union:
+        return info
+    results = on_ranks(capture_job, spec, tp)
+    if results is None:
+        return None
+    got = [r for r in results.values() if r is not None]
+    cap = next(r.capture for r in got if r.capture is not None)
+    info["identical_on_ranks"] = all(r.identical for r in got)
+    set_cosines(report.slots, cap, union, src.cfg.hidden_size)
+    return info
+
+
+def set_cosines(slots: list[Slot], cap, union: list[Position], H: int) -> None:
+    """cos(train feature, serve feature) per token, averaged, in float64, for every slot both
+    sides reach."""
+    for s in slots:
+        if s.train is None or s.serve is None or s.train.position is None or s.serve.position is None:
+            continue
+        a, b = (cap[:, k * H:(k + 1) * H].double() for k in
+                (union.index(s.train.position), union.index(s.serve.position)))
+        s.cosine = float(F.cosine_similarity(a, b, dim=-1).mean())
+
+
+# --- output -------------------------------------------------------------------------------
+
+def print_report(report: Report, args) -> None:
+    def say(text: str) -> None:  # one line however long, so it can be grepped
+        stdout.print(text, soft_wrap=True, markup=False)
+    train, serve = report.train, report.serve
+    say(f"tpsim align: train {train.convention} vs serve {serve.convention} on {train.num_layers} layers")
+    for side in (train, serve):
+        say(f"{side.role}: {side.convention} ids {side.ids_text()} (from {side.source}) -> "
+            f"{positions_text(side.positions)} ({side.order})")
+        for n in side.notes:
+            say(f"note: {side.role}: {n}")
+    if report.run is not None:
+        r = report.run
+        say(f"run: {args.model}, {r['weights']} weights, TP={r['tp']}, {r['dtype']}, {r['tokens']} tokens, "
+            f"seed {r['seed']}; cosine = mean over tokens of cos(train feature, serve feature)")
+        for n in r["notes"]:
+            say(f"note: {n}")
+    run = report.run is not None
+    columns = ["slot", "train id", "train position", "serve id", "serve position", "match"]
+    stdout.print(table("", columns + (["cosine"] if run else []) + ["reason"],
+                       [[escape(c) for c in _row(s, run)] for s in report.slots]))
+    for n in report.notes:
+        say(f"note: {n}")
+    if report.aligned:
+        say(f"ALIGNED: {len(report.slots)} slots, the same positions in the same order "
+            f"({positions_text(train.positions)})")
+        return
+    say("NOT ALIGNED: " + "; ".join(f"{LABELS[r.code]} ({r.text})" for r in report.reasons))
+    if report.fix is not None:
+        say(f"fix: {report.fix.text}")
+
+
+def _row(s: Slot, run: bool) -> list[str]:
+    def cell(v):
+        return "-" if v is None else str(v)
+    t, v = s.train, s.serve
+    row = [str(s.index), cell(t and t.id), cell(t and (t.position or "unreachable")),
+           cell(v and v.id), cell(v and (v.position or "unreachable")), "yes" if s.match else "NO"]
+    if run:
+        row.append("-" if s.cosine is None else f"{s.cosine:.6f}")
+    return row + ["; ".join(map(str, s.reasons))]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("align", help="do trainer and server capture the same positions in the same slot order?")
+    p.add_argument("--train", metavar="CONVENTION:IDS", help="training side, e.g. specforge:1,29,57 or specforge:default")
+    p.add_argument("--serve", metavar="CONVENTION:IDS", help="serving side, e.g. sglang:-1,2,30 or vllm:default")
+    p.add_argument("--draft-config", metavar="PATH", help="or read the ids from the draft's config.json as each program does")
+    p.add_argument("--trainer", metavar="{" + ",".join(TRAINERS) + "}", help="with --draft-config (default specforge)")
+    p.add_argument("--server", metavar="{" + ",".join(SERVERS) + "}", help="with --draft-config")
+    p.add_argument("--num-layers", help="num_hidden_layers of the target model")
+    p.add_argument("--model", help="or the target model (config or HF directory): also runs it and reports the "
+                                   "cosine per slot")
+    p.add_argument("--tp", default="1", help="TP degree of the --model run (default 1)")
+    add_execution_options(p)
+    p.set_defaults(seq_len="16")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_align)
+

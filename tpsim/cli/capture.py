@@ -1,0 +1,124 @@
+"""`tpsim capture`: capture on real ranks and write a safetensors file (or, with --points,
+each rank's local tensor of each named point, one file per rank)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from tpsim import __version__
+from tpsim.capture.points import check_points
+from tpsim.cli.options import (add_mode_options, add_run_options, load_source, mode_from, positive_int, run_spec,
+                               tokens_for, dtype_for)
+from tpsim.errors import UsageError
+from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dump
+from tpsim.parallel.placement import R, S0
+from tpsim.run.jobs import capture_job, points_job
+from tpsim.run.preflight import check_divides_world, check_memory, check_timeout, check_world
+from tpsim.run.ranks import is_reporting_process, run_on_ranks
+from tpsim.run.spec import RunSpec
+from tpsim.ui import ProgressLine
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("capture", help="capture on real ranks and write a safetensors file")
+    add_run_options(p)
+    add_mode_options(p)
+    p.add_argument("--tp", default="1", help="TP degree (default 1)")
+    p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
+    p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "
+                                                "OUT.rank0.safetensors ...)")
+    p.add_argument("--points", help="named points to capture per rank instead of --layers, e.g. "
+                                    "layers.3.attn.o_proj.partial,layers.3.mlp.in (tpsim explain lists them)")
+    p.set_defaults(func=cmd_capture)
+
+
+def check_out(out: Path) -> None:
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist; create it first")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name like {out / 'capture.safetensors'}")
+    if not os.access(out.parent, os.W_OK):
+        raise UsageError(f"--out {out}: directory {out.parent} is not writable")
+
+
+def on_ranks(job, spec: RunSpec, tp: int, **kwargs) -> dict | None:
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        return run_on_ranks(job, tp, device=spec.device, backend=spec.backend, timeout_s=spec.timeout_s,
+                            progress=progress, spec=spec, tp=tp, **kwargs)
+    finally:
+        progress.stop()
+
+
+def cmd_capture(args) -> int:
+    tp = positive_int(args.tp, "--tp")
+    check_divides_world(tp)
+    out = Path(args.out)
+    check_out(out)
+    if args.points is not None:
+        return capture_points(args, tp, out)
+    spec, res = run_spec(args, [tp])
+    results = on_ranks(capture_job, spec, tp)
+    if results is None:
+        return 0
+    got = sorted((r for r in results.values() if r is not None), key=lambda r: r.group_rank)
+    mode, strategy = spec.mode, spec.strategy
+    if any(r.identical is False for r in got):
+        print(f"tpsim: error: the capture differs between ranks at TP={tp} (mode {mode.name}, strategy {strategy}); "
+              f"nothing written; tpsim check --mode {mode.name} --strategy {strategy} diagnoses it", file=sys.stderr)
+        return 1
+    if mode.rank_local and tp > 1:  # each rank its own sequence: concatenated in rank order
+        cap = torch.cat([r.capture for r in got])
+        placement = f"{S0}: rank r's own sequence, rows " + "+".join(str(r.capture.shape[0]) for r in got)
+    else:
+        cap, placement = next(r.capture for r in got if r.capture is not None), str(R)
+    meta = {"layers": "default" if res.ids is None else ",".join(map(str, res.ids)),
+            "convention": res.convention, "positions": res.positions_text, "tp": str(tp), "dtype": spec.dtype,
+            "seed": str(spec.seed), "config_sha256": spec.cfg.sha256(), "placement": placement,
+            "mode": mode.name, "capture_strategy": strategy,
+            "weights": spec.source.weights, "tpsim_version": __version__}
+    if spec.source.fingerprint:
+        meta["checkpoint_fingerprint"] = spec.source.fingerprint
+    write_capture(out, cap, list(spec.tokens), meta)
+    for n in spec.source.notes:
+        print(f"note: {n}")
+    where = placement if placement != R else f"identical on all {tp} rank{'s' if tp > 1 else ''}"
+    print(f"wrote {out}: aux_hidden_states {list(cap.shape)} ({res.positions_text}), input_ids "
+          f"[{len(spec.tokens)}], TP={tp}, mode {mode.name}, {where}")
+    return 0
+
+
+def capture_points(args, tp: int, out: Path) -> int:
+    """`capture --points`: each rank's local tensor of each named point, one file per rank."""
+    if args.layers is not None:
+        raise UsageError("--points and --layers both name what to capture; give one of them")
+    src = load_source(args, [tp])
+    points = check_points(src.cfg, [p.strip() for p in args.points.split(",") if p.strip()])
+    if not points:
+        raise UsageError("--points is empty; name points like layers.3.attn.o_proj.partial")
+    tokens = tokens_for(args, src.cfg)
+    if args.strategy is not None:
+        raise UsageError("--strategy applies to --layers captures; --points dumps each rank's local tensors as they are")
+    mode = mode_from(args, src.cfg, [tp], len(tokens))[0]
+    check_timeout(args.timeout)
+    check_world(tp, args.device, args.force)
+    dtype = dtype_for(args)
+    check_memory(src.cfg, [tp], dtype, args.device, args.force, str(args.model))
+    spec = RunSpec(src, args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy, args.device, args.backend,
+                   args.timeout)
+    results = on_ranks(points_job, spec, tp, points=points)
+    if results is None:
+        return 0
+    meta = {"tp": str(tp), "dtype": dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(), "mode": mode.name,
+            "hidden_size": str(src.cfg.hidden_size), "weights": src.weights, "tpsim_version": __version__}
+    ranks = sorted((r for r in results.values() if r is not None), key=lambda r: r.rank)
+    for r in ranks:
+        write_rank_dump(out, r.rank, tp, r.taps, list(tokens), meta)
+    first = ranks[0].taps
+    print(f"wrote {rank_dump_path(out, 0)} .. {rank_dump_path(out, tp - 1).name}: "
+          + ", ".join(f"{n} {list(first[n].shape)} {first[n].placement}" for n in points))
+    return 0

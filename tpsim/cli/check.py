@@ -1,0 +1,86 @@
+"""`tpsim check`: run the model at each TP degree on real ranks and check the capture."""
+
+from __future__ import annotations
+
+from tpsim.cli.options import add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
+from tpsim.run.jobs import check_job
+from tpsim.run.ranks import is_reporting_process, run_on_ranks
+from tpsim.run.report import TOLERANCE_METRIC, CheckReport, ops_text, summarize
+from tpsim.ui import ProgressLine, stdout, table
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("check", help="run the model at each TP degree on real ranks and check the capture")
+    add_run_options(p)
+    add_mode_options(p)
+    p.add_argument("--tp", help="TP degrees, e.g. 1,2,4,8 (default 1,2,4,8; under torchrun every divisor "
+                                "of the world size)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args) -> int:
+    tps = tp_degrees(args)
+    spec, res = run_spec(args, tps)
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        results = run_on_ranks(check_job, max(tps), device=spec.device, backend=spec.backend,
+                               timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
+    finally:
+        progress.stop()
+    if results is None:  # a torchrun rank other than 0
+        return 0
+    report = summarize(spec, res, tps, [r for per_rank in results.values() for r in per_rank])
+    if args.json:
+        emit_json(report.to_dict())
+    else:
+        print_report(report, tps)
+    return 0 if report.ok else 1
+
+
+def print_report(report: CheckReport, tps: list[int]) -> None:
+    spec, res = report.spec, report.resolution
+    cfg, mode, dtype = spec.cfg, spec.mode, spec.dtype
+    H, L, n = cfg.hidden_size, cfg.num_hidden_layers, len(spec.positions)
+    ids = "default " + str(res.internal) if res.ids is None else str(res.ids)
+    stdout.print(f"tpsim check: {spec.source.name} (L={L}, hidden={H}), {dtype}, {len(spec.tokens)} tokens, "
+                 f"seed {spec.seed}, {spec.source.weights} weights")
+    for note in spec.source.notes:
+        stdout.print(f"note: {note}")
+    stdout.print(f"capture: {res.convention} ids {ids} -> {res.positions_text} (width {n} x {H} = {n * H})")
+    for note in res.notes:
+        stdout.print(f"note: {note}")
+    note = mode.note(spec.strategy, len(spec.tokens), L)
+    if note:
+        stdout.print(f"note: {note}")
+    stdout.print(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}); "
+                 "ranks identical means bitwise equal to the group's rank 0")
+    plain = mode.plain
+    stdout.print(table(
+        "", ["TP", "ranks", "capture shape per rank", "expected", "ranks identical", "rel err vs TP=1",
+             "logits rel err", "all-reduces (expected)" if plain else "collectives (expected)", "ok"],
+        [[str(r.tp), str(r.ranks), r.shapes, " ".join(map(str, r.expected_shape))
+          if isinstance(r.expected_shape[0], str) else str(r.expected_shape),
+          {True: "yes", False: "NO", None: "own tokens"}[r.identical],
+          "-" if r.rel_err is None else f"{r.rel_err:.2e}",
+          "-" if r.logits_rel_err is None else f"{r.logits_rel_err:.2e}",
+          f"{r.all_reduces} ({r.expected_all_reduces})" if plain
+          else f"{ops_text(r.collectives)} ({ops_text(r.expected_collectives)})",
+          "ok" if r.ok else "FAIL"]
+         for r in report.rows]))
+    for r in report.rows:
+        if r.routing_note:
+            stdout.print(f"note TP={r.tp}: {r.routing_note}")
+    degrees = ", ".join(map(str, tps))
+    if report.ok and mode.rank_local:
+        stdout.print(f"PASS: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
+                     f"on that rank's sequence at TP {degrees}")
+    elif report.ok:
+        stdout.print(f"PASS: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
+                     f"at TP {degrees}" + ("" if plain else f" (mode {mode.name}, strategy {spec.strategy})")
+                     + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows)
+                        else ""))
+    else:
+        for r in report.rows:
+            for why in r.failures:
+                stdout.print(f"FAIL TP={r.tp}: {why}")

@@ -1,0 +1,189 @@
+"""What the commands share: the parser, the option parsers, the run options, and the RunSpec
+they build (every value validated here, once, before any rank starts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
+from tpsim.config import ModelConfig
+from tpsim.errors import UsageError
+from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, MODES, Mode
+from tpsim.parallel.launch import under_torchrun
+from tpsim.run.preflight import check_divides_world, check_memory, check_timeout, check_world, torchrun_world
+from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, input_ids_for
+
+MAX_TOKENS = 2**20  # far beyond any real context here (V3: 163840); keeps a typo from allocating 8 TB of ids
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "--layers=-1,2,30", "--tokens": "1,2,3"}
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def _get_values(self, action, arg_strings):
+        # `--opt=--`: argparse (CPython < 3.12) drops the "--" and hands the option an empty list
+        if arg_strings == ["--"] and action.option_strings and action.nargs in (None, "?"):
+            raise UsageError(f"{'/'.join(action.option_strings)} needs a value, not '--'")
+        return super()._get_values(action, arg_strings)
+
+
+# --- option values -------------------------------------------------------------------------
+
+def integer(text: str, option: str, low: int | None = None, example: str = "") -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not an integer{example}") from None
+    if low is not None and v < low:
+        raise UsageError(f"{option} {v} must be at least {low}")
+    return v
+
+
+def positive_int(text: str, option: str) -> int:
+    return integer(text, option, low=1)
+
+
+def optional_int(text: str | None, option: str, low: int) -> int | None:
+    return None if text is None else integer(text, option, low)
+
+
+def seed_value(text: str) -> int:
+    """--seed: an integer in [0, 2**63) (the generators take 64-bit seeds)."""
+    v = integer(text, "--seed", example=", e.g. --seed 0")
+    if not 0 <= v < 2**63:
+        raise UsageError(f"--seed {v} is out of range; use 0 <= seed < 2**63")
+    return v
+
+
+def int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not a comma-separated list of integers, "
+                         f"e.g. {LIST_EXAMPLES.get(option, '1,2,3')}") from None
+
+
+def emit_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# --- the options every model-running command takes -----------------------------------------
+
+def add_override(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--override", action="append", metavar="FIELD=VALUE",
+                   help="change one config field, e.g. --override num_hidden_layers=4 (repeatable)")
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="YAML/JSON config with HF DeepseekV2Config fields, a built-in name (tiny, "
+                        "deepseek-v2-lite, deepseek-v3), or an HF model directory")
+    p.add_argument("--layers", help="layer ids in the convention's numbering, e.g. --layers=-1,2,30 "
+                                    "(default: the convention's default ids)")
+    p.add_argument("--convention", default="sglang", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}")
+    add_execution_options(p)
+
+
+def add_execution_options(p: argparse.ArgumentParser) -> None:
+    """How a model runs: dtype, tokens, seed, device, backend, timeout, --force, --override."""
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--seq-len", help="number of random tokens drawn from --seed (default 16)")
+    p.add_argument("--seed", type=seed_value, default=0, help="weights and token seed (default 0)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, gloo on CPU")
+    p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    p.add_argument("--force", action="store_true", help="spawn more CPU ranks than the machine should run")
+    add_override(p)
+
+
+def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
+    p.add_argument("--mode", default="tp", metavar="{" + ",".join(MODES) + "}",
+                   help="communication mode of the engine replayed (default tp; README: one section per mode)")
+    if strategy:
+        p.add_argument("--strategy", help="capture strategy (default: the right one for the mode; tp: model-level, "
+                                          "ar-fusion: in-layer, sp/ep: gathered, dp-attention: local)")
+    p.add_argument("--fusion-max-tokens", help="ar-fusion: fuse the MLP all-reduce into the next layer's norm "
+                                               "only for batches of at most this many tokens (default 2048)")
+    p.add_argument("--ep-output", metavar="{" + ",".join(EP_OUTPUTS) + "}",
+                   help="ep: all-gather the MoE output (replicated, default) or keep the stream token-"
+                        "scattered (scattered, DeepEP-style)")
+
+
+def dtype_for(args) -> str:
+    if args.dtype == "auto":
+        return "bfloat16" if args.device == "cuda" else "float32"
+    return args.dtype
+
+
+def layer_ids(args) -> list[int] | None:
+    return None if args.layers is None else int_list(args.layers, "--layers")
+
+
+def load_source(args, tps: list[int]) -> ModelSource:
+    return ModelSource.load(args.model, args.override or [], tps)
+
+
+def tokens_for(args, cfg: ModelConfig) -> list[int]:
+    if getattr(args, "tokens", None) is not None:
+        if args.seq_len is not None:
+            raise UsageError("--tokens and --seq-len both say which tokens to run; give one of them")
+        ids = int_list(args.tokens, "--tokens")
+        bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise UsageError(f"--tokens: id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1} "
+                             f"(vocab_size={cfg.vocab_size})")
+        return ids
+    n = positive_int(args.seq_len or "16", "--seq-len")
+    if n > MAX_TOKENS:
+        raise UsageError(f"--seq-len {n} is more tokens than tpsim runs (at most {MAX_TOKENS})")
+    if n > cfg.max_position_embeddings:
+        raise UsageError(f"--seq-len {n} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+    return input_ids_for(cfg, args.seed, n)
+
+
+def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tuple[Mode, str]:
+    """The Mode the options name and its capture strategy, checked against the config, every
+    TP degree and the token count before any rank starts."""
+    if args.fusion_max_tokens is not None and args.mode != "ar-fusion":
+        raise UsageError(f"--fusion-max-tokens applies to --mode ar-fusion only, not --mode {args.mode}")
+    if args.ep_output is not None and args.mode != "ep":
+        raise UsageError(f"--ep-output applies to --mode ep only, not --mode {args.mode}")
+    fusion = DEFAULT_FUSION_MAX_TOKENS if args.fusion_max_tokens is None \
+        else integer(args.fusion_max_tokens, "--fusion-max-tokens")
+    mode = Mode(args.mode, fusion, args.ep_output or "replicated")
+    strategy = mode.strategy(getattr(args, "strategy", None))
+    for t in tps:
+        mode.check(cfg, t, tokens)
+    return mode, strategy
+
+
+def tp_degrees(args) -> list[int]:
+    """--tp as a sorted list of degrees (default 1,2,4,8; under torchrun every divisor of the world)."""
+    if args.tp is None:
+        world = torchrun_world()
+        return [t for t in range(1, world + 1) if world % t == 0] if under_torchrun() else [1, 2, 4, 8]
+    tps = int_list(args.tp, "--tp")
+    for t in tps:
+        if t < 1:
+            raise UsageError(f"--tp {t} must be a positive integer")
+        check_divides_world(t)
+    return sorted(set(tps))
+
+
+def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=None) -> tuple[RunSpec, Resolution]:
+    """Everything validated before any rank starts: config, degrees, capture, tokens, mode, memory."""
+    check_timeout(args.timeout)
+    src = source or load_source(args, tps)
+    res = resolve(args.convention, layer_ids(args), src.cfg.num_hidden_layers) if positions is None else None
+    tokens = tokens_for(args, src.cfg)
+    mode, strategy = mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else (Mode(), "model-level")
+    check_world(max(tps), args.device, args.force)
+    dtype = dtype_for(args)
+    check_memory(src.cfg, tps, dtype, args.device, args.force, str(args.model))
+    spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
+                   mode, strategy, args.device, args.backend, args.timeout)
+    return spec, res

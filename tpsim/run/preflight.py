@@ -1,0 +1,84 @@
+"""What is checked before any rank starts: the world the machine can run, the memory the
+weights need, the collective timeout, the torchrun world."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+
+from tpsim.errors import UsageError
+from tpsim.model import shard_bytes
+from tpsim.parallel.launch import under_torchrun
+from tpsim.run.jobs import DTYPES
+from tpsim.ui import human_bytes
+
+
+def torchrun_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_timeout(seconds: float) -> None:
+    if not 0 < seconds < timedelta.max.total_seconds():  # also rejects nan and inf
+        raise UsageError(f"--timeout {seconds:g} must be a positive, finite number of seconds "
+                         f"(below {timedelta.max.total_seconds():.2g}), e.g. 60")
+
+
+def check_divides_world(tp: int) -> None:
+    """Under torchrun, a TP degree must divide the world (one group per block of ranks)."""
+    if under_torchrun() and torchrun_world() % tp:
+        raise UsageError(f"--tp {tp} does not divide the torchrun world size {torchrun_world()}; "
+                         f"use degrees that divide {torchrun_world()}")
+
+
+def max_cpu_ranks() -> int:
+    """The most CPU ranks tpsim spawns without --force."""
+    return max(8, os.cpu_count() or 1)
+
+
+def check_world(world: int, device: str, force: bool) -> None:
+    """Refuse a self-spawned world the machine should not run without --force."""
+    if under_torchrun():
+        return
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but CUDA is not available here; use --device cpu")
+        return
+    limit = max_cpu_ranks()
+    if world > limit and not force:
+        raise UsageError(f"--tp {world} would spawn {world} CPU ranks on a {os.cpu_count()}-core machine; "
+                         f"the limit is {limit}: pass --force to run it anyway")
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """(bytes, what they are): host MemAvailable, or the least free memory of the visible GPUs."""
+    if device == "cuda":
+        free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+        return free, f"free on each of the {torch.cuda.device_count()} GPU(s)"
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024, "available memory on this machine"
+
+
+def check_memory(cfg, tps: list[int], dtype: str, device: str, force: bool, source: str) -> None:
+    """Refuse, before any rank allocates, weights that would not fit: per GPU (the ranks that
+    share one), or on the host (every self-spawned rank of the largest degree at once; under
+    torchrun the ranks of this node, each at its largest shard)."""
+    if force or (device == "cpu" and not os.path.exists("/proc/meminfo")):
+        return
+    shard = {t: shard_bytes(cfg, t, DTYPES[dtype]) for t in tps}
+    if device == "cuda":
+        gpus = max(1, torch.cuda.device_count())
+        per = {t: (1 if under_torchrun() else -(-t // gpus)) for t in tps}
+    else:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        per = {t: local if under_torchrun() else t for t in tps}
+    t = max(tps, key=lambda t: per[t] * shard[t])
+    need = per[t] * shard[t]
+    have, where = available_memory(device)
+    if need > have:
+        ranks = f"{per[t]} rank{'s' if per[t] > 1 else ''} x {human_bytes(shard[t])}"
+        raise UsageError(f"{source} needs {human_bytes(need)} of {dtype} weights at TP={t} ({ranks}) and there is "
+                         f"{human_bytes(have)} {where}; use a larger --tp or more GPUs, --override "
+                         "num_hidden_layers=N to truncate, or --force to try anyway")

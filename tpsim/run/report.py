@@ -1,0 +1,138 @@
+"""`tpsim check`'s verdict: the ranks' results per TP degree against the run's expectations."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from tpsim import __version__
+from tpsim.capture import Resolution
+from tpsim.modes import expected_collectives
+from tpsim.run.results import RankCheck, SlotVerdict
+from tpsim.run.spec import TOLERANCE, RunSpec
+
+TOLERANCE_METRIC = "||TP=t - TP=1||_F / ||TP=1||_F"
+
+
+@dataclass
+class CheckRow:
+    """One TP degree: what its ranks captured, how it compares, and why it fails (if it does)."""
+
+    tp: int
+    ranks: int
+    routing_note: str | None
+    shapes: str
+    expected_shape: list
+    identical: bool | None
+    rel_err: float | None
+    logits_rel_err: float | None
+    all_reduces: int | list[int]
+    expected_all_reduces: int
+    collectives: dict[str, int]
+    expected_collectives: dict[str, int]
+    all_reduce_bytes: int
+    verdicts: list[SlotVerdict] | None
+    ok: bool
+    failures: list[str]
+
+
+@dataclass
+class CheckReport:
+    spec: RunSpec
+    resolution: Resolution
+    rows: list[CheckRow]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.spec.dtype]
+
+    def to_dict(self) -> dict:
+        """`tpsim check --json` (fields are added, never renamed)."""
+        s = self.spec
+        return {"model": s.cfg.to_dict(), "convention": self.resolution.to_dict(), "dtype": s.dtype,
+                "tokens": len(s.tokens), "mode": s.mode.to_dict(), "tolerance": self.tolerance,
+                "tolerance_metric": TOLERANCE_METRIC, "rows": [asdict(r) for r in self.rows], "ok": self.ok,
+                "tpsim_version": __version__, "capture_strategy": s.strategy, "weights": s.source.weights,
+                "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes)}
+
+
+def model_collectives(collectives) -> dict[str, int]:
+    """{op: count} of the model's collectives (check's own comparisons and capture gathers left out)."""
+    counts: dict[str, int] = {}
+    for op, caller, _ in collectives:
+        if not caller.startswith(("check.", "capture.")):
+            counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A", "broadcast": "BC"}
+
+
+def ops_text(counts: dict[str, int]) -> str:
+    return " ".join(f"{OP_SHORT.get(op, op)} {n}" for op, n in sorted(counts.items())) or "none"
+
+
+def summarize(spec: RunSpec, res: Resolution, tps: list[int], results: list[RankCheck]) -> CheckReport:
+    return CheckReport(spec, res, [_row(spec, tp, [r for r in results if r.tp == tp]) for tp in tps])
+
+
+def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
+    mode, cfg, tol = spec.mode, spec.cfg, TOLERANCE[spec.dtype]
+    T, width = len(spec.tokens), len(spec.positions) * cfg.hidden_size
+    shapes = sorted({json.dumps(r.shape) for r in mine})
+    errs = [r.rel_err for r in mine if r.rel_err is not None]
+    logit_errs = [r.logits_rel_err for r in mine if r.logits_rel_err is not None]
+    expected = expected_collectives(mode, cfg, tp)
+    traced = [model_collectives(r.collectives) for r in mine]
+    failures = []
+    own_tokens = mode.rank_local and tp > 1
+    if own_tokens:  # each rank its own contiguous share of the tokens
+        sizes = mode.token_split(T, tp)
+        want = {r.rank: [n, width] for r, n in zip(sorted(mine, key=lambda r: r.group_rank), sizes)}
+        if any(r.shape != want[r.rank] for r in mine):
+            failures.append(f"capture shapes {[r.shape for r in mine]} are not each rank's own tokens x {width}")
+        expected_shape = [f"[{n}, {width}]" for n in sizes]
+    else:
+        expected_shape = [T, width]
+        if shapes != [json.dumps(expected_shape)]:
+            failures.append(f"capture shapes {', '.join(shapes)} != {expected_shape}")
+    if any(r.identical is False for r in mine):
+        bad = sorted(r.rank for r in mine if r.identical is False and r.group_rank != 0)
+        failures.append(f"ranks {bad} differ from their group's rank 0")
+    for v in (v for r in mine for v in (r.verdicts or []) if not v.correct):
+        failures.append(f"{v.position}: {v.placement}: {v.reason}")
+    finite = all(r.finite for r in mine)
+    if not finite:
+        first = next((r for r in mine if not r.finite and r.first_nonfinite), None)
+        where = "" if first is None else (f"; the first NaN/Inf appeared at {first.first_nonfinite[0]} "
+                                          f"(token {first.first_nonfinite[1]}) on rank {first.rank}")
+        failures.append(f"the capture holds NaN or Inf{where}")
+    rel = max(errs) if errs else None
+    if rel is not None and not rel <= tol and finite:
+        failures.append(f"relative error {rel:.3e} against TP=1 exceeds {tol:.0e}")
+    lrel = max(logit_errs) if logit_errs else None
+    if lrel is not None and not lrel <= tol:
+        failures.append(f"logits relative error {lrel:.3e} against TP=1 exceeds {tol:.0e}")
+    if any(t != expected for t in traced):
+        got = next(t for t in traced if t != expected)
+        failures.append(f"collectives per forward {ops_text(got)}, expected {ops_text(expected)} "
+                        f"({mode.name} at TP={tp}; tpsim.modes.expected_collectives)")
+    counts = sorted({r.all_reduces for r in mine})
+    flips = [r.routing_flip for r in mine if r.routing_flip is not None]
+    compared = min((r.compared for r in mine if r.compared is not None), default=1.0)
+    note = (f"from token {min(flips)} on, some tokens picked other experts than at TP=1 (a routing near-tie "
+            f"that {spec.dtype} rounding tipped); the entries it reaches are left out, {compared:.0%} of the "
+            "capture is compared") if flips else None
+    return CheckRow(
+        tp=tp, ranks=len(mine), routing_note=note,
+        shapes=" ".join(f"{s} x{sum(json.dumps(r.shape) == s for r in mine)}" for s in shapes),
+        expected_shape=expected_shape, identical=None if own_tokens else all(r.identical for r in mine),
+        rel_err=rel, logits_rel_err=lrel, all_reduces=counts[0] if len(counts) == 1 else counts,
+        expected_all_reduces=expected.get("all_reduce", 0), collectives=traced[0] if traced else {},
+        expected_collectives=expected, all_reduce_bytes=mine[0].all_reduce_bytes if mine else 0,
+        verdicts=next((r.verdicts for r in mine if r.verdicts), None), ok=not failures, failures=failures)

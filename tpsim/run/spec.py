@@ -1,0 +1,88 @@
+"""The run contract: what a command asks the ranks to run, built and validated once, in the
+command, and handed to every rank as is (picklable; the torchrun path and the self-spawned
+pool take the same object)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tpsim.capture import Position
+from tpsim.checkpoint import Checkpoint, validate
+from tpsim.config import ModelConfig, load_config, with_overrides
+from tpsim.modes import Mode
+
+BUILTIN_CONFIGS = Path(__file__).resolve().parent.parent.parent / "configs"
+DEFAULT_MODEL = "configs/tiny.yaml"
+TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}  # ‖TP=t − TP=1‖ / ‖TP=1‖
+
+
+def model_path(text: str) -> Path:
+    """--model as a path: a file or directory as given, else a built-in config by name."""
+    p = Path(text)
+    if not p.exists():
+        for cand in (BUILTIN_CONFIGS / text, BUILTIN_CONFIGS / f"{text}.yaml"):
+            if cand.is_file():
+                return cand
+        if text == DEFAULT_MODEL and (BUILTIN_CONFIGS / "tiny.yaml").is_file():
+            return BUILTIN_CONFIGS / "tiny.yaml"
+    return p
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What --model names: its config (with --override applied) and, for an HF directory, the
+    validated checkpoint the ranks will read (`notes` say what it holds beyond the config)."""
+
+    name: str
+    cfg: ModelConfig
+    checkpoint: Path | None = None
+    fingerprint: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def weights(self) -> str:
+        return f"checkpoint {self.checkpoint}" if self.checkpoint else "seeded random"
+
+    @classmethod
+    def load(cls, model: str, overrides: list[str], tps: list[int]) -> "ModelSource":
+        p = model_path(model)
+        cfg = with_overrides(load_config(p), overrides)
+        for t in tps:
+            cfg.check_tp(t)
+        if not p.is_dir():
+            return cls(model, cfg)
+        ckpt = Checkpoint(p)
+        return cls(model, cfg, p.resolve(), ckpt.fingerprint(), tuple(validate(ckpt, cfg)))
+
+
+def input_ids_for(cfg: ModelConfig, seed: int, seq_len: int) -> list[int]:
+    """Random token ids drawn from `seed` (the same on every rank and every run)."""
+    g = torch.Generator().manual_seed(seed ^ 0x5EED)
+    return torch.randint(0, cfg.vocab_size, (seq_len,), generator=g).tolist()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: the model and its weights, the tokens, what to capture, the mode, where to run."""
+
+    source: ModelSource
+    seed: int
+    dtype: str
+    tokens: tuple[int, ...]
+    positions: tuple[Position, ...] = ()
+    mode: Mode = field(default_factory=Mode)
+    strategy: str = "model-level"
+    device: str = "cpu"
+    backend: str | None = None
+    timeout_s: float = 60.0
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return self.source.cfg
+
+    @property
+    def checkpoint(self) -> str | None:
+        return None if self.source.checkpoint is None else str(self.source.checkpoint)
