@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpsim.errors import UsageError
+from tpsim.errors import UsageError, read_text
 
 VOCAB_PADDING = 64  # SGLang / vLLM DEFAULT_VOCAB_PADDING_SIZE
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -179,13 +179,29 @@ def _standardize_rope(raw: dict, source: str) -> dict:
     return out
 
 
+def check_quantization_config(q, source: str) -> tuple[int, int]:
+    """The (rows, cols) weight block size of a supported `quantization_config`, else UsageError."""
+    hint = "tpsim reads unquantized checkpoints and DeepSeek-V3's block-wise fp8 (quant_method fp8, fmt e4m3)"
+    if not isinstance(q, dict):
+        raise UsageError(f"{source}: quantization_config must be a mapping; {hint}")
+    if q.get("quant_method") != "fp8":
+        raise UsageError(f"{source}: quantization_config quant_method={q.get('quant_method')!r} is not supported; {hint}")
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise UsageError(f"{source}: quantization_config fmt={q.get('fmt')!r} is not supported; {hint}")
+    block = q.get("weight_block_size")
+    if not (isinstance(block, list) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise UsageError(f"{source}: quantization_config weight_block_size={block!r} is not supported "
+                         "(per-tensor fp8); tpsim needs block scales such as [128, 128]")
+    return block[0], block[1]
+
+
 def _check_consistency(cfg: ModelConfig, source: str) -> None:
     if cfg.model_type not in MODEL_TYPES:
         raise UsageError(f"{source}: model_type={cfg.model_type!r} is not supported; "
                          f"tpsim models {', '.join(MODEL_TYPES)}")
     quant = cfg.extra.get("quantization_config")
     if quant is not None:
-        from tpsim.checkpoint.fp8 import check_quantization_config
         check_quantization_config(quant, source)
     if cfg.extra.get("rope_interleave") is False:
         raise UsageError(f"{source}: rope_interleave=false (NeoX-permuted rope weights) is not supported; "
@@ -314,14 +330,7 @@ def load_config(path: str | Path) -> ModelConfig:
                          + (f" or a built-in name ({', '.join(builtin)})" if builtin else ""))
     if not p.is_file():  # a FIFO or a device would block or never end
         raise UsageError(f"config {p} is not a regular file; pass a YAML/JSON config or an HF model directory")
-    try:
-        text = p.read_text()
-    except UnicodeDecodeError:
-        raise UsageError(f"config {p} is not a text file (binary data, not YAML/JSON); pass a YAML/JSON config "
-                         "or an HF model directory") from None
-    except OSError as e:
-        raise UsageError(f"cannot read config {p}: {e.strerror or e.__class__.__name__}; check the path and "
-                         "permissions") from None
+    text = read_text(p, "config", "YAML/JSON", "pass a YAML/JSON config or an HF model directory")
     if not text.strip():
         raise UsageError(f"config {p} is empty; write HF DeepseekV2Config fields into it")
     if "\x00" in text:  # e.g. a *.safetensors file: its 8-byte header length decodes as text

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpsim.capture import Position, check_convention, default_ids, ids_for, resolve
-from tpsim.errors import UsageError
+from tpsim.errors import UsageError, read_text
 
 LOOP_ORDER = ("sglang", "sglang-boundary", "vllm", "eagle")  # `if i in layers`: ascending, each once
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -339,14 +339,9 @@ def read_draft_config(text: str) -> DraftConfig:
     if not p.is_file():
         what = "is not a regular file" if p.exists() else "does not exist"  # a FIFO would block the read
         raise UsageError(f"--draft-config {p} {what}; give the draft model's config.json or its directory")
+    text = read_text(p, "--draft-config", "JSON", "give the draft's config.json")
     try:
-        raw = json.loads(p.read_text())
-    except UnicodeDecodeError:
-        raise UsageError(f"--draft-config {p} is not a text file (binary data, not JSON); give the draft's "
-                         "config.json") from None
-    except OSError as e:
-        raise UsageError(f"--draft-config {p}: cannot read it ({e.strerror or e.__class__.__name__}); check the "
-                         "path") from None
+        raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"--draft-config {p} is not valid JSON ({e.msg} at line {e.lineno}); "
                          "give the draft's config.json") from None

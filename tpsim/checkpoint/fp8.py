@@ -13,26 +13,8 @@ import math
 
 import torch
 
-from tpsim.errors import UsageError
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-def check_quantization_config(q, source: str) -> tuple[int, int]:
-    """The (rows, cols) weight block size of a supported `quantization_config`, else UsageError."""
-    hint = "tpsim reads unquantized checkpoints and DeepSeek-V3's block-wise fp8 (quant_method fp8, fmt e4m3)"
-    if not isinstance(q, dict):
-        raise UsageError(f"{source}: quantization_config must be a mapping; {hint}")
-    if q.get("quant_method") != "fp8":
-        raise UsageError(f"{source}: quantization_config quant_method={q.get('quant_method')!r} is not supported; {hint}")
-    if q.get("fmt", "e4m3") != "e4m3":
-        raise UsageError(f"{source}: quantization_config fmt={q.get('fmt')!r} is not supported; {hint}")
-    block = q.get("weight_block_size")
-    if not (isinstance(block, list) and len(block) == 2
-            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
-        raise UsageError(f"{source}: quantization_config weight_block_size={block!r} is not supported "
-                         "(per-tensor fp8); tpsim needs block scales such as [128, 128]")
-    return block[0], block[1]
 
 
 def _span(s: slice, n: int) -> tuple[int, int]:

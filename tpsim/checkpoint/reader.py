@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tpsim.checkpoint.fp8 import Fp8Source, check_quantization_config, scale_shape
-from tpsim.config import ModelConfig
+from tpsim.checkpoint.fp8 import Fp8Source, scale_shape
+from tpsim.config import ModelConfig, check_quantization_config
 from tpsim.errors import UsageError
+from tpsim.model import DeepseekForCausalLM
+from tpsim.parallel.group import TPGroup
 from tpsim.weights import fill_weights, weight_specs
 
 INDEX = "model.safetensors.index.json"
@@ -173,8 +175,6 @@ class _Counted:
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor `cfg` implies (HF name -> full shape), in model order, from a
     TP=1 model built on the meta device (no memory)."""
-    from tpsim.model import DeepseekForCausalLM
-    from tpsim.parallel.group import TPGroup
     model = DeepseekForCausalLM(cfg, TPGroup(device=torch.device("meta")))
     return {s.name: tuple(s.shape) for s in weight_specs(model)}
 

@@ -16,7 +16,7 @@ from tpsim.capture import Position, check_convention
 from tpsim.capture.align import (KEY, LABELS, SERVERS, TRAINERS, Report, Side, Slot, positions_text, align, make_side,
                                  read_draft_config, side_from_config)
 from tpsim.cli.capture import on_ranks
-from tpsim.cli.options import (add_execution_options, emit_json, load_source, positive_int, run_spec)
+from tpsim.cli.options import (add_json, add_execution_options, emit_json, load_source, positive_int, run_spec)
 from tpsim.errors import UsageError
 from tpsim.run.jobs import capture_job
 from tpsim.run.preflight import check_divides_world, check_timeout
@@ -213,6 +213,5 @@ def add_parser(sub) -> None:
     p.add_argument("--tp", default="1", help="TP degree of the --model run (default 1)")
     add_execution_options(p)
     p.set_defaults(seq_len="16")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_align)
+    add_json(p, cmd_align)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpsim.cli.options import add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
+from tpsim.cli.options import add_json, add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
 from tpsim.run.jobs import check_job
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
 from tpsim.run.report import TOLERANCE_METRIC, CheckReport, ops_text, summarize
@@ -15,8 +15,7 @@ def add_parser(sub) -> None:
     add_mode_options(p)
     p.add_argument("--tp", help="TP degrees, e.g. 1,2,4,8 (default 1,2,4,8; under torchrun every divisor "
                                 "of the world size)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_check)
+    add_json(p, cmd_check)
 
 
 def cmd_check(args) -> int:

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tpsim.capture.diagnosis import THRESHOLDS, diagnose_files, shapes_text
-from tpsim.cli.options import emit_json, optional_int
+from tpsim.cli.options import add_json, emit_json, optional_int
 from tpsim.files.dumps import parse_positions
 from tpsim.ui import stdout, table
 
@@ -25,8 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--positions", help="names of the reference's slots, e.g. embed,out(1),out(3)")
     p.add_argument("--hidden-size", help="split the reference's slots by this width")
     p.add_argument("--step", help="SGLang dumps: the step (forward pass) to diagnose")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_diagnose)
+    add_json(p, cmd_diagnose)
 
 
 def cmd_diagnose(args) -> int:

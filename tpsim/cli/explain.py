@@ -18,7 +18,7 @@ from tpsim.capture import CONVENTIONS, ids_for
 from tpsim.capture.points import catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.cli.capture import on_ranks
-from tpsim.cli.options import (add_mode_options, add_run_options, dtype_for, emit_json, integer, load_source,
+from tpsim.cli.options import (add_json, add_mode_options, add_run_options, dtype_for, emit_json, integer, load_source,
                                mode_from, positive_int, tokens_for)
 from tpsim.config import with_overrides
 from tpsim.errors import UsageError
@@ -154,8 +154,7 @@ def add_parser(sub) -> None:
     p.add_argument("--layer", help="decoder layer to explain (default: the first MoE layer, else 0)")
     p.add_argument("--svg", help="write the diagram here (default explain_<model>_tp<N>_layer<k>.svg)")
     p.add_argument("--no-svg", action="store_true", help="do not write the diagram")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_explain)
+    add_json(p, cmd_explain)
 
 
 def cmd_explain(args) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
 from tpsim.config import ModelConfig
@@ -65,6 +64,12 @@ def int_list(text: str, option: str) -> list[int]:
     except ValueError:
         raise UsageError(f"{option} {text!r} is not a comma-separated list of integers, "
                          f"e.g. {LIST_EXAMPLES.get(option, '1,2,3')}") from None
+
+
+def add_json(p: argparse.ArgumentParser, func) -> None:
+    """--json and the command's function: the last options every command with a report adds."""
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=func)
 
 
 def emit_json(obj) -> None:

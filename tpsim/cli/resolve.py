@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tpsim.capture import CONVENTIONS, check_convention, ids_for, resolve
-from tpsim.cli.options import emit_json, layer_ids, positive_int
+from tpsim.cli.options import add_json, emit_json, layer_ids, positive_int
 from tpsim.config import load_config
 from tpsim.errors import UsageError
 from tpsim.run.spec import model_path
@@ -16,8 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", help="layer ids, e.g. --layers=-1,2,30 (default: the convention's default)")
     p.add_argument("--num-layers", help="num_hidden_layers of the model")
     p.add_argument("--model", help="or read num_hidden_layers from this config")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_resolve)
+    add_json(p, cmd_resolve)
 
 
 def cmd_resolve(args) -> int:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tpsim.cli.options import add_json
 from tpsim.files.verify import check_index, files_of, verify_file
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="check the per-tensor checksums of files tpsim wrote")
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_verify)
+    add_json(p, cmd_verify)
 
 
 def cmd_verify(args) -> int:
