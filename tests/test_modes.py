@@ -60,10 +60,9 @@ def reference(cfg, seed, ids, positions, mode, tp):
     model = build_model(cfg, TPGroup(), seed, "float32")
     runs = []
     for chunk in chunks:
-        model.group.taps = Taps(wanted={f"layers.{p.layer}.mid" for p in positions if p.kind == "out"})
-        cap, logits = run_captured(model, chunk, positions)
-        runs.append((cap, logits, routing_rows(model), model.group.taps.got))
-        model.group.taps = None
+        with model.probe.attach(Taps(wanted={f"layers.{p.layer}.mid" for p in positions if p.kind == "out"})) as taps:
+            cap, logits = run_captured(model, chunk, positions)
+        runs.append((cap, logits, routing_rows(model), taps.got))
     cap = torch.cat([r[0] for r in runs])
     logits = torch.cat([r[1] for r in runs])
     route = {k: torch.cat([r[2][k] for r in runs]) for k in runs[0][2]}

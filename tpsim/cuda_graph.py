@@ -45,7 +45,8 @@ class GraphedForward:
 
     def _forward(self):
         recorder = Recorder(self.positions, self.strategy)
-        logits = self.model(self.ids, recorder=recorder)
+        with self.model.probe.attach(recorder):
+            logits = self.model(self.ids)
         return recorder.concat(), logits
 
     def __call__(self, ids: torch.Tensor):

@@ -8,9 +8,9 @@ vocabulary of `torch.distributed.tensor`: `Replicate()` (every rank holds the fu
 all-reduce), `Shard(dim=0)` (each rank holds its share of the tokens: sequence parallelism,
 a scattered MoE output, or dp-attention's own sequences). At TP=1 every point is `Replicate()`.
 
-`catalogue(cfg)` lists every point of a model statically (for validating `--points` before
-any rank starts); the layers report the same points from real runs through `TPGroup.tap`,
-and a test checks the two agree.
+The layers declare their points (tpsim.layers.probe); `catalogue(cfg)` lists every point of a
+model from those declarations (for validating `--points` before any rank starts), `Taps`
+records what the layers tap in a real run, and a test checks the two agree.
 """
 
 from __future__ import annotations
@@ -21,51 +21,14 @@ import torch
 
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
-from tpsim.parallel.placement import P, R, S1, Placement
+from tpsim.layers.probe import Lazy, NamedPoint, Sink
+from tpsim.model import DeepseekForCausalLM
+from tpsim.parallel.placement import Placement
 
 
-
-def point_name(prefix: str) -> str:
-    """`model.layers.3.self_attn.o_proj` -> `layers.3.attn.o_proj`."""
-    return prefix.removeprefix("model.").replace(".self_attn", ".attn")
-
-
-def layer_points(cfg: ModelConfig, k: int) -> list[tuple[str, Placement, str]]:
-    """(name, placement at TP>1, what it is) of decoder layer k, in forward order."""
-    p = f"layers.{k}."
-    pts = [
-        (p + "attn.in", R, "input_layernorm(hidden + residual): what attention reads"),
-        (p + "attn.q", S1, "q_proj / q_b_proj output: this rank's heads"),
-        (p + "attn.kv_latent", R, "kv_a_layernorm(compressed kv): the latent every head shares"),
-        (p + "attn.kv", S1, "kv_b_proj output (k_nope, v): this rank's heads"),
-        (p + "attn.out", S1, "attention output, this rank's heads: o_proj's input"),
-        (p + "attn.o_proj.partial", P, "o_proj output before its all-reduce"),
-        (p + "attn.o_proj.out", R, "o_proj output after its all-reduce"),
-        (p + "mid", R, "residual stream between attention and MLP (hidden + residual)"),
-        (p + "mlp.in", R, "post_attention_layernorm output: what the MLP/MoE reads"),
-    ]
-    if cfg.is_moe_layer(k):
-        pts += [(p + "mlp.router_logits", R, "router logits (float32), replicated gate"),
-                (p + "mlp.partial", P, "routed * routed_scaling_factor + shared, before the one all-reduce"),
-                (p + "mlp.out", R, "MoE output after its all-reduce")]
-    else:
-        pts += [(p + "mlp.act", S1, "silu(gate) * up: this rank's intermediate columns"),
-                (p + "mlp.down_proj.partial", P, "down_proj output before its all-reduce"),
-                (p + "mlp.down_proj.out", R, "down_proj output after its all-reduce")]
-    pts.append((p + "out", R, f"out({k}) = hidden + residual after layer {k}"))
-    return pts
-
-
-def catalogue(cfg: ModelConfig) -> list[tuple[str, Placement, str]]:
-    """Every named point of the model, in forward order."""
-    pts = [("embed.partial", P, "this rank's vocab rows looked up (zeros elsewhere), before the all-reduce"),
-           ("embed.out", R, "embedding output = position embed")]
-    for k in range(cfg.num_hidden_layers):
-        pts += layer_points(cfg, k)
-    pts += [("final", R, "final norm output = position final"),
-            ("logits.local", S1, "this rank's slice of the padded vocab logits"),
-            ("logits", R, "all-gathered logits, sliced to vocab_size")]
-    return pts
+def catalogue(cfg: ModelConfig) -> list[NamedPoint]:
+    """Every named point of the model: (name, placement at TP>1, what it is), in forward order."""
+    return DeepseekForCausalLM.points(cfg)
 
 
 def position_of(point: str) -> str | None:
@@ -101,9 +64,10 @@ class Tap:
 
 
 @dataclass
-class Taps:
-    """What `TPGroup.tap` records: the wanted points' tensors (cloned: an all-reduce works in
-    place), or, with `everything`, every point's shape and placement only (for explain)."""
+class Taps(Sink):
+    """A capture of named points (attached to a model's probe): the wanted points' tensors
+    (cloned: an all-reduce works in place), or, with `everything`, every point's shape and
+    placement only (for explain)."""
 
     wanted: set[str] = field(default_factory=set)
     everything: bool = False
@@ -111,7 +75,7 @@ class Taps:
     got: dict[str, Tap] = field(default_factory=dict)
     first_nonfinite: tuple[str, int] | None = None
 
-    def record(self, name: str, x, placement: Placement, order: int) -> None:
+    def point(self, name: str, x: Lazy, placement: Placement, order: int) -> None:
         if self.watch_finite and self.first_nonfinite is None:
             x = x() if callable(x) else x
             bad = ~torch.isfinite(x)

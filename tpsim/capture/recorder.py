@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 
 from tpsim.capture.positions import Position
+from tpsim.layers.probe import Rows, Sink
 
 
-class Recorder:
+class Recorder(Sink):
     """Captures `hidden_states + residual` at the start of the layer a position names (the
     embedding output where residual is None, `final` after the final norm) and concatenates
-    them along the last dim in the given order: `[T, len(positions) * hidden]`.
+    them along the last dim in the given order: `[T, len(positions) * hidden]`. Attach it to a
+    model's probe (`with model.probe.attach(recorder):`, or `model(ids, recorder=recorder)`).
 
     `strategy` (tpsim.modes) says how, in a mode that moves the stream:
     - `model-level`: `hidden + residual` between layers, as it stands on this rank;
@@ -25,26 +27,22 @@ class Recorder:
         self.wanted = set(self.positions)
         self.store: dict[Position, torch.Tensor] = {}
 
-    def _keep(self, p: Position, x: torch.Tensor, st, group) -> None:
-        if st.sharded and self.strategy == "gathered":
-            x = group.gather_rows(x, st.sizes, f"capture.{p}")[:st.total]
-        elif st.sharded:
-            x = x[:st.real]
-        self.store[p] = x
+    def _keep(self, p: Position, x: torch.Tensor, rows: Rows) -> None:
+        self.store[p] = rows.gathered(x, f"capture.{p}") if self.strategy == "gathered" else rows.local(x)
 
-    def at_boundary(self, b: int, hidden: torch.Tensor, residual: torch.Tensor | None, st, group) -> None:
+    def boundary(self, b: int, hidden: torch.Tensor, residual: torch.Tensor | None, rows: Rows) -> None:
         p = Position.at_boundary(b)
         if p in self.wanted and self.strategy != "in-layer":
-            self._keep(p, hidden if residual is None else hidden + residual, st, group)
+            self._keep(p, hidden if residual is None else hidden + residual, rows)
 
-    def in_layer(self, b: int, residual: torch.Tensor, st, group) -> None:
+    def in_layer(self, b: int, residual: torch.Tensor, rows: Rows) -> None:
         p = Position.at_boundary(b)
         if p in self.wanted and self.strategy == "in-layer":
-            self._keep(p, residual, st, group)
+            self._keep(p, residual, rows)
 
-    def at_final(self, normed: torch.Tensor, st, group) -> None:
+    def final(self, normed: torch.Tensor, rows: Rows) -> None:
         if Position("final") in self.wanted:
-            self._keep(Position("final"), normed, st, group)
+            self._keep(Position("final"), normed, rows)
 
     def parts(self) -> list[torch.Tensor]:
         """This rank's capture of each position, in concatenation order."""

@@ -153,10 +153,10 @@ def tokens_for(args, cfg: ModelConfig) -> list[int]:
 def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tuple[Mode, str]:
     """The Mode the options name and its capture strategy, checked against the config, every
     TP degree and the token count before any rank starts."""
-    if args.fusion_max_tokens is not None and args.mode != "ar-fusion":
-        raise UsageError(f"--fusion-max-tokens applies to --mode ar-fusion only, not --mode {args.mode}")
-    if args.ep_output is not None and args.mode != "ep":
-        raise UsageError(f"--ep-output applies to --mode ep only, not --mode {args.mode}")
+    for option, field, owner in (("--fusion-max-tokens", "fusion_max_tokens", "ar-fusion"),
+                                 ("--ep-output", "ep_output", "ep")):
+        if getattr(args, field) is not None and not Mode.uses_option(args.mode, field):
+            raise UsageError(f"{option} applies to --mode {owner} only, not --mode {args.mode}")
     fusion = DEFAULT_FUSION_MAX_TOKENS if args.fusion_max_tokens is None \
         else integer(args.fusion_max_tokens, "--fusion-max-tokens")
     mode = Mode(args.mode, fusion, args.ep_output or "replicated")

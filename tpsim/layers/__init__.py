@@ -1,6 +1,7 @@
 """Tensor-parallel layers. Every leaf layer takes its TPGroup and a `prefix` (its Hugging Face
 module name, used for the collective trace and for weight names) and lists the full-size
-tensors it loads with `weight_specs()`."""
+tensors it loads with `weight_specs()`; a layer with named points declares them in `POINTS`
+and taps them through the model's Probe (tpsim.layers.probe)."""
 
 from tpsim.layers.attention import MLA
 from tpsim.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -9,8 +10,10 @@ from tpsim.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinea
 from tpsim.layers.mlp import DenseMLP
 from tpsim.layers.moe import MoE, MoEGate
 from tpsim.layers.norm import RMSNorm
+from tpsim.layers.probe import NamedPoint, Point, Probe, Rows, Sink, Tapped, point_name
 from tpsim.layers.rope import DeepseekRotaryEmbedding
 
 __all__ = ["MLA", "ParallelLMHead", "VocabParallelEmbedding", "ColumnParallelLinear",
            "MergedColumnParallelLinear", "ReplicatedLinear", "RowParallelLinear", "WeightSpec", "DenseMLP",
-           "MoE", "MoEGate", "RMSNorm", "DeepseekRotaryEmbedding"]
+           "MoE", "MoEGate", "RMSNorm", "NamedPoint", "Point", "Probe", "Rows", "Sink", "Tapped", "point_name",
+           "DeepseekRotaryEmbedding"]

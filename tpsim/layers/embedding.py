@@ -10,24 +10,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.config import VOCAB_PADDING
 from tpsim.layers.linear import WeightSpec, _copy, divide
+from tpsim.layers.probe import Point, Probe, Tapped
 from tpsim.parallel.group import TPGroup
+from tpsim.parallel.placement import P, R, S1
 
 
 def pad_vocab_size(vocab_size: int, pad_to: int = VOCAB_PADDING) -> int:
     return -(-vocab_size // pad_to) * pad_to
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(Tapped, nn.Module):
     """ids `[T]` (Replicate()) → `[T, hidden]` Replicate(), after one all-reduce of the
     per-rank partial lookups (rows of other ranks' ids are zero)."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, group: TPGroup, prefix: str, dtype: torch.dtype):
+    POINTS = (Point("partial", P, "this rank's vocab rows looked up (zeros elsewhere), before the all-reduce"),
+              Point("out", R, "embedding output = position embed"))
+
+    def __init__(self, vocab_size: int, hidden_size: int, group: TPGroup, prefix: str, dtype: torch.dtype,
+                 probe: Probe | None = None):
         super().__init__()
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
-        self.group, self.prefix = group, prefix
+        self.group, self.prefix, self.point, self.probe = group, prefix, "embed", probe or Probe(group)
         self.padded = pad_vocab_size(vocab_size)
         self.per_rank = divide(self.padded, group.size, "padded vocab size")
         self.start = group.rank * self.per_rank
@@ -44,9 +49,9 @@ class VocabParallelEmbedding(nn.Module):
                 _copy(self.weight[:real], t[self.start:self.start + real])
         yield WeightSpec(f"{self.prefix}.weight", (self.vocab_size, self.hidden_size), load)
 
-    def forward(self, input_ids: torch.Tensor, scatter_sizes: list[int] | None = None) -> torch.Tensor:
-        """With `scatter_sizes` (sequence parallelism) the partial lookups are reduce-scattered:
-        each rank gets its `scatter_sizes[rank]` rows, Shard(dim=0)."""
+    def lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's partial lookups `[T, hidden]` (Partial(sum)), before any reduction: the
+        caller reduces them and taps `out`."""
         if self.group.size == 1:
             out = F.embedding(input_ids, self.weight)
         else:
@@ -54,13 +59,12 @@ class VocabParallelEmbedding(nn.Module):
             local = torch.where(outside, 0, input_ids - self.start)
             out = F.embedding(local, self.weight)
             out.masked_fill_(outside.unsqueeze(-1), 0)
-        self.group.tap("embed.partial", out, P)
-        if scatter_sizes is not None:
-            out = self.group.scatter_rows(out, scatter_sizes, self.prefix)
-            self.group.tap("embed.out", out, S0)
-            return out
-        out = self.group.all_reduce(out, self.prefix)
-        self.group.tap("embed.out", out, R)
+        self.tap("partial", out)
+        return out
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self.group.all_reduce(self.lookup(input_ids), self.prefix)
+        self.tap("out", out)
         return out
 
 
@@ -68,18 +72,23 @@ class ParallelLMHead(VocabParallelEmbedding):
     """final hidden `[T, hidden]` Replicate() → logits `[T, vocab_size]` Replicate(): local
     logits `[T, padded/tp]` (Shard(-1)), all-gathered along vocab, sliced to vocab_size."""
 
-    def __init__(self, vocab_size, hidden_size, group, prefix, dtype, tie_to: VocabParallelEmbedding | None = None):
-        super().__init__(vocab_size, hidden_size, group, prefix, dtype)
+    POINTS = (Point("logits.local", S1, "this rank's slice of the padded vocab logits"),
+              Point("logits", R, "all-gathered logits, sliced to vocab_size"))
+
+    def __init__(self, vocab_size, hidden_size, group, prefix, dtype, tie_to: VocabParallelEmbedding | None = None,
+                 probe: Probe | None = None):
+        super().__init__(vocab_size, hidden_size, group, prefix, dtype, probe)
         if tie_to is not None:
             self.weight = tie_to.weight
         self.tied = tie_to is not None
+        self.point = ""
 
     def weight_specs(self):
         return () if self.tied else super().weight_specs()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)
-        self.group.tap("logits.local", logits, S1)
+        self.tap("logits.local", logits)
         logits = self.group.all_gather(logits, self.prefix, dim=-1)[..., : self.vocab_size]
-        self.group.tap("logits", logits, R)
+        self.tap("logits", logits)
         return logits

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import point_name
+from tpsim.layers.probe import Point, Probe, Tapped, point_name
 from tpsim.parallel.placement import P, R
 from tpsim.parallel.group import TPGroup
 
@@ -122,16 +122,21 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             offset += local
 
 
-class RowParallelLinear(_Linear):
+class RowParallelLinear(Tapped, _Linear):
     """Input features split: `[T, in/tp]` Shard(-1) → partial `[T, out]` → all-reduce →
-    Replicate(). The bias is added once, after the reduce."""
+    Replicate(). The bias is added once, after the reduce. With `reduce_results=False` the
+    caller reduces the partial sum and taps these points."""
 
-    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, reduce_results=True):
+    POINTS = (Point("partial", P, "{module} output before its all-reduce"),
+              Point("out", R, "{module} output after its all-reduce"))
+
+    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, reduce_results=True,
+                 probe: Probe | None = None):
         self.in_per_rank = divide(in_features, group.size, f"{prefix} input size")
-        self.reduce_results, self.point = reduce_results, point_name(prefix)
         if bias and not reduce_results:
             raise ValueError("a row-parallel bias needs reduce_results=True (it would be added tp times)")
         super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, self.in_per_rank))
+        self.reduce_results, self.point, self.probe = reduce_results, point_name(prefix), probe or Probe(group)
 
     def weight_specs(self):
         start = self.group.rank * self.in_per_rank
@@ -144,9 +149,9 @@ class RowParallelLinear(_Linear):
         y = F.linear(x, self.weight)
         if not self.reduce_results:
             return y
-        self.group.tap(f"{self.point}.partial", y, P)
+        self.tap("partial", y)
         y = self.group.all_reduce(y, self.prefix)
         if self.bias is not None:
             y = y + self.bias
-        self.group.tap(f"{self.point}.out", y, R)
+        self.tap("out", y)
         return y

@@ -6,29 +6,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import point_name
-from tpsim.parallel.placement import S1
 from tpsim.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
+from tpsim.parallel.placement import S1
 
 
-class DenseMLP(nn.Module):
+class DenseMLP(Tapped, nn.Module):
     """`[T, hidden]` Replicate() → `[T, hidden]`: Replicate() after down_proj's all-reduce, or
     Partial() when `reduce_results=False` (the decoder layer or the MoE reduces)."""
 
+    POINTS = (Point("act", S1, "silu(gate) * up: this rank's intermediate columns"),)
+
     def __init__(self, hidden: int, intermediate: int, group: TPGroup, prefix: str, dtype: torch.dtype,
-                 reduce_results: bool = True, tap_act: bool = True):
+                 reduce_results: bool = True, tap_act: bool = True, probe: Probe | None = None):
         super().__init__()
+        probe = probe or Probe(group)
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden, [intermediate, intermediate], group, f"{prefix}.gate_up_proj", dtype,
             hf_names=[f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"])
-        self.group, self.point, self.tap_act = group, point_name(prefix), tap_act
+        self.group, self.point, self.probe, self.tap_act = group, point_name(prefix), probe, tap_act
         self.down_proj = RowParallelLinear(intermediate, hidden, group, f"{prefix}.down_proj", dtype,
-                                           reduce_results=reduce_results)
+                                           reduce_results=reduce_results, probe=probe)
+
+    @classmethod
+    def points(cls, base: str) -> list[NamedPoint]:
+        """This MLP's points under `base`, with its down_proj's, in forward order."""
+        return cls.declared(base) + RowParallelLinear.declared(f"{base}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if self.tap_act:  # a dense MLP, not the shared experts inside the MoE
-            self.group.tap(f"{self.point}.act", act, S1)
+            self.tap("act", act)
         return self.down_proj(act)

@@ -19,20 +19,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.capture.points import point_name
-from tpsim.parallel.placement import P, R, S0
 from tpsim.config import ModelConfig
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.layers.mlp import DenseMLP
+from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
+from tpsim.parallel.placement import P, R, S0
 
 
-class MoEGate(nn.Module):
-    """Replicated router: `[T, hidden]` → (weights `[T, k]` float32, expert ids `[T, k]`)."""
+class MoEGate(Tapped, nn.Module):
+    """Replicated router: `[T, hidden]` → (weights `[T, k]` float32, expert ids `[T, k]`). Its
+    point is named under the MoE's."""
 
-    def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype):
+    POINTS = (Point("router_logits", R, "router logits (float32), replicated gate"),)
+
+    def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype, probe: Probe | None = None):
         super().__init__()
-        self.prefix, self.group = prefix, group
+        self.prefix, self.group, self.probe = prefix, group, probe or Probe(group)
         self.point = point_name(prefix).removesuffix(".gate")
         self.top_k, self.method, self.scoring = cfg.num_experts_per_tok, cfg.topk_method, cfg.scoring_func
         self.n_group, self.topk_group = cfg.n_group or 1, cfg.topk_group or 1
@@ -55,7 +58,7 @@ class MoEGate(nn.Module):
 
     def forward(self, x: torch.Tensor):
         logits = F.linear(x.float(), self.weight.float())
-        self.group.tap(f"{self.point}.router_logits", logits, self.placement)
+        self.tap("router_logits", logits, self.placement)
         scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
         if self.method != "greedy":
@@ -147,21 +150,26 @@ def _grouped_mm_works(dtype: torch.dtype, device: torch.device, *dims: int) -> b
     return dtype == torch.float32 or aligned
 
 
-class MoE(nn.Module):
+class MoE(Tapped, nn.Module):
     """normed hidden `[T, hidden]` → routed * routed_scaling_factor + shared.
 
     TP: input Replicate(), output Partial() (`reduce_results=False`) or Replicate() after one
     all-reduce. EP: input this rank's token shard `[t, hidden]` (Shard(dim=0)), output the
-    same tokens' full MoE output (Shard(dim=0)); the caller moves tokens.
+    same tokens' full MoE output (Shard(dim=0)); the caller moves tokens. When the MoE does not
+    reduce, the caller taps its output points.
     """
 
+    POINTS = (Point("partial", P, "routed * routed_scaling_factor + shared, before the one all-reduce"),
+              Point("out", R, "MoE output after its all-reduce"))
+
     def __init__(self, cfg: ModelConfig, group: TPGroup, prefix: str, dtype: torch.dtype,
-                 reduce_results: bool = True, expert_parallel: bool = False):
+                 reduce_results: bool = True, expert_parallel: bool = False, probe: Probe | None = None):
         super().__init__()
-        self.group, self.prefix, self.point = group, prefix, point_name(prefix)
+        probe = probe or Probe(group)
+        self.group, self.prefix, self.point, self.probe = group, prefix, point_name(prefix), probe
         self.reduce_results, self.ep = reduce_results and not expert_parallel, expert_parallel
         self.routed_scaling_factor = cfg.routed_scaling_factor
-        self.gate = MoEGate(cfg, group, f"{prefix}.gate", dtype)
+        self.gate = MoEGate(cfg, group, f"{prefix}.gate", dtype, probe)
         self.gate.placement = S0 if expert_parallel else R
         E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
         if expert_parallel:
@@ -174,7 +182,13 @@ class MoE(nn.Module):
         if cfg.n_shared_experts:  # under EP replicated, as SGLang builds them with DeepEP (tp_size=1)
             self.shared_experts = DenseMLP(cfg.hidden_size, I * cfg.n_shared_experts,
                                            group.local_view() if expert_parallel else group,
-                                           f"{prefix}.shared_experts", dtype, reduce_results=False, tap_act=False)
+                                           f"{prefix}.shared_experts", dtype, reduce_results=False, tap_act=False,
+                                           probe=probe)
+
+    @classmethod
+    def points(cls, base: str) -> list[NamedPoint]:
+        """This MoE's points under `base`, its gate's first, in forward order."""
+        return MoEGate.declared(base) + cls.declared(base)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
@@ -187,14 +201,11 @@ class MoE(nn.Module):
         out = torch.bmm(w, y.view(x.shape[0], k, x.shape[1])).squeeze(1)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        if self.ep:
-            self.group.tap(f"{self.point}.out", out, S0)
-            return out
         if not self.reduce_results:
             return out
-        self.group.tap(f"{self.point}.partial", out, P)
+        self.tap("partial", out)
         out = self.group.all_reduce(out, self.prefix)
-        self.group.tap(f"{self.point}.out", out, R)
+        self.tap("out", out)
         return out
 
     def _ep_experts(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

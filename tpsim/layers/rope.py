@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+from einops import rearrange
 from torch import nn
 
 
@@ -56,8 +57,7 @@ class DeepseekRotaryEmbedding(nn.Module):
         sin = (freqs.sin() * self.mscale)[:, None]
         out = []
         for x in xs:
-            pairs = x.float().unflatten(-1, (-1, 2))
-            even, odd = pairs[..., 0], pairs[..., 1]
+            even, odd = rearrange(x.float(), "t h (d pair) -> pair t h d", pair=2)
             rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-            out.append(rotated.flatten(-2).to(x.dtype))
+            out.append(rearrange(rotated, "t h d pair -> t h (d pair)").to(x.dtype))
         return out

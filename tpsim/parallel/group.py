@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from tpsim.parallel import faults
-from tpsim.parallel.placement import R, S0, Placement
 
 
 @dataclass
@@ -83,23 +82,12 @@ class TPGroup:
     ranks: tuple[int, ...] = (0,)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tracer: Tracer = field(default_factory=Tracer)
-    taps: object = None  # a tpsim.capture.points.Taps while a capture of named points runs
     verify: bool = False  # check op, caller, dtype and shape across the group before each collective
-    parent: "TPGroup | None" = None  # set on a local_view(): taps go to the parent's Taps
 
     def local_view(self) -> "TPGroup":
-        """A size-1 group of this rank alone, sharing this group's tracer and taps: for layers
-        that are replicated (not split) inside a bigger group, as dp-attention's attention."""
-        return TPGroup(rank=0, size=1, ranks=(self.ranks[self.rank],), device=self.device, tracer=self.tracer,
-                       parent=self)
-
-    def tap(self, name: str, x, placement: Placement) -> None:
-        """Offer activation `name` (a tensor, or a function making it, so an unwanted point
-        costs nothing) with its placement at this group's size (Replicate() at size 1)."""
-        if self.parent is not None:  # a local view: each rank its own tokens (data parallel)
-            return self.parent.tap(name, x, S0)
-        if self.taps is not None:
-            self.taps.record(name, x, placement if self.size > 1 else R, len(self.tracer.records))
+        """A size-1 group of this rank alone, sharing this group's tracer: for layers that are
+        replicated (not split) inside a bigger group, as dp-attention's attention."""
+        return TPGroup(rank=0, size=1, ranks=(self.ranks[self.rank],), device=self.device, tracer=self.tracer)
 
     def _enter(self, op: str, caller: str, x: torch.Tensor) -> None:
         faults.doing(f"{op} in {caller} (TP={self.size} group of ranks {list(self.ranks)})")

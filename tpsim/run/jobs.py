@@ -14,7 +14,7 @@ from tpsim.capture.points import Taps
 from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.capture.diagnosis import diagnose_tensors
 from tpsim.config import ModelConfig
-from tpsim.model import DeepseekForCausalLM, split_sizes
+from tpsim.model import DeepseekForCausalLM
 from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.consistency import agree
@@ -53,18 +53,15 @@ def run_captured_parts(model: DeepseekForCausalLM, input_ids: list[int], positio
     group = model.group
     group.tracer.clear()
     recorder = Recorder(positions, strategy)
-    logits = model(torch.tensor(input_ids, dtype=torch.long, device=group.device), recorder=recorder)
+    with model.probe.attach(recorder):
+        logits = model(torch.tensor(input_ids, dtype=torch.long, device=group.device))
     return recorder.parts(), logits
 
 
 def own_tokens(input_ids: list[int], mode: Mode, group: TPGroup) -> list[int]:
     """The tokens this rank feeds the model: all of them, or under dp-attention its own
     sequence (contiguous chunk `group.rank` of `split_sizes(T, tp)`)."""
-    if mode.name != "dp-attention" or group.size == 1:
-        return input_ids
-    sizes = split_sizes(len(input_ids), group.size)
-    start = sum(sizes[:group.rank])
-    return input_ids[start:start + sizes[group.rank]]
+    return mode.own_tokens(input_ids, group.rank, group.size)
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -112,19 +109,14 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
         model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp), m if tp > 1 else Mode())
         same_run = None
         if tp > 1 and strategy != m.right_strategy:  # what the naive capture should have been, same run
-            group.taps = Taps(wanted=set(residual_points.values()))
-            try:
+            with model.probe.attach(Taps(wanted=set(residual_points.values()))) as taps:
                 right, _ = run_captured_parts(model, mine, pos, m.right_strategy)
-            finally:
-                taps, group.taps = group.taps, None
             same_run = {"parts": right, "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()
                                                      if n in taps.got}}
-        group.taps = Taps(wanted=set(residual_points.values()) if tp == 1 else set(), watch_finite=True)
-        try:
+        with model.probe.attach(Taps(wanted=set(residual_points.values()) if tp == 1 else set(),
+                                     watch_finite=True)) as taps:
             ctx.progress(f"TP={tp}: forward")
             parts, logits = run_captured_parts(model, mine, pos, strategy if tp > 1 else "model-level")
-        finally:
-            taps, group.taps = group.taps, None
         records = list(group.tracer.records)
         route = routing_rows(model, m if tp > 1 else Mode(), group, len(input_ids))
         del model
@@ -134,7 +126,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
             reference = {"capture": cap, "logits": logits, "routing": route,
                          "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()}}
         ref = reference
-        if m.name == "dp-attention" and tp > 1:  # this rank's own sequence through a TP=1 replica
+        if m.rank_local and tp > 1:  # this rank's own sequence through a TP=1 replica
             if replica is None:
                 replica = build_model(config, TPGroup(device=group.device), seed, dtype, checkpoint)
             c1, l1 = run_captured(replica, mine, pos)
@@ -170,15 +162,8 @@ def routing_rows(model: DeepseekForCausalLM, mode: Mode = Mode(), group: TPGroup
         if not hasattr(layer.mlp, "gate"):
             continue
         ids = layer.mlp.gate.last_ids.sort(-1).values
-        if group is not None and group.size > 1 and mode.name == "ep":
-            every = [None] * group.size
-            dist.all_gather_object(every, ids.cpu(), group=group.pg)
-            ids = torch.cat(every).to(ids.device)
-        elif group is not None and group.size > 1 and mode.name == "dp-attention":
-            sizes = split_sizes(T, group.size)
-            ids = ids[sum(sizes[:group.rank]):sum(sizes[:group.rank + 1])]
-        elif group is not None and group.size > 1 and mode.name == "sp":
-            ids = ids[:T]
+        if group is not None and group.size > 1:
+            ids = mode.routing_rows(ids, group, T)
         out[k] = ids
     return out
 
@@ -216,7 +201,7 @@ def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: d
     """(identical, verdicts): whether every rank of the group holds exactly group rank 0's
     capture (None under dp-attention, where each rank holds its own tokens), and when not, on
     the rank that has the TP=1 reference, tpsim.diagnose's verdict per position."""
-    if group.size == 1 or mode.name == "dp-attention":
+    if group.size == 1 or mode.rank_local:
         return (None if group.size > 1 else True), None
     cap = torch.cat([t.flatten() for t in parts])
     shape = torch.tensor([t.shape[0] for t in parts], dtype=torch.long, device=cap.device)
@@ -282,10 +267,7 @@ def points_job(ctx: RankContext, spec: RunSpec, tp: int, points: list[str], ever
         else DeepseekForCausalLM(spec.cfg, group, DTYPES[spec.dtype], m)
     ctx.progress(f"TP={tp}: forward")
     group.tracer.clear()
-    group.taps = Taps(wanted=set(points), everything=everything)
-    try:
+    with model.probe.attach(Taps(wanted=set(points), everything=everything)) as taps:
         model(torch.tensor(own_tokens(list(spec.tokens), m, group), dtype=torch.long, device=group.device))
-    finally:
-        taps, group.taps = group.taps, None
     return PointsResult(group.rank, taps.got,
                         [(r.op, r.caller, r.shape, r.dtype, r.bytes) for r in group.tracer.records])

@@ -10,11 +10,15 @@ from __future__ import annotations
 import torch
 
 from tpsim.capture import Position
+from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.config import config_from_dict
-from tpsim.run.jobs import DTYPES, build_model, routing_rows, run_captured
+from tpsim.run.jobs import (DTYPES, bitwise_equal, build_model, own_tokens, routing_rows, run_captured,
+                            run_captured_parts)
 from tpsim.model import DeepseekForCausalLM
+from tpsim.modes import Mode
 from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
+from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
 from tpsim.weights import init_random_weights, init_tensor
 
@@ -144,8 +148,6 @@ def load_job(ctx: RankContext, cfg: dict, dtype: str, checkpoint: str, tp: int, 
     elements read from the files, and the elements this rank's parameters hold."""
     if not ctx.participates(tp):
         return None
-    from tpsim.checkpoint import Checkpoint, load_weights
-    from tpsim.run.jobs import bitwise_equal
     config, group = config_from_dict(cfg), ctx.groups[tp]
     ckpt = Checkpoint(checkpoint)
     model = DeepseekForCausalLM(config, group, DTYPES[dtype])
@@ -171,7 +173,6 @@ def slow_job(ctx: RankContext, seconds: float, report_every: float | None):
 def disagree_job(ctx: RankContext, field: str, from_rank: int):
     """Ranks >= from_rank start with a different `field` (as a torchrun rank given other
     arguments would); the consistency check must stop every rank before any forward."""
-    from tpsim.parallel.consistency import agree
     fields = {"config": {"hidden_size": 64}, "input ids": [1, 2, 3], "weights": {"seed": 0}}
     if ctx.rank >= from_rank:
         fields[field] = {"changed on rank": ctx.rank >= from_rank}
@@ -202,8 +203,6 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     {strategy: this rank's capture per position}, the logits, the model's collectives of the
     last forward (op, caller; the capture's own gathers left out) and the routing of every MoE
     layer over all T tokens in order ([T, top_k] sorted; gathered from the ranks under ep)."""
-    from tpsim.run.jobs import own_tokens, run_captured_parts
-    from tpsim.modes import Mode
     if not ctx.participates(tp):
         return None
     m, config, group = Mode.from_dict(mode), config_from_dict(cfg), ctx.groups[tp]
@@ -215,7 +214,7 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
         parts, logits = run_captured_parts(model, ids, pos, s)
         caps[s] = [p.clone() for p in parts]
     route = routing_rows(model, m, group, len(input_ids))
-    if m.name == "dp-attention" and tp > 1:  # every rank's rows, in rank order
+    if m.rank_local and tp > 1:  # every rank's rows, in rank order
         every = [None] * tp
         torch.distributed.all_gather_object(every, {k: v.cpu() for k, v in route.items()}, group=group.pg)
         route = {k: torch.cat([e[k] for e in every]) for k in route}

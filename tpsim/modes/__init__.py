@@ -1,0 +1,40 @@
+"""Communication modes: how the engine being replayed moves activations between ranks.
+
+Every mode computes the same model; they differ in where the residual stream lives between
+layers and which collectives move it (L layers, M of them MoE, D = L - M dense, tp > 1;
+`expected_collectives` is the formula in code, and `check` compares it with the real trace):
+
+| mode           | engine setting it replays                         | residual stream between layers     | collectives per forward |
+|----------------|---------------------------------------------------|------------------------------------|-------------------------|
+| `tp`           | SGLang/vLLM `--tp N`                               | Replicate()                        | all_reduce 1 + 2L; all_gather 1 (logits) |
+| `ar-fusion`    | SGLang `--enable-flashinfer-allreduce-fusion`      | Partial(sum) hidden + Replicate() residual after layers 0..L-2 when T <= fusion_max_tokens | as `tp`, but layer k's MLP all-reduce runs in layer k+1's input_layernorm |
+| `sp`           | Megatron sequence parallelism                      | Shard(dim=0) (tokens padded to a multiple of tp) | reduce_scatter 1 + 2L; all_gather 2L + 2; no all_reduce |
+| `ep`           | SGLang `--moe-a2a-backend deepep` / `--ep N`       | Replicate(); with `ep_output="scattered"` Shard(dim=0) after the first MoE layer | all_to_all 3M; see `expected_collectives` |
+| `dp-attention` | SGLang `--enable-dp-attention` (DeepSeek-V3 serving) | each rank its own sequence         | all_gather L + 1; reduce_scatter L; no all_reduce |
+
+Capture strategies (the first of each mode is the right one; the others are what a naive
+capture gets):
+
+| mode           | strategies                | what they capture                                                    |
+|----------------|---------------------------|----------------------------------------------------------------------|
+| `tp`           | model-level, in-layer     | both `hidden_states + residual`, full and replicated                 |
+| `ar-fusion`    | in-layer, model-level     | in-layer: the residual after the fused all-reduce + add (SGLang PR #28343); model-level: `hidden + residual` between layers, per-rank partial sums when fused |
+| `sp`, `ep`     | gathered, local           | gathered: all tokens, all-gathered; local: this rank's token shard     |
+| `dp-attention` | local                     | this rank's own sequence at full width (what its rank-local draft uses) |
+
+Each mode is a class (tpsim.modes.kinds) that declares where the residual stream and the
+activations live at each stage of a layer (tpsim.modes.stages: SGLang's LayerScatterModes) and
+moves them between stages through one transition, `Stream.move`.
+"""
+
+from tpsim.modes.base import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, Mode, expected_collectives
+from tpsim.modes.kinds import ArFusion, DpAttention, ExpertParallel, SequenceParallel, TensorParallel
+from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
+
+KINDS = (TensorParallel, ArFusion, SequenceParallel, ExpertParallel, DpAttention)
+STRATEGIES = {kind.name: kind.strategies for kind in KINDS}
+MODES = tuple(STRATEGIES)
+
+__all__ = ["DEFAULT_FUSION_MAX_TOKENS", "EP_OUTPUTS", "MODES", "STRATEGIES", "KINDS", "Mode", "expected_collectives",
+           "ArFusion", "DpAttention", "ExpertParallel", "SequenceParallel", "TensorParallel", "Plan", "Stages",
+           "Stream", "split_sizes"]

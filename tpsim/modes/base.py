@@ -1,0 +1,152 @@
+"""`Mode`: a communication mode with its options, as one class per mode (tpsim.modes.kinds).
+
+`Mode(name, fusion_max_tokens, ep_output)` builds the instance of that mode's class; the
+instance holds plain values only, so it pickles to every rank, and `to_dict()` / `from_dict()`
+round-trip it through JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+import torch
+
+from tpsim.config import ModelConfig
+from tpsim.errors import UsageError
+from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
+from tpsim.parallel.group import TPGroup
+from tpsim.parallel.placement import P, R
+
+EP_OUTPUTS = ("replicated", "scattered")
+DEFAULT_FUSION_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE
+_KINDS: dict[str, type["Mode"]] = {}  # name -> class, in the order the classes are defined
+
+TP_STAGES = Stages(layer_input=R, attn_input=R, attn_output=P, middle=R, mlp_input=R, mlp_output=P, layer_output=R)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A communication mode and its options (plain values: it travels to every rank).
+
+    A subclass per mode declares its capture `strategies` (the right one first), which option
+    fields it reads, and overrides the methods where it differs from pure TP: its `plan` (the
+    placement of every stage), its token split (`stream`), and what follows from them."""
+
+    name: str = "tp"
+    fusion_max_tokens: int = DEFAULT_FUSION_MAX_TOKENS  # ar-fusion: fuse only when T <= this
+    ep_output: str = "replicated"  # ep: the MoE output all-gathered, or left token-scattered
+
+    strategies: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[tuple[str, ...]] = ()  # the option fields this mode reads
+    plain: ClassVar[bool] = False  # pure TP: every collective an all-reduce but the head's all-gather
+    rank_local: ClassVar[bool] = False  # each rank runs and captures its own tokens, not the whole batch
+    expert_parallel: ClassVar[bool] = False  # MoE experts split whole over ranks, tokens moved to them
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _KINDS[cls.name] = cls
+
+    def __new__(cls, name: str = "tp", *args, **kwargs):
+        # Mode("sp") is a SequenceParallel; unpickling calls a subclass's __new__ with no arguments
+        return object.__new__(Mode.kind(name) if cls is Mode else cls)
+
+    def __post_init__(self):
+        if self.fusion_max_tokens < 1:
+            raise UsageError(f"--fusion-max-tokens {self.fusion_max_tokens} must be at least 1 "
+                             f"(SGLang's default is {DEFAULT_FUSION_MAX_TOKENS})")
+        if self.ep_output not in EP_OUTPUTS:
+            raise UsageError(f"unknown --ep-output {self.ep_output!r}; use one of {', '.join(EP_OUTPUTS)}")
+
+    @staticmethod
+    def kind(name: str) -> type["Mode"]:
+        """The class of mode `name`."""
+        if name not in _KINDS:
+            raise UsageError(f"unknown --mode {name!r}; use one of {', '.join(_KINDS)}")
+        return _KINDS[name]
+
+    @staticmethod
+    def uses_option(name: str, option: str) -> bool:
+        """Whether mode `name` reads option field `option` (False for an unknown mode)."""
+        return name in _KINDS and option in _KINDS[name].options
+
+
+    @property
+    def right_strategy(self) -> str:
+        return self.strategies[0]
+
+    def strategy(self, name: str | None) -> str:
+        """The capture strategy `name` (None: the right one), checked against this mode."""
+        if name is None:
+            return self.right_strategy
+        if name not in self.strategies:
+            raise UsageError(f"capture strategy {name!r} does not exist for --mode {self.name}; "
+                             f"use one of {', '.join(self.strategies)}")
+        return name
+
+    def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
+        """Raise UsageError if this mode cannot run `cfg` at TP=tp (on `tokens` tokens)."""
+        cfg.check_tp(tp)
+
+    def note(self, strategy: str, tokens: int, num_layers: int) -> str | None:
+        """What the mode does to this run's capture, in one line (None for plain tp)."""
+        what = self._effect(tokens, num_layers)
+        return None if what is None else f"mode {self.name}, capture strategy {strategy}: {what}"
+
+    def _effect(self, tokens: int, num_layers: int) -> str | None:
+        return None
+
+    def layers_to_explain(self, k: int, num_layers: int) -> int:
+        """How many layers a run explaining layer k builds: 0..k, and any later layer that runs
+        one of layer k's collectives."""
+        return k + 1
+
+    def fused(self, tp: int, tokens: int, k: int, num_layers: int) -> bool:
+        """Whether layer k's MLP all-reduce is deferred into layer k+1's norm."""
+        return False
+
+    @staticmethod
+    def token_split(T: int, tp: int) -> list[int]:
+        """Contiguous split of T tokens over tp ranks, the first T % tp one longer."""
+        return split_sizes(T, tp)
+
+    def own_tokens(self, input_ids: list[int], rank: int, size: int) -> list[int]:
+        """The tokens group rank `rank` of `size` feeds the model."""
+        return input_ids
+
+    def stream(self, T: int, group: TPGroup) -> Stream:
+        """The token split of a forward of T tokens on this rank (at TP=1: all of them)."""
+        if group.size == 1:
+            return Stream(group, T, (T,), T)
+        return self._split(T, group)
+
+    def _split(self, T: int, group: TPGroup) -> Stream:
+        sizes = split_sizes(T, group.size)
+        return Stream(group, T, tuple(sizes), sizes[group.rank])
+
+    def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
+        """Where every stage of a forward of `tokens` tokens lives at TP=tp (pure TP here: the
+        stream replicated, each sublayer's partial sums all-reduced)."""
+        return Plan(embed=P, layers=(TP_STAGES,) * cfg.num_hidden_layers, final=R)
+
+    def routing_rows(self, ids: torch.Tensor, group: TPGroup, T: int) -> torch.Tensor:
+        """A MoE layer's routing `[rows, top_k]` on this rank (group size > 1) → the routing of
+        the tokens this rank fed, in token order (T: the whole batch's tokens)."""
+        return ids
+
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+        """{op: count} of one forward (logits included) at TP=tp > 1."""
+        return {"all_reduce": 1 + 2 * cfg.num_hidden_layers, "all_gather": 1}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Mode":
+        return cls(**d) if d else cls()
+
+
+def expected_collectives(mode: Mode, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    """{op: count} of one forward (logits included) in `mode` at TP=tp: the formulas of the
+    tpsim.modes docstring."""
+    return {} if tp == 1 else mode.collectives(cfg, tp)
