@@ -365,9 +365,9 @@ def test_read_sglang_dumps(files, layout):
 
 
 def test_point_selection_reads_only_those(files):
-    rep = diagnose_files([str(p) for p in files["bad"]], str(files["cap"]), points=["layers.2.out"])
+    rep = diagnose_files([str(p) for p in files["bad"]], str(files["cap"]), points=["layers.2.out"]).to_dict()
     assert verdicts(rep) == {"layers.2.out": (R, "out(1)", False)}
-    rep = diagnose_files([str(p) for p in files["bad"]], str(files["cap"]))  # no o_proj output in a capture
+    rep = diagnose_files([str(p) for p in files["bad"]], str(files["cap"])).to_dict()  # no o_proj output in a capture
     row = next(r for r in rep["points"] if r["point"] == "layers.1.attn.o_proj.partial")
     assert row["placement"] == UNEXPLAINED and row["declared_agrees"] is None, row  # no evidence either way
     assert "nothing named like 1 of the points (layers.1.attn.o_proj.partial)" in rep["notes"][0]
@@ -463,7 +463,7 @@ def test_cli_all_replicated_and_correct(cli, files):
     for s in ("4 rank files (tpsim rank dump, tp=4, 12 tokens)", "capture file", "1e-05", "1e-03",
               "bitwise identical on all 4 ranks", "PASS"):
         assert s in r.stdout, (s, r)
-    rep = diagnose_files([str(p) for p in files["good"]], str(files["ref1"]))  # the same report --json prints
+    rep = diagnose_files([str(p) for p in files["good"]], str(files["ref1"])).to_dict()  # the report --json prints
     assert rep["ok"]
     assert verdicts(rep) == {p: (R, p, True) for p in ("embed.out", "layers.1.out", "layers.2.out")}
     assert all(r["ranks_identical"] and r["declared_agrees"] for r in rep["points"])
@@ -479,7 +479,7 @@ def test_cli_bf16_features_reference(cli):
 
 
 def test_cli_every_failure_named(cli, files):
-    rep = diagnose_files([str(p) for p in files["bad"]], str(files["ref1"]))
+    rep = diagnose_files([str(p) for p in files["bad"]], str(files["ref1"])).to_dict()
     assert verdicts(rep) == {
         "layers.1.attn.o_proj.partial": (P, "layers.1.attn.o_proj.partial", False),
         "layers.1.out": (S0, "layers.1.out", False),

@@ -49,6 +49,7 @@ PLACEMENTS = (R, S0, S1, P)  # tie-break order
 # A wrong tensor: another layer or a per-rank partial sum gives >= 1e-2 (tp=2 equal halves: 0.2;
 # adjacent residual-stream layers of a deep model: cosine 0.99 and a few % norm growth, ~1e-2).
 THRESHOLDS = {"exact": 1e-5, "low_precision": 1e-3}
+SIMILARITY = "calc_diff = 1 - 2*sum(x*y) / sum(x*x + y*y), float64 (0 = identical)"
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -222,6 +223,49 @@ def shapes_text(shapes: list[list[int]]) -> str:
 
 # --- one run's rank files against a reference ----------------------------------------------
 
+@dataclass
+class PointRow:
+    """One point of a diagnosed run: the verdict and what it was reached from."""
+
+    point: str                        # the point's name in the rank files
+    placement: Placement | str        # a Placement, or UNEXPLAINED
+    matches: str | None
+    correct: bool
+    diff: float | None                # None: nothing fitted
+    reason: str
+    asked: str                        # the reference candidate the point was compared with first
+    ranks: int
+    shapes: list[list[int]]
+    dtype: str
+    threshold: float
+    ranks_identical: bool
+    declared: str | None              # the placement the files declare (tpsim rank dumps)
+    declared_agrees: bool | None
+
+
+@dataclass
+class DiagnoseReport:
+    files: list[str]
+    kind: str
+    tp: int
+    tokens: int | None
+    reference: dict                   # path, kind, candidates
+    notes: list[str]
+    points: list[PointRow]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.correct for r in self.points)
+
+    def to_dict(self) -> dict:
+        """`tpsim diagnose --json`."""
+        return {"files": self.files, "kind": self.kind, "tp": self.tp, "tokens": self.tokens,
+                "reference": self.reference, "similarity": SIMILARITY,
+                "thresholds": {"float32/float64 on both sides": THRESHOLDS["exact"],
+                               "bfloat16/float16 on either side": THRESHOLDS["low_precision"]},
+                "notes": self.notes, "points": [asdict(r) for r in self.points], "ok": self.ok}
+
+
 def check_consistent(rs: RankSet, point: str) -> None:
     """One dtype on every rank, 2-D tensors, and equal shapes or equal widths (uneven token shards)."""
     ts = rs.points[point]
@@ -258,8 +302,9 @@ def asked_name(rs: RankSet, ref: Reference, point: str) -> str:
 
 
 def diagnose_files(files: list[str], reference: str, points: list[str] | None = None,
-                   positions: list[str] | None = None, hidden: int | None = None, step: int | None = None) -> dict:
-    """Read, validate and diagnose; the report `tpsim diagnose --json` prints."""
+                   positions: list[str] | None = None, hidden: int | None = None,
+                   step: int | None = None) -> DiagnoseReport:
+    """Read, validate and diagnose: the report `tpsim diagnose` prints."""
     rs = read_rank_files(files, step, points)
     ref = read_reference(reference, positions, hidden)
     check_tokens(rs, ref)
@@ -280,22 +325,15 @@ def diagnose_files(files: list[str], reference: str, points: list[str] | None = 
         v = diagnose_tensors(ts, ref.candidates, asked_name(rs, ref, p))
         declared, cand = rs.declared.get(p), ref.candidates.get(v.matches or v.point)
         others = [cand] if cand is not None else list(ref.candidates.values())
-        rows.append({**asdict(v), "point": p, "asked": v.point, "diff": v.diff if math.isfinite(v.diff) else None,
-                     "ranks": len(ts), "shapes": [list(t.shape) for t in ts],
-                     "dtype": str(ts[0].dtype).removeprefix("torch."),
-                     "threshold": match_threshold(ts[0].dtype, *(c.dtype for c in others)),
-                     "ranks_identical": identical(ts), "declared": declared,
-                     "declared_agrees": None if declared is None or v.placement == UNEXPLAINED
-                     else declared == v.placement})
+        rows.append(PointRow(p, v.placement, v.matches, v.correct, v.diff if math.isfinite(v.diff) else None,
+                             v.reason, v.point, len(ts), [list(t.shape) for t in ts],
+                             str(ts[0].dtype).removeprefix("torch."),
+                             match_threshold(ts[0].dtype, *(c.dtype for c in others)), identical(ts), declared,
+                             None if declared is None or v.placement == UNEXPLAINED else declared == v.placement))
     absent = [p for p in names if asked_name(rs, ref, p) not in ref.candidates]
     notes = rs.notes + ([f"the reference has nothing named like {len(absent)} of the points ({', '.join(absent)}): "
                          f"they can only match another candidate"] if absent else [])
-    return {"files": rs.files, "kind": rs.kind, "tp": rs.tp,
-            "tokens": None if rs.input_ids is None else len(rs.input_ids),
-            "reference": {"path": ref.path, "kind": ref.kind, "candidates": list(ref.candidates)},
-            "similarity": "calc_diff = 1 - 2*sum(x*y) / sum(x*x + y*y), float64 (0 = identical)",
-            "thresholds": {"float32/float64 on both sides": THRESHOLDS["exact"],
-                           "bfloat16/float16 on either side": THRESHOLDS["low_precision"]},
-            "notes": notes, "points": rows, "ok": all(r["correct"] for r in rows)}
+    return DiagnoseReport(rs.files, rs.kind, rs.tp, None if rs.input_ids is None else len(rs.input_ids),
+                          {"path": ref.path, "kind": ref.kind, "candidates": list(ref.candidates)}, notes, rows)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import time
 
 from tpsim import __version__
 from tpsim.cli import align, capture, check, diagnose, explain, export, resolve, scenario, verify
@@ -19,6 +20,7 @@ from tpsim.errors import RankError, UsageError
 from tpsim.parallel.launch import exit_torchrun_rank, under_torchrun
 from tpsim.run.ranks import is_reporting_process
 
+REPORT_GRACE_S = 5.0
 COMMANDS = (check, capture, export, explain, align, diagnose, scenario, verify, resolve)  # the order of --help
 
 
@@ -46,6 +48,8 @@ def run_command(argv: list[str] | None) -> int:
         if is_reporting_process():  # one line, even when a user-given name holds a line break
             one_line = "\\n".join(str(e).splitlines())
             print(f"tpsim: error: {one_line}", file=sys.stderr)
+        elif under_torchrun():  # torchrun stops every rank when one exits: let rank 0 print the error first
+            time.sleep(REPORT_GRACE_S)
         return 2
     except RankError as e:
         print(f"tpsim: error: {str(e).splitlines()[0]}", file=sys.stderr)

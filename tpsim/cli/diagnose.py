@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-from tpsim.capture.diagnosis import THRESHOLDS, diagnose_files, shapes_text
+from tpsim.capture.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
 from tpsim.cli.options import add_json, emit_json, optional_int
 from tpsim.files.dumps import parse_positions
 from tpsim.ui import stdout, table
@@ -33,37 +33,37 @@ def cmd_diagnose(args) -> int:
     report = diagnose_files(args.files, args.reference, args.point, positions,
                             optional_int(args.hidden_size, "--hidden-size", 1), optional_int(args.step, "--step", 0))
     if args.json:
-        emit_json(report)
+        emit_json(report.to_dict())
     else:
         print_report(report)
-    return 0 if report["ok"] else 1
+    return 0 if report.ok else 1
 
 
-def print_report(rep: dict) -> None:
+def print_report(rep: DiagnoseReport) -> None:
     out = stdout if stdout.is_terminal else Console(highlight=False, width=1000)  # a pipe: one line per row
     say = lambda text: out.print(escape(text))  # noqa: E731  (names like x[layer_id=3] are not markup)
-    toks = "" if rep["tokens"] is None else f", {rep['tokens']} tokens"
-    say(f"tpsim diagnose: {len(rep['files'])} rank files ({rep['kind']}, tp={rep['tp']}{toks})")
-    ref = rep["reference"]
+    toks = "" if rep.tokens is None else f", {rep.tokens} tokens"
+    say(f"tpsim diagnose: {len(rep.files)} rank files ({rep.kind}, tp={rep.tp}{toks})")
+    ref = rep.reference
     say(f"reference: {ref['path']} ({ref['kind']}): {', '.join(ref['candidates'])}")
-    say(f"similarity: {rep['similarity']}; a match needs <= {THRESHOLDS['exact']:.0e} (float32/float64 on both "
+    say(f"similarity: {SIMILARITY}; a match needs <= {THRESHOLDS['exact']:.0e} (float32/float64 on both "
         f"sides) or <= {THRESHOLDS['low_precision']:.0e} (bfloat16/float16 on either side)")
-    for n in rep["notes"]:
+    for n in rep.notes:
         say(f"note: {n}")
-    show_declared = any(r["declared"] for r in rep["points"])
+    show_declared = any(r.declared for r in rep.points)
     cols = ["point", "ranks", "shape per rank", "placement", *(["declared"] if show_declared else []),
             "matches", "diff", "correct", "reason"]
     rows = []
-    for r in rep["points"]:
+    for r in rep.points:
         decl = [] if not show_declared else [
-            "-" if r["declared"] is None else r["declared"] + (" (disagrees)" if r["declared_agrees"] is False else "")]
+            "-" if r.declared is None else r.declared + (" (disagrees)" if r.declared_agrees is False else "")]
         rows.append([escape(c) for c in (
-            r["point"], str(r["ranks"]), shapes_text(r["shapes"]), r["placement"], *decl, r["matches"] or "-",
-            "-" if r["diff"] is None else f"{r['diff']:.2e}", "yes" if r["correct"] else "NO", r["reason"])])
+            r.point, str(r.ranks), shapes_text(r.shapes), r.placement, *decl, r.matches or "-",
+            "-" if r.diff is None else f"{r.diff:.2e}", "yes" if r.correct else "NO", r.reason)])
     out.print(table("", cols, rows))
-    bad = [r["point"] for r in rep["points"] if not r["correct"]]
+    bad = [r.point for r in rep.points if not r.correct]
     if not bad:
-        say(f"PASS: every point is Replicate() and the asked tensor on all {rep['tp']} ranks")
+        say(f"PASS: every point is Replicate() and the asked tensor on all {rep.tp} ranks")
     else:
-        say(f"FAIL: {len(bad)} of {len(rep['points'])} points are not Replicate() of the asked tensor: "
+        say(f"FAIL: {len(bad)} of {len(rep.points)} points are not Replicate() of the asked tensor: "
             f"{', '.join(bad)}")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from enum import Enum
 
-from torch.distributed import tensor as dtensor
-
 
 class Placement(str, Enum):
     REPLICATE = "Replicate()"     # every rank holds the full tensor
@@ -24,8 +22,9 @@ class Placement(str, Enum):
 
     __format__ = str.__format__
 
-    def to_dtensor(self) -> dtensor.Placement:
+    def to_dtensor(self):
         """The `torch.distributed.tensor` placement this one prints as."""
+        from torch.distributed import tensor as dtensor  # ~1 s to import (sympy, fake tensors): only when asked
         return {Placement.REPLICATE: dtensor.Replicate(), Placement.SHARD_ROWS: dtensor.Shard(0),
                 Placement.SHARD_LAST: dtensor.Shard(-1), Placement.PARTIAL: dtensor.Partial()}[self]
 
