@@ -15,7 +15,7 @@ Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpsim.capture import Position, check_convention, default_ids, ids_for, resolve
@@ -184,6 +184,28 @@ class Fix:
 
 
 @dataclass
+class ModelRun:
+    """align --model: the run that captured every position either side names (cosines per slot)."""
+
+    model: str
+    weights: str
+    checkpoint_fingerprint: str | None
+    tp: int
+    dtype: str
+    seed: int
+    tokens: int
+    positions: list[str]
+    notes: list[str]
+    identical_on_ranks: bool | None = None  # None: nothing to capture, nothing ran
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if self.identical_on_ranks is None:
+            del d["identical_on_ranks"]
+        return d
+
+
+@dataclass
 class Report:
     """Both sides slot by slot, the server fix when they differ, and the --model run if any."""
 
@@ -192,7 +214,7 @@ class Report:
     slots: list[Slot]
     fix: Fix | None
     notes: list[str] = field(default_factory=list)
-    run: dict | None = None
+    run: ModelRun | None = None
 
     @property
     def aligned(self) -> bool:
@@ -217,7 +239,7 @@ class Report:
                             for r in self.reasons],
                 "fix": None if self.fix is None else {"convention": self.serve.convention, "ids": self.fix.ids,
                                                       "text": self.fix.text},
-                "notes": self.notes, "run": self.run}
+                "notes": self.notes, "run": None if self.run is None else self.run.to_dict()}
 
 
 def codes(slot: Slot) -> list[str]:

@@ -13,14 +13,15 @@ import torch.nn.functional as F
 from rich.markup import escape
 
 from tpsim.capture import Position, check_convention
-from tpsim.capture.align import (KEY, LABELS, SERVERS, TRAINERS, Report, Side, Slot, positions_text, align, make_side,
-                                 read_draft_config, side_from_config)
+from tpsim.capture.align import (KEY, LABELS, SERVERS, TRAINERS, ModelRun, Report, Side, Slot, align, make_side,
+                                 positions_text, read_draft_config, side_from_config)
 from tpsim.cli.capture import on_ranks
 from tpsim.cli.options import (add_json, add_execution_options, emit_json, load_source, positive_int, run_spec)
 from tpsim.errors import UsageError
 from tpsim.run.jobs import capture_job
 from tpsim.run.preflight import check_divides_world, check_timeout
 from tpsim.run.ranks import is_reporting_process
+from tpsim.run.spec import ModelSource
 from tpsim.ui import stdout, table
 
 
@@ -123,16 +124,15 @@ def cmd_align(args) -> int:
 
 # --- running the model --------------------------------------------------------------------
 
-def run_model(args, src, tp: int, report: Report) -> dict | None:
+def run_model(args, src: ModelSource, tp: int, report: Report) -> ModelRun | None:
     """Capture every position either side names once, at TP=`tp`, and set each slot's cosine
     (mean over tokens) between the feature training saw and the one the server captures."""
     union = sorted({p for side in (report.train, report.serve) for p in side.positions if p is not None},
                    key=Position.sort_key)
     spec, _ = run_spec(args, [tp], source=src, positions=union)
     check_divides_world(tp)
-    info = {"model": args.model, "weights": src.weights, "checkpoint_fingerprint": src.fingerprint,
-            "tp": tp, "dtype": spec.dtype, "seed": args.seed, "tokens": len(spec.tokens),
-            "positions": [str(p) for p in union], "notes": list(src.notes)}
+    info = ModelRun(args.model, src.weights, src.fingerprint, tp, spec.dtype, args.seed, len(spec.tokens),
+                    [str(p) for p in union], list(src.notes))
     if not union:
         return info
     results = on_ranks(capture_job, spec, tp)
@@ -140,7 +140,7 @@ def run_model(args, src, tp: int, report: Report) -> dict | None:
         return None
     got = [r for r in results.values() if r is not None]
     cap = next(r.capture for r in got if r.capture is not None)
-    info["identical_on_ranks"] = all(r.identical for r in got)
+    info.identical_on_ranks = all(r.identical for r in got)
     set_cosines(report.slots, cap, union, src.cfg.hidden_size)
     return info
 
@@ -170,9 +170,9 @@ def print_report(report: Report, args) -> None:
             say(f"note: {side.role}: {n}")
     if report.run is not None:
         r = report.run
-        say(f"run: {args.model}, {r['weights']} weights, TP={r['tp']}, {r['dtype']}, {r['tokens']} tokens, "
-            f"seed {r['seed']}; cosine = mean over tokens of cos(train feature, serve feature)")
-        for n in r["notes"]:
+        say(f"run: {args.model}, {r.weights} weights, TP={r.tp}, {r.dtype}, {r.tokens} tokens, "
+            f"seed {r.seed}; cosine = mean over tokens of cos(train feature, serve feature)")
+        for n in r.notes:
             say(f"note: {n}")
     run = report.run is not None
     columns = ["slot", "train id", "train position", "serve id", "serve position", "match"]

@@ -181,8 +181,8 @@ def cmd_explain(args) -> int:
     if out is not None and out.is_dir():
         raise UsageError(f"--svg {out} is a directory; give a file name like {out / 'explain.svg'}")
     dtype = dtype_for(args)
-    spec = RunSpec(ModelSource(src.name, cfg), args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy, args.device,
-                   args.backend, args.timeout)
+    spec = RunSpec(ModelSource(src.name, cfg), args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy,
+                   args.device, args.backend, args.timeout)
     results = on_ranks(points_job, spec, tp, points=[], everything=True, weights=False)
     if results is None:
         return 0
