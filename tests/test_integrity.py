@@ -5,19 +5,28 @@ fit are refused before any rank starts."""
 
 from __future__ import annotations
 
+import resource
+import signal
 import struct
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import TP_DEGREES, config_dicts
-from clirun import run_cli
-from tpsim.files.capture import write_capture
+from clirun import cli_env, run_cli
+from tpsim.files.atomic import atomic_write
+from tpsim.capture.points import Tap
+from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dumps
 from tpsim.checkpoint.export import export_checkpoint
 from tpsim.config import config_from_dict, load_config, with_overrides
 from tpsim.model import shard_bytes
+from tpsim.parallel.placement import R
 from tpsim.files.verify import verify_file
 from tpsim.testing.jobs import param_bytes_job
 
@@ -105,3 +114,60 @@ def test_moe_layer_count_matches_the_per_layer_rule():
         assert cfg.moe_layer_count() == sum(cfg.is_moe_layer(k) for k in range(L))
         meta = DeepseekForCausalLM(cfg, TPGroup(size=2, device=torch.device("meta")), torch.float32)
         assert shard_bytes(cfg, 2, torch.float32) == sum(p.numel() * 4 for p in meta.parameters())
+
+
+def test_a_writer_that_fails_halfway_leaves_the_previous_file(tmp_path):
+    """Guards against writing straight to the final path, and against a library's own write error
+    (safetensors raises SafetensorError, not OSError, on a full disk) escaping as a traceback
+    instead of the exit-4 OSError."""
+    out = tmp_path / "c.safetensors"
+    out.write_bytes(b"the previous capture")
+
+    def half_then_fail(tmp: str) -> None:
+        Path(tmp).write_bytes(b"half a capt")
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(OSError, match="RuntimeError: Error while serializing"):
+        atomic_write(out, half_then_fail)
+    assert out.read_bytes() == b"the previous capture"
+    assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]  # no temporary left
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:  # in the child: a write past `limit` bytes fails with EFBIG instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_export_that_hits_a_full_disk_exits_4_and_keeps_the_previous_checkpoint(tmp_path):
+    """A real safetensors write that fails halfway (RLIMIT_FSIZE): one line, exit 4, the previous
+    checkpoint byte for byte, no temporary directory left (it was a SafetensorError traceback, exit 1)."""
+    out = tmp_path / "ck"
+    assert run_cli("export", "--out", str(out)).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    env = {**cli_env(), "PYTHONDONTWRITEBYTECODE": "1"}  # nothing else may write under the limit
+    r = subprocess.run([sys.executable, "-m", "tpsim", "export", "--out", str(out), "--force", "--seed", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                       preexec_fn=_file_size_limit(64 * 1024))
+    assert r.returncode == 4, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "could not write the output" in r.stderr and "nothing was replaced" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]
+
+
+def test_rank_dumps_are_written_all_or_none(tmp_path):
+    """Guards against renaming each rank's dump into place as soon as it is written: a write that
+    failed on rank 1 left rank 0's new file beside rank 1's old one (a mixed set)."""
+    out = tmp_path / "d.safetensors"
+    old = {r: rank_dump_path(out, r) for r in (0, 1)}
+    for r, p in old.items():
+        p.write_bytes(b"old %d" % r)
+    t = torch.ones(2, 3)
+    good = {"embed.out": Tap(R, (2, 3), "float32", 0, t)}
+    shared = {"embed.out": Tap(R, (2, 3), "float32", 0, t), "final": Tap(R, (2, 3), "float32", 1, t)}
+    with pytest.raises(OSError, match="share memory"):  # safetensors refuses tensors that share memory
+        write_rank_dumps(out, 2, {0: good, 1: shared}, [1, 2], {})
+    assert {r: p.read_bytes() for r, p in old.items()} == {0: b"old 0", 1: b"old 1"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in old.values())

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from tpsim import __version__
+from tpsim.files.atomic import umask, write_errors_as_os_errors
 from tpsim.files.safetensors import tensor_sha256
 from tpsim.checkpoint.reader import INDEX, expected_tensors
 from tpsim.config import ModelConfig
@@ -105,7 +106,8 @@ def export_checkpoint(cfg: ModelConfig, seed: int, out: Path, dtype: str, max_sh
                 total += tensors[name].numel() * tensors[name].element_size()
                 on_tensor(name)
             sums = {f"sha256.{n}": tensor_sha256(t) for n, t in tensors.items()}  # for `tpsim verify`
-            save_file(tensors, tmp / fname, metadata={"format": "pt", **sums})
+            with write_errors_as_os_errors(out):
+                save_file(tensors, tmp / fname, metadata={"format": "pt", **sums})
             _fsync(tmp / fname)
             del tensors
         files = list(names)
@@ -119,11 +121,10 @@ def export_checkpoint(cfg: ModelConfig, seed: int, out: Path, dtype: str, max_sh
             if (tmp / f).exists():
                 _fsync(tmp / f)
         faults.at("write")
-        umask = os.umask(0)
-        os.umask(umask)
+        mask = umask()
         for f in files:  # mkdtemp and safetensors create private files; give them the usual mode
-            os.chmod(tmp / f, 0o666 & ~umask)
-        os.chmod(tmp, 0o777 & ~umask)
+            os.chmod(tmp / f, 0o666 & ~mask)
+        os.chmod(tmp, 0o777 & ~mask)
         _replace_dir(tmp, out)
         return files
     except BaseException:

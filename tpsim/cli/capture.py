@@ -14,7 +14,7 @@ from tpsim.capture.points import check_points
 from tpsim.cli.options import (add_mode_options, add_run_options, load_source, mode_from, positive_int, run_spec,
                                tokens_for, dtype_for)
 from tpsim.errors import UsageError
-from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dump
+from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
 from tpsim.run.preflight import check_divides_world, check_memory, check_timeout, check_world
@@ -116,8 +116,7 @@ def capture_points(args, tp: int, out: Path) -> int:
     meta = {"tp": str(tp), "dtype": dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(), "mode": mode.name,
             "hidden_size": str(src.cfg.hidden_size), "weights": src.weights, "tpsim_version": __version__}
     ranks = sorted((r for r in results.values() if r is not None), key=lambda r: r.rank)
-    for r in ranks:
-        write_rank_dump(out, r.rank, tp, r.taps, list(tokens), meta)
+    write_rank_dumps(out, tp, {r.rank: r.taps for r in ranks}, list(tokens), meta)
     first = ranks[0].taps
     print(f"wrote {rank_dump_path(out, 0)} .. {rank_dump_path(out, tp - 1).name}: "
           + ", ".join(f"{n} {list(first[n].shape)} {first[n].placement}" for n in points))

@@ -7,37 +7,62 @@ drills (TPSIM_FAULT=RANK:write:HOW) hit a write at its most delicate point.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tpsim.parallel import faults
 
 
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """`write(tmp)` fills a temporary file beside `path`, which then replaces `path` with the mode
-    a new file gets under the umask (mkstemp's own is 0600)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+@contextmanager
+def write_errors_as_os_errors(path: Path) -> Iterator[None]:
+    """A library's own error for a failed write (safetensors raises SafetensorError, not OSError,
+    on a full disk) raised as the OSError the CLI reports as "could not write the output" (exit 4)."""
     try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        faults.at("write")
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        yield
+    except OSError:
         raise
+    except Exception as e:
+        raise OSError(errno.EIO, f"{type(e).__name__}: {str(e).strip()}", str(path)) from e
 
 
-def _umask() -> int:
+def umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `path`, which then replaces `path` with the mode
+    a new file gets under the umask (mkstemp's own is 0600)."""
+    atomic_write_all([(Path(path), write)])
+
+
+def atomic_write_all(files: list[tuple[Path, Callable[[str], None]]]) -> None:
+    """As atomic_write for a set of files (a run's rank dumps): every one is written and synced
+    before any is renamed into place, so a failed write leaves the previous set whole."""
+    tmps: list[str] = []
+    try:
+        for path, write in files:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmps.append(tmp)
+            with write_errors_as_os_errors(path):
+                write(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        faults.at("write")
+        for tmp, (path, _) in zip(tmps, files):
+            os.chmod(tmp, 0o666 & ~umask())
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in tmps:
+            Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_text(path: Path, text: str) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from tpsim.capture.points import position_of
-from tpsim.files.safetensors import write_safetensors
+from tpsim.files.atomic import atomic_write_all
+from tpsim.files.safetensors import safetensors_writer, write_safetensors
 
 RANK_DUMP_FORMAT = "tpsim-rank-dump"
 
@@ -29,14 +30,17 @@ def rank_dump_path(out: Path, rank: int) -> Path:
     return out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
 
 
-def write_rank_dump(out: Path, rank: int, tp: int, taps: dict, input_ids: list[int], metadata: dict[str, str]) -> Path:
-    """Write rank `rank`'s tapped points (name -> Tap with its tensor) next to `out`."""
-    path = rank_dump_path(out, rank)
-    meta = {**metadata, "format": RANK_DUMP_FORMAT, "rank": str(rank), "tp": str(tp), "points": ",".join(taps)}
-    for name, tap in taps.items():
-        meta[f"placement.{name}"] = str(tap.placement)
-        if position_of(name):
-            meta[f"position.{name}"] = position_of(name)
-    tensors = {name: tap.tensor for name, tap in taps.items()}
-    write_safetensors(path, {**tensors, "input_ids": torch.tensor(input_ids, dtype=torch.long)}, meta)
-    return path
+def write_rank_dumps(out: Path, tp: int, taps: dict[int, dict], input_ids: list[int], metadata: dict[str, str]) -> None:
+    """Write each rank's tapped points (`taps[rank]`: name -> Tap with its tensor) next to `out`,
+    all or none: every file is written before any replaces its predecessor."""
+    ids = torch.tensor(input_ids, dtype=torch.long)
+    files = []
+    for rank, points in sorted(taps.items()):
+        meta = {**metadata, "format": RANK_DUMP_FORMAT, "rank": str(rank), "tp": str(tp), "points": ",".join(points)}
+        for name, tap in points.items():
+            meta[f"placement.{name}"] = str(tap.placement)
+            if position_of(name):
+                meta[f"position.{name}"] = position_of(name)
+        tensors = {name: tap.tensor for name, tap in points.items()}
+        files.append((rank_dump_path(out, rank), safetensors_writer({**tensors, "input_ids": ids}, meta)))
+    atomic_write_all(files)
