@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +35,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from clirun import SCRUB, assert_one_line_error, run_cli
+from clirun import SCRUB, assert_one_line_error, cli_env, run_cli
 from tpsim.cli import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,6 +162,9 @@ CASES = [
          "--strategy applies to --layers captures"),
     case("check-seq-len-huge", "check --seq-len 1000000000000", "--seq-len 1000000000000", "at most"),
     case("check-timeout-1e400", "check --timeout 1e400", "--timeout inf", "positive, finite"),
+    case("check-timeout-1e10", "check --timeout 1e10", "--timeout 1e+10", "up to 604800"),
+    case("capture-tokens-over-max-positions", ["capture", "--out", "c.safetensors", "--tokens", ",".join(["1"] * 4097)],
+         "--tokens gives 4097 tokens", "max_position_embeddings=4096"),
     case("check-seed-2**70", f"check --seed {SEED_2_70}", f"--seed {SEED_2_70} is out of range"),
     case("check-tp-double-dash", "check --tp=--", "--tp needs a value, not '--'"),
     case("check-unknown-builtin-model", "check --model deepseek-v4", "deepseek-v4 does not exist",
@@ -487,3 +491,30 @@ def test_fuzz_no_traceback(inputs, fuzz_dir, command, option, data, joined):
     if code != 0:
         assert list(cwd.iterdir()) == [], f"tpsim {argv!r} failed but wrote {list(cwd.iterdir())}"
     assert snapshot(inputs["dir"].parent) == before, f"tpsim {argv!r} changed an input file"
+
+
+ENV_CASES = {  # the environment, checked before anything starts: one line from every process, exit 2
+    "rank-alone": ({"RANK": "1"}, ["RANK set but WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not"]),
+    "no-rendezvous": ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, ["MASTER_ADDR, MASTER_PORT not"]),
+    "world-not-a-number": ({"RANK": "0", "WORLD_SIZE": "abc", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                            "MASTER_PORT": "29500"}, ["WORLD_SIZE='abc' is not valid"]),
+    "rank-past-world": ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                         "MASTER_PORT": "29500"}, ["RANK=2 with WORLD_SIZE=2"]),
+    "fault-garbage": ({"TPSIM_FAULT": "garbage"}, ["TPSIM_FAULT='garbage' is not RANK:WHERE:HOW"]),
+    "fault-rank-not-a-number": ({"TPSIM_FAULT": "x:write:raise"}, ["TPSIM_FAULT='x:write:raise'"]),
+}
+
+
+@pytest.mark.parametrize("command", [["check", "--tp", "1"], ["export", "--out", "ck"]])
+@pytest.mark.parametrize("name", list(ENV_CASES))
+def test_a_broken_environment_is_one_line_exit_2(tmp_path, name, command):
+    """Each was a traceback (torchrun variables without a rendezvous, WORLD_SIZE=abc, TPSIM_FAULT=garbage
+    on export), a silent exit 2 (RANK=1 alone), or blamed on "rank 0 failed while starting"."""
+    extra, expect = ENV_CASES[name]
+    r = subprocess.run([sys.executable, "-m", "tpsim", *command], cwd=tmp_path, env={**cli_env(), **extra},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpsim: error: "), r.stderr
+    assert all(e in lines[0] for e in expect), lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -17,7 +17,8 @@ from tpsim import __version__
 from tpsim.cli import align, capture, check, diagnose, explain, export, resolve, scenario, verify
 from tpsim.cli.options import Parser
 from tpsim.errors import RankError, UsageError
-from tpsim.parallel.launch import exit_torchrun_rank, under_torchrun
+from tpsim.parallel import faults
+from tpsim.parallel.launch import check_torchrun_env, exit_torchrun_rank, under_torchrun
 from tpsim.run.ranks import is_reporting_process
 
 REPORT_GRACE_S = 5.0
@@ -41,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(argv: list[str] | None) -> int:
+    try:  # the environment first: a broken one is every process's to report (RANK may say "not rank 0")
+        check_torchrun_env()
+        faults.check()
+    except UsageError as e:
+        print(f"tpsim: error: {e}", file=sys.stderr)
+        return 2
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)

@@ -137,6 +137,9 @@ def tokens_for(args, cfg: ModelConfig) -> list[int]:
         if args.seq_len is not None:
             raise UsageError("--tokens and --seq-len both say which tokens to run; give one of them")
         ids = int_list(args.tokens, "--tokens")
+        if len(ids) > cfg.max_position_embeddings:
+            raise UsageError(f"--tokens gives {len(ids)} tokens, more than max_position_embeddings="
+                             f"{cfg.max_position_embeddings}; pass at most {cfg.max_position_embeddings}")
         bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
         if bad:
             raise UsageError(f"--tokens: id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1} "

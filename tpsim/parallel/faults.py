@@ -18,6 +18,8 @@ import os
 import signal
 import time
 
+from tpsim.errors import UsageError
+
 ENV = "TPSIM_FAULT"
 HOWS = ("raise", "kill", "stall")
 SLOT_BYTES = 200
@@ -45,9 +47,15 @@ def _parse() -> tuple[int | None, str, str] | None:
         return None
     rank, _, rest = spec.partition(":")
     where, _, how = rest.rpartition(":")
-    if how not in HOWS or not where:
-        raise ValueError(f"{ENV}={spec!r}: expected RANK:WHERE:HOW with HOW one of {', '.join(HOWS)}")
+    if how not in HOWS or not where or not (rank in ("", "*", "launcher") or rank.isdecimal()):
+        raise UsageError(f"{ENV}={spec!r} is not RANK:WHERE:HOW (RANK a number, *, or launcher; HOW one of "
+                         f"{', '.join(HOWS)}), e.g. {ENV}=1:model.embed_tokens:raise; fix it or unset {ENV}")
     return (None if rank in ("", "*", "launcher") else int(rank)), where, how
+
+
+def check() -> None:
+    """Refuse a malformed TPSIM_FAULT before any rank starts (one line, exit 2)."""
+    _parse()
 
 
 def at(where: str, rank: int | None = None) -> None:

@@ -46,6 +46,30 @@ def under_torchrun() -> bool:
                                                     and "LOCAL_RANK" in os.environ)
 
 
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_torchrun_env() -> None:
+    """torchrun's variables, all or none and well formed, before anything tries to join its
+    rendezvous (one line naming the missing or bad one, not a traceback from init_process_group)."""
+    given = [v for v in TORCHRUN_VARS[:3] if v in os.environ]
+    if not given:
+        return
+    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
+    if missing:
+        raise UsageError(f"{', '.join(given)} set but {', '.join(missing)} not: a partial torchrun environment; "
+                         f"launch with torchrun, or unset {', '.join(given)}")
+    values = {v: os.environ[v] for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    bad = [f"{v}={x!r}" for v, x in values.items() if not x.isdecimal()]
+    if not bad and int(values["WORLD_SIZE"]) < 1:
+        bad = [f"WORLD_SIZE={values['WORLD_SIZE']!r}"]
+    if not bad and int(values["RANK"]) >= int(values["WORLD_SIZE"]):
+        bad = [f"RANK={values['RANK']} with WORLD_SIZE={values['WORLD_SIZE']}"]
+    if bad:
+        raise UsageError(f"torchrun environment: {bad[0]} is not valid (non-negative integers, RANK < WORLD_SIZE); "
+                         "launch with torchrun")
+
+
 def default_backend(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
