@@ -84,6 +84,9 @@ def write_inputs(d: Path) -> dict[str, Path]:
     put("empty.yaml", "")
     put("empty.safetensors", b"")
     put("deep.json", "[" * 100_000 + "]" * 100_000)  # deeper than json can recurse
+    tiny = (Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml").read_text()
+    put("alias-bomb.yaml", "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + tiny)
+    put("huge.yaml", tiny.replace("hidden_size: 64", "hidden_size: 1" + "0" * 400))
     f["st"] = d / "st.safetensors"
     save_file({"x": torch.zeros(2, 3)}, str(f["st"]))
     os.mkfifo(d / "fifo")  # opening it to read would block forever: a non-regular file must be refused
@@ -173,6 +176,9 @@ CASES = [
     case("check-model-safetensors", "check --model {st}", "st.safetensors is not a text file", "YAML/JSON"),
     case("check-model-fifo", "check --model {fifo}", "fifo is not a regular file"),
     case("check-model-proc-self-mem", "check --model /proc/self/mem", "cannot read config /proc/self/mem"),
+    case("check-model-yaml-alias-bomb", "check --model {alias-bomb.yaml}", "YAML aliases", "not allowed"),
+    case("check-model-hidden-size-10**400", "check --model {huge.yaml}", "about 10^", "check the sizes"),
+    case("check-override-date", "check --override hidden_act=2001-13-45", "hidden_act='2001-13-45'"),
     case("check-model-name-with-newline", ["check", "--model", "no\nsuch.yaml"], "no\\nsuch.yaml does not exist"),
     case("check-override-deep-yaml", ["check", "--override", "num_hidden_layers=" + "[" * 2000], "--override",
          "not a number"),

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tpsim.errors import UsageError, read_text
 
 VOCAB_PADDING = 64  # SGLang / vLLM DEFAULT_VOCAB_PADDING_SIZE
@@ -265,6 +267,11 @@ MAX_TENSOR_ELEMENTS = 2**48  # 1 PB in float32; DeepSeek-V3's largest tensor hol
 MAX_ROUTED_EXPERTS = 2**16  # one module per expert: building 10**9 of them (even on the meta device) never ends
 
 
+def _count(n: int) -> str:
+    """`1.23e+20`; an int too large for a float (10**400) as `about 10^400`."""
+    return f"{n:.3g}" if n < 1e300 else f"about 10^{len(str(n)) - 1}"
+
+
 def _check_sizes(cfg: ModelConfig, source: str) -> None:
     """Refuse shapes no machine holds before torch overflows int64 sizing them (a hidden_size of 10**19
     is a traceback from torch.empty even on the meta device)."""
@@ -280,11 +287,24 @@ def _check_sizes(cfg: ModelConfig, source: str) -> None:
         ((cfg.n_routed_experts or 0) * H, "n_routed_experts x hidden_size"),
     ])
     if biggest[0] > MAX_TENSOR_ELEMENTS:
-        raise UsageError(f"{source}: {biggest[1]} makes a tensor of {biggest[0]:.3g} elements (at most "
+        raise UsageError(f"{source}: {biggest[1]} makes a tensor of {_count(biggest[0])} elements (at most "
                          f"{MAX_TENSOR_ELEMENTS:.3g}); check the sizes")
     if (cfg.n_routed_experts or 0) > MAX_ROUTED_EXPERTS:
         raise UsageError(f"{source}: n_routed_experts={cfg.n_routed_experts} exceeds {MAX_ROUTED_EXPERTS} "
                          "(DeepSeek-V3 has 256); tpsim builds one module per expert")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML as configs mean it: a date-like value stays a string (`2001-13-45` made SafeLoader raise
+    ValueError), and anchors/aliases are refused (an alias bomb expands to gigabytes)."""
+
+    yaml_implicit_resolvers = {c: [r for r in rs if r[0] != "tag:yaml.org,2002:timestamp"]
+                               for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("YAML aliases (*name) are not allowed in a config; write the values out")
+        return super().compose_node(parent, index)
 
 
 def _number(text: str) -> int | float | None:
@@ -299,7 +319,6 @@ def _number(text: str) -> int | float | None:
 
 def with_overrides(cfg: ModelConfig, overrides: list[str]) -> ModelConfig:
     """Apply `field=value` overrides (value parsed as YAML: 4, 2.5, null, true) and re-validate."""
-    import yaml
     raw = cfg.to_dict()
     for item in overrides:
         key, eq, text = item.partition("=")
@@ -310,7 +329,7 @@ def with_overrides(cfg: ModelConfig, overrides: list[str]) -> ModelConfig:
             raise UsageError(f"--override {key}: unknown config field; use an HF DeepseekV2Config field "
                              f"such as num_hidden_layers")
         try:
-            raw[key] = _number(text.strip()) if _number(text.strip()) is not None else yaml.safe_load(text)
+            raw[key] = _number(text.strip()) if _number(text.strip()) is not None else yaml.load(text, Loader=StrictLoader)
         except (yaml.YAMLError, RecursionError):
             raise UsageError(f"--override {item!r}: the value is not a number, true/false, null or a string") from None
     return config_from_dict(raw, source="--override")
@@ -338,8 +357,7 @@ def load_config(path: str | Path) -> ModelConfig:
                          "or an HF model directory")
     try:
         if p.suffix in (".yaml", ".yml"):
-            import yaml
-            raw = yaml.safe_load(text)
+            raw = yaml.load(text, Loader=StrictLoader)
         else:
             raw = json.loads(text)
     except Exception as e:  # yaml.YAMLError / json.JSONDecodeError
