@@ -90,6 +90,12 @@ def naive_placement(mode: Mode, cfg, p: Position, T: int, tp: int) -> str:
             0, list(range(13))))
 @example(c=(Mode("ep"), 2, {**TINY, "num_hidden_layers": 1, "first_k_dense_replace": 0, "topk_method": "greedy",
                            "n_group": 1, "topk_group": 1}, [Position("embed"), Position("final")], 0, [0]))
+# SGLang fuses at exactly fusion_max_tokens tokens: pin both sides of the boundary with two or more layers
+# (a `<` for `<=` in Mode.fused passed the whole suite: the ci profile never drew T == fusion_max_tokens)
+@example(c=(Mode("ar-fusion", fusion_max_tokens=6), 2, {**TINY, "num_hidden_layers": 3},
+            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(6))))
+@example(c=(Mode("ar-fusion", fusion_max_tokens=5), 2, {**TINY, "num_hidden_layers": 3},
+            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(6))))
 @given(c=mode_cases())
 def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c
