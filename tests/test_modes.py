@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -158,3 +159,16 @@ def test_check_mode_cli_passes_right_and_names_placement_for_naive():
     assert bad.returncode == 1 and "Partial(sum)" in bad.stdout and "deferred all-reduce" in bad.stdout
     prefill = check("--strategy", "model-level", "--fusion-max-tokens", "8")
     assert prefill.returncode == 0, prefill.stdout
+
+
+@pytest.mark.parametrize("mode, argv", [("sp", []), ("ep", []), ("ep", ["--ep-output", "scattered"]),
+                                        ("dp-attention", [])])
+def test_check_cli_passes_in_each_mode(mode, argv):
+    """`tpsim check --mode M` end to end for the modes whose branches of check_job and the report
+    only the in-process mode job exercised (feeding the dp-attention TP=1 reference every token
+    instead of the rank's own made `check --mode dp-attention --tp 1,2` exit 3 and the suite pass)."""
+    r = subprocess.run([sys.executable, "-m", "tpsim", "check", "--tp", "1,2", "--seq-len", "7", "--mode", mode, *argv],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1].startswith("PASS: "), r.stdout
+    assert f"mode {mode}, capture strategy {STRATEGIES[mode][0]}" in r.stdout, r.stdout
