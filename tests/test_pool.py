@@ -8,7 +8,11 @@ import pytest
 
 from tpsim.errors import RankError
 from tpsim.parallel.launch import RankPool
-from tpsim.testing.jobs import disagree_job, fault_job, mismatch_job, report_job, slow_job
+from tpsim.capture import resolve
+from tpsim.config import load_config
+from tpsim.run.spec import ModelSource, RunSpec, model_path
+from tpsim.testing.jobs import (RUN_CHANGES, disagree_job, fault_job, mismatch_job, report_job, run_disagree_job,
+                                slow_job)
 
 
 @pytest.mark.parametrize("how,message", [("raise", "rank 1 failed while running fault_job: RuntimeError"),
@@ -84,3 +88,16 @@ def test_a_collective_mismatch_is_an_error_not_an_abort(case, expect):
     assert "SIGABRT" not in str(info.value)
     import re
     assert re.search(expect, str(info.value).splitlines()[0])
+
+
+@pytest.mark.parametrize("field", list(RUN_CHANGES))
+def test_every_field_of_a_run_is_agreed_on(rank_pool, field):
+    """agree_on_run compares every field of the run, each named in the refusal (dropping `input ids`
+    from it passed the whole suite: agree() was only tested with its own fields)."""
+    from tpsim.errors import UsageError
+    cfg = load_config(model_path("tiny"))
+    spec = RunSpec(ModelSource("tiny", cfg), 0, "float32", tuple(range(5)),
+                   tuple(resolve("sglang", None, cfg.num_hidden_layers).positions))
+    with pytest.raises(UsageError, match=rf"the ranks disagree on {field} \(rank 0 \w+; ranks 1-7 \w+\)"):
+        rank_pool.run(run_disagree_job, spec=spec, field=field, from_rank=1)
+    assert rank_pool.run(run_disagree_job, spec=spec, field=field, from_rank=8) == {r: "ran" for r in range(8)}

@@ -24,8 +24,9 @@ def rank_results(tp: int, T: int, width: int, rel: float, logits_rel: float) -> 
     ops = [(op, f"model.{op}.{i}", 8) for op, n in expected_collectives(Mode(), CFG, tp).items() for i in range(n)]
     return [RankCheck(tp=tp, rank=r, group_rank=r, group=list(range(tp)), shape=[T, width], identical=True,
                       verdicts=None, finite=True, first_nonfinite=None, rel_err=rel, compared=1.0,
-                      logits_rel_err=logits_rel, routing_flip=None, all_reduces=sum(o == "all_reduce" for o, _, _ in ops),
-                      all_reduce_bytes=0, collectives=ops) for r in range(tp)]
+                      logits_rel_err=logits_rel, routing_flip=None,
+                      all_reduces=sum(o == "all_reduce" for o, _, _ in ops), all_reduce_bytes=0, collectives=ops)
+            for r in range(tp)]
 
 
 @example(dtype="float32", rel=4.16e-1, logits_rel=0.0)

@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tpsim.capture import Position
 from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.config import config_from_dict
-from tpsim.run.jobs import (DTYPES, bitwise_equal, build_model, own_tokens, routing_rows, run_captured,
+from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured,
                             run_captured_parts)
 from tpsim.model import DeepseekForCausalLM
 from tpsim.modes import Mode
@@ -20,6 +22,7 @@ from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParal
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
+from tpsim.run.spec import RunSpec
 from tpsim.weights import init_random_weights, init_tensor
 
 
@@ -177,6 +180,24 @@ def disagree_job(ctx: RankContext, field: str, from_rank: int):
     if ctx.rank >= from_rank:
         fields[field] = {"changed on rank": ctx.rank >= from_rank}
     agree(ctx.world_size, fields)
+    return "ran"
+
+
+RUN_CHANGES = {  # one field of a run, changed as a torchrun rank given other arguments or files would see it
+    "config": lambda s: replace(s, source=replace(s.source, cfg=replace(s.cfg, rms_norm_eps=s.cfg.rms_norm_eps * 2))),
+    "weights": lambda s: replace(s, seed=s.seed + 1),
+    "input ids": lambda s: replace(s, tokens=s.tokens[::-1]),
+    "dtype": lambda s: replace(s, dtype="bfloat16"),
+    "mode": lambda s: replace(s, mode=Mode("sp")),
+    "capture spec": lambda s: replace(s, positions=s.positions[:-1]),
+}
+
+
+def run_disagree_job(ctx: RankContext, spec: RunSpec, field: str, from_rank: int):
+    """agree_on_run, with ranks >= from_rank holding a spec changed in `field` (RUN_CHANGES)."""
+    if ctx.rank >= from_rank:
+        spec = RUN_CHANGES[field](spec)
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in spec.positions]})
     return "ran"
 
 
