@@ -87,6 +87,11 @@ def write_inputs(d: Path) -> dict[str, Path]:
     tiny = (Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml").read_text()
     put("alias-bomb.yaml", "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + tiny)
     put("huge.yaml", tiny.replace("hidden_size: 64", "hidden_size: 1" + "0" * 400))
+    put("cfg.yaml", tiny)
+    (d / "link.safetensors").symlink_to(d / "cfg.yaml")
+    f["link.safetensors"] = d / "link.safetensors"
+    os.mkfifo(d / "pf.rank0.safetensors")  # rank 0's dump of --out pf.safetensors
+    f["pf.safetensors"] = d / "pf.safetensors"
     f["st"] = d / "st.safetensors"
     save_file({"x": torch.zeros(2, 3)}, str(f["st"]))
     os.mkfifo(d / "fifo")  # opening it to read would block forever: a non-regular file must be refused
@@ -189,6 +194,12 @@ CASES = [
     case("capture-points-negative-layer", "capture --points layers.-1.out --out c.safetensors",
          "unknown point 'layers.-1.out'"),
     case("capture-out-empty", ["capture", "--out", ""], "is a directory", "capture.safetensors"),
+    case("capture-out-fifo", "capture --out {fifo}", "fifo is not a regular file"),
+    case("capture-out-device", "capture --out /dev/null", "/dev/null is not a regular file"),
+    case("capture-out-symlink", "capture --out {link.safetensors}", "is a symbolic link", "cfg.yaml"),
+    case("capture-out-is-the-config", "capture --model {cfg.yaml} --out {cfg.yaml}", "is a file this run reads"),
+    case("capture-points-out-fifo", "capture --points embed.out --out {pf.safetensors}",
+         "pf.rank0.safetensors is not a regular file"),
     case("capture-out-name-too-long", f"capture --out {LONG}.safetensors", "path is too long"),
     case("capture-override-empty", ["capture", "--override", "", "--out", "c.safetensors"], "is not FIELD=VALUE"),
     case("capture-ckpt-weights-png", "capture --model {ckpt_png} --out c.safetensors", "model.safetensors",

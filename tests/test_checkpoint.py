@@ -101,6 +101,13 @@ def test_cli_capture_from_export_matches_seeded(tmp_path):
         assert torch.equal(a.get_tensor("aux_hidden_states"), b.get_tensor("aux_hidden_states"))
         assert b.metadata()["weights"] == f"checkpoint {d.resolve()}"
         assert len(b.metadata()["checkpoint_fingerprint"]) == 64
+    # the checkpoint is an input of the run: a capture (or rank dump) written over its files is refused
+    shard = sorted(d.glob("model-*-of-*.safetensors"))[0]
+    before = {f.name: f.read_bytes() for f in d.iterdir()}
+    for argv in (["--out", shard], ["--out", d / "model.safetensors.index.json"], ["--out", d / "config.json"]):
+        r = run_cli("capture", "--model", d, "--tp", "1", *argv)
+        assert_one_line_error(r, ["is a file this run reads", "write the capture somewhere else"])
+    assert {f.name: f.read_bytes() for f in d.iterdir()} == before
 
 
 # --- FP8 ---------------------------------------------------------------------------------------

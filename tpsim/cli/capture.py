@@ -19,7 +19,7 @@ from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
 from tpsim.run.preflight import check_divides_world, check_memory, check_timeout, check_world
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
-from tpsim.run.spec import RunSpec
+from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.ui import ProgressLine
 
 
@@ -37,12 +37,26 @@ def add_parser(sub) -> None:
 
 
 def check_out(out: Path) -> None:
+    """An --out tpsim may replace: a regular file or a new name, in a writable directory."""
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: directory {out.parent} does not exist; create it first")
+    if out.is_symlink():  # replacing it would replace the link, not what it points to: say which is meant
+        raise UsageError(f"--out {out} is a symbolic link; give the path it points to ({out.resolve()}) or a new name")
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name like {out / 'capture.safetensors'}")
+    if out.exists() and not out.is_file():
+        raise UsageError(f"--out {out} is not a regular file (a FIFO, a device or a socket); give a file name")
     if not os.access(out.parent, os.W_OK):
         raise UsageError(f"--out {out}: directory {out.parent} is not writable")
+
+
+def check_not_an_input(outs: list[Path], source: ModelSource) -> None:
+    """Refuse to replace a file this run reads (its checkpoint's weights, its config)."""
+    reads = set(source.reads())
+    for out in outs:
+        if out.resolve() in reads:
+            raise UsageError(f"--out {out} is a file this run reads (--model {source.name}); write the capture "
+                             "somewhere else")
 
 
 def on_ranks(job, spec: RunSpec, tp: int, **kwargs) -> dict | None:
@@ -62,6 +76,7 @@ def cmd_capture(args) -> int:
     if args.points is not None:
         return capture_points(args, tp, out)
     spec, res = run_spec(args, [tp])
+    check_not_an_input([out], spec.source)
     results = on_ranks(capture_job, spec, tp)
     if results is None:
         return 0
@@ -97,6 +112,9 @@ def capture_points(args, tp: int, out: Path) -> int:
     if args.layers is not None:
         raise UsageError("--points and --layers both name what to capture; give one of them")
     src = load_source(args, [tp])
+    for r in range(tp):
+        check_out(rank_dump_path(out, r))
+    check_not_an_input([rank_dump_path(out, r) for r in range(tp)], src)
     points = check_points(src.cfg, [p.strip() for p in args.points.split(",") if p.strip()])
     if not points:
         raise UsageError("--points is empty; name points like layers.3.attn.o_proj.partial")

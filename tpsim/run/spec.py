@@ -46,6 +46,13 @@ class ModelSource:
     def weights(self) -> str:
         return f"checkpoint {self.checkpoint}" if self.checkpoint else "seeded random"
 
+    def reads(self) -> list[Path]:
+        """The files this source is read from (the config; every file of a checkpoint directory)."""
+        if self.checkpoint is not None:
+            return [f.resolve() for f in self.checkpoint.iterdir() if f.is_file()]
+        p = model_path(self.name)
+        return [p.resolve()] if p.is_file() else []
+
     @classmethod
     def load(cls, model: str, overrides: list[str], tps: list[int]) -> "ModelSource":
         p = model_path(model)
