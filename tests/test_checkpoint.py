@@ -108,6 +108,10 @@ def test_cli_capture_from_export_matches_seeded(tmp_path):
         r = run_cli("capture", "--model", d, "--tp", "1", *argv)
         assert_one_line_error(r, ["is a file this run reads", "write the capture somewhere else"])
     assert {f.name: f.read_bytes() for f in d.iterdir()} == before
+    # more layers than the checkpoint holds is refused from the header, before 10**9 layers' shapes are built
+    # (it printed nothing for minutes; a hang guard, not a speed test)
+    r = run_cli("check", "--tp", "1", "--model", d, "--override", "num_hidden_layers=1000000000", timeout_s=120)
+    assert_one_line_error(r, ["num_hidden_layers=1000000000", "holds 3 layers", "use at most 3"])
 
 
 # --- FP8 ---------------------------------------------------------------------------------------

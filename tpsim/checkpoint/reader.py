@@ -77,6 +77,9 @@ def read_header(path: Path) -> dict[str, dict]:
     return header
 
 
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
 class Checkpoint:
     """A checkpoint directory seen through its headers. `source(name)` is the lazy slice
     object `WeightSpec.load` indexes (`open(name)`); `elements_read` counts
@@ -138,6 +141,11 @@ class Checkpoint:
             h.update(f"{fname}:{(self.path / fname).stat().st_size}".encode())
         return h.hexdigest()
 
+    def num_layers(self) -> int:
+        """How many decoder layers the checkpoint holds: one past the highest model.layers.N."""
+        ids = [int(m.group(1)) for n in self.tensors if (m := _LAYER.match(n))]
+        return max(ids) + 1 if ids else 0
+
     def where(self, name: str) -> str:
         """The file that holds `name`, or should: the one holding its layer's other tensors."""
         if name in self.tensors:
@@ -182,6 +190,10 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def validate(ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
     """Check, from the headers only, that the checkpoint holds what `cfg` needs; return notes
     on what it holds beyond that (layers past num_hidden_layers, tensors tpsim does not use)."""
+    held = ckpt.num_layers()
+    if cfg.num_hidden_layers > held:  # before building L layers' shapes: an override of 10**9 layers never ends
+        raise UsageError(f"num_hidden_layers={cfg.num_hidden_layers} but the checkpoint {ckpt.path} holds {held} "
+                         f"layers (model.layers.0..{held - 1}); use at most {held}")
     expected = expected_tensors(cfg)
     for name, shape in expected.items():
         if name not in ckpt.tensors:
