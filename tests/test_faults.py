@@ -97,3 +97,57 @@ def test_a_fault_brings_every_rank_down_with_one_clear_line(fault_runs, case):
             assert e in lines[0], (e, lines[0])
     else:  # the launcher itself was killed between writing the temporary copy and the rename
         assert all(x.endswith(".tmp") and x.startswith(".capture.safetensors.") for x in r["litter"]), r["litter"]
+
+
+def _launch_and_wait_for_the_forward(tmp: Path, marker: str) -> tuple[subprocess.Popen, Path]:
+    """`tpsim capture --tp 2` whose rank 1 stalls in the embedding; returns once the ranks run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    env.update(TPSIM_FAULT="1:model.embed_tokens:stall", TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp),
+               OMP_NUM_THREADS="1")
+    log = tmp / "stderr.txt"
+    with open(log, "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "tpsim", "capture", "--tp", "2", "--timeout", "120",
+                              "--out", str(tmp / "c.safetensors")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=err)
+    deadline = time.monotonic() + 120
+    while "forward" not in log.read_text() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "forward" in log.read_text(), log.read_text()
+    return p, log
+
+
+def _rendezvous(tmp: Path) -> list[str]:
+    return [x.name for x in tmp.iterdir() if x.name.startswith("tpsim-rdzv-")]
+
+
+def test_a_terminated_launcher_stops_its_ranks_and_removes_its_rendezvous(tmp_path):
+    """SIGTERM to the launcher mid-run: the ranks stop now and the rendezvous directory goes (it was
+    left behind after any SIGTERM)."""
+    marker = uuid.uuid4().hex
+    p, _ = _launch_and_wait_for_the_forward(tmp_path, marker)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marked_processes(marker) == []
+    assert _rendezvous(tmp_path) == []
+
+
+def test_the_next_run_removes_a_killed_launchers_rendezvous(tmp_path):
+    """SIGKILL leaves the launcher no chance to clean up: its directory (named by its pid) is removed
+    by the next run on the machine, and a live launcher's directory is left alone."""
+    marker = uuid.uuid4().hex
+    p, _ = _launch_and_wait_for_the_forward(tmp_path, marker)
+    p.kill()
+    p.wait(timeout=60)
+    left = _rendezvous(tmp_path)
+    assert len(left) == 1 and left[0].startswith(f"tpsim-rdzv-{p.pid}-"), left
+    live = tmp_path / f"tpsim-rdzv-{os.getpid()}-live"  # this test process is alive
+    live.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env.pop("TPSIM_FAULT", None)
+    r = subprocess.run([sys.executable, "-m", "tpsim", "check", "--tp", "1", "--seq-len", "2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _rendezvous(tmp_path) == [live.name]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 import time
 
@@ -35,6 +36,8 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like Ctrl-C, so the rank pool's cleanup runs (ranks stopped, rendezvous removed)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     code = run_command(argv)
     if under_torchrun():
         exit_torchrun_rank(code)

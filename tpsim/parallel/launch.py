@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -231,6 +232,27 @@ def _peer_symptom(report: str) -> bool:
     return _timed_out(report) or _says(report, "connection", "remote worker", "peer")
 
 
+RENDEZVOUS_PREFIX = "tpsim-rdzv-"  # + the launcher's pid + "-": a killed launcher's directory is found by the next run
+
+
+def remove_stale_rendezvous() -> None:
+    """Remove the rendezvous directories of launchers that no longer run (SIGKILLed: no cleanup ran)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{RENDEZVOUS_PREFIX}*-*"):
+        pid = d.name[len(RENDEZVOUS_PREFIX):].partition("-")[0]
+        if pid.isdecimal() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class RankPool:
     """`world` local ranks over gloo (CPU) with a file rendezvous, reused for many jobs.
 
@@ -244,7 +266,8 @@ class RankPool:
         self.world, self.backend, self.device, self.timeout_s = world, backend, device, timeout_s
         self.stall_grace_s = stall_grace_s
         self.on_progress = on_progress
-        self._tmp = tempfile.mkdtemp(prefix="tpsim-rdzv-")
+        remove_stale_rendezvous()
+        self._tmp = tempfile.mkdtemp(prefix=f"{RENDEZVOUS_PREFIX}{os.getpid()}-")
         mp = torch.multiprocessing.get_context("spawn")
         self._results = mp.Queue()
         self._tasks = [mp.Queue() for _ in range(world)]
@@ -407,5 +430,8 @@ class RankPool:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:  # interrupted (Ctrl-C, SIGTERM) or failed: the ranks may be mid-job, stop them now
+            self.kill()
