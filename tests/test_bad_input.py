@@ -201,6 +201,8 @@ CASES = [
     case("capture-points-out-fifo", "capture --points embed.out --out {pf.safetensors}",
          "pf.rank0.safetensors is not a regular file"),
     case("capture-out-name-too-long", f"capture --out {LONG}.safetensors", "path is too long"),
+    case("capture-out-name-252-bytes", f"capture --out {'n' * 240}.safetensors", "the name is too long",
+         "temporary file"),
     case("capture-override-empty", ["capture", "--override", "", "--out", "c.safetensors"], "is not FIELD=VALUE"),
     case("capture-ckpt-weights-png", "capture --model {ckpt_png} --out c.safetensors", "model.safetensors",
          "safetensors file"),

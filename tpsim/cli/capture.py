@@ -14,6 +14,7 @@ from tpsim.capture.points import check_points
 from tpsim.cli.options import (add_mode_options, add_run_options, load_source, mode_from, positive_int, run_spec,
                                tokens_for, dtype_for)
 from tpsim.errors import UsageError
+from tpsim.files.atomic import temporary_name
 from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
@@ -48,6 +49,11 @@ def check_out(out: Path) -> None:
         raise UsageError(f"--out {out} is not a regular file (a FIFO, a device or a socket); give a file name")
     if not os.access(out.parent, os.W_OK):
         raise UsageError(f"--out {out}: directory {out.parent} is not writable")
+    need, limit = len(temporary_name(out).encode()), os.pathconf(out.parent, "PC_NAME_MAX")
+    if need > limit:
+        raise UsageError(f"--out {out.name[:40]}...: the name is too long for the temporary file written beside it "
+                         f"({need} of {limit} bytes); use a name of at most {limit - (need - len(out.name.encode()))} "
+                         "bytes")
 
 
 def check_not_an_input(outs: list[Path], source: ModelSource) -> None:

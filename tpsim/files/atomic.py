@@ -18,6 +18,14 @@ from pathlib import Path
 from tpsim.parallel import faults
 
 
+TMP_SUFFIX = ".tmp"
+
+
+def temporary_name(path: Path) -> str:
+    """The longest name of the temporary file written beside `path` (mkstemp adds 8 characters)."""
+    return f".{path.name}.{'x' * 8}{TMP_SUFFIX}"
+
+
 @contextmanager
 def write_errors_as_os_errors(path: Path) -> Iterator[None]:
     """A library's own error for a failed write (safetensors raises SafetensorError, not OSError,
@@ -48,7 +56,7 @@ def atomic_write_all(files: list[tuple[Path, Callable[[str], None]]]) -> None:
     tmps: list[str] = []
     try:
         for path, write in files:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
             os.close(fd)
             tmps.append(tmp)
             with write_errors_as_os_errors(path):
