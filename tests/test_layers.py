@@ -14,7 +14,7 @@ from strategies import TP_DEGREES, config_dicts
 from tpsim.config import config_from_dict
 from tpsim.run.jobs import rel_err
 from tpsim.parallel import TPGroup
-from tpsim.testing.jobs import layer_input, make_layer
+from tpsim.testing.jobs import embedding_ids, layer_input, make_layer
 from tpsim.weights import init_tensor, weight_specs
 from tpsim.testing.jobs import layer_job
 
@@ -29,11 +29,10 @@ def full(cfg, kind, seed):
     return {s.name: init_tensor(seed, s.name, s.shape) for s in weight_specs(layer)}
 
 
-def expected(kind, cfg, seed, T):
+def expected(kind, cfg, seed, T, tp):
     W = full(cfg, kind, seed)
-    if kind == "embedding":
-        g = torch.Generator().manual_seed(seed)
-        return F.embedding(torch.randint(0, cfg.vocab_size, (T,), generator=g), W["model.embed_tokens.weight"])
+    if kind == "embedding":  # the ids at every rank's vocab slice edges too
+        return F.embedding(embedding_ids(cfg, seed, T, tp), W["model.embed_tokens.weight"])
     width = cfg.intermediate_size if kind == "row" else cfg.hidden_size
     x = layer_input(seed, (T, width), torch.float32)
     if kind == "lm_head":
@@ -67,7 +66,7 @@ def test_tp_layer_equals_unsharded_reference(rank_pool, kind, data):
     out = rank_pool.run(layer_job, kind=kind, cfg=cfg_d, seed=seed, dtype="float32", T=T, tp=tp)
     outs = [out[r]["out"] for r in range(tp)]
     placement, n_collectives = KINDS[kind]
-    ref = expected(kind, cfg, seed, T)
+    ref = expected(kind, cfg, seed, T, tp)
     if kind == "merged":  # rank r: [gate rows of r ; up rows of r], each logical matrix split separately
         gate, up = ref
         ref = torch.cat([torch.cat([g, u], -1) for g, u in zip(gate.chunk(tp, -1), up.chunk(tp, -1))], -1)

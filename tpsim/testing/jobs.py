@@ -53,14 +53,22 @@ def make_layer(kind: str, cfg, group, dtype):
     raise ValueError(kind)
 
 
+def embedding_ids(cfg, seed: int, T: int, tp: int) -> torch.Tensor:
+    """T seeded random ids, then the first and the last real id of every rank's vocab slice at
+    TP=tp: an off-by-one at a slice boundary (`>= end` written `> end`) shows on exactly those."""
+    g = torch.Generator().manual_seed(seed)
+    n = cfg.padded_vocab_size // tp
+    edges = [i for r in range(tp) if r * n < cfg.vocab_size for i in (r * n, min((r + 1) * n, cfg.vocab_size) - 1)]
+    return torch.cat([torch.randint(0, cfg.vocab_size, (T,), generator=g), torch.tensor(edges, dtype=torch.long)])
+
+
 def run_layer(kind: str, cfg, group, seed: int, dtype: str, T: int) -> torch.Tensor:
     """One layer with seeded weights on a seeded input (ids for the embedding, `[T, in]` otherwise)."""
     dt = DTYPES[dtype]
     layer = make_layer(kind, cfg, group, dt)
     init_random_weights(layer, seed)
     if kind == "embedding":
-        g = torch.Generator().manual_seed(seed)
-        return layer(torch.randint(0, cfg.vocab_size, (T,), generator=g))
+        return layer(embedding_ids(cfg, seed, T, group.size))
     width = cfg.intermediate_size if kind == "row" else cfg.hidden_size
     x = layer_input(seed, (T, width), dt)
     if kind == "row":  # the row-parallel layer takes this rank's slice of the input
