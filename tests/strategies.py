@@ -29,9 +29,12 @@ def config_dicts(draw, tp: int, max_layers: int = 3, moe=None):
         "qk_nope_head_dim": draw(st.sampled_from([4, 8])),
         "qk_rope_head_dim": draw(st.sampled_from([2, 4, 8])),
         "v_head_dim": draw(st.sampled_from([4, 8, 12])),
-        "rope_scaling": draw(st.sampled_from([None, {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
-                                                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
-                                                     "mscale_all_dim": 0.707}]), label="rope_scaling"),
+        # mscale and mscale_all_dim drawn equal (V2/V3's published value) and apart: when equal, the cos/sin
+        # factor is 1 and a softmax scale that took the wrong one of them was caught only by the parity test
+        "rope_scaling": draw(st.sampled_from([None] + [
+            {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32, "beta_slow": 1,
+             "mscale": m, "mscale_all_dim": m_all} for m, m_all in ((0.707, 0.707), (1.0, 0.707), (0.707, 1.0))]),
+            label="rope_scaling"),
     }
     if moe is None:
         moe = draw(st.booleans(), label="moe")
