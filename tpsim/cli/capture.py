@@ -11,14 +11,13 @@ import torch
 
 from tpsim import __version__
 from tpsim.capture.points import check_points
-from tpsim.cli.options import (add_mode_options, add_run_options, load_source, mode_from, positive_int, run_spec,
-                               tokens_for, dtype_for)
+from tpsim.cli.options import add_mode_options, add_run_options, load_source, positive_int, run_spec
 from tpsim.errors import UsageError
 from tpsim.files.atomic import temporary_name
 from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
-from tpsim.run.preflight import check_divides_world, check_memory, check_timeout, check_world
+from tpsim.run.preflight import check_divides_world
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.ui import ProgressLine
@@ -124,23 +123,17 @@ def capture_points(args, tp: int, out: Path) -> int:
     points = check_points(src.cfg, [p.strip() for p in args.points.split(",") if p.strip()])
     if not points:
         raise UsageError("--points is empty; name points like layers.3.attn.o_proj.partial")
-    tokens = tokens_for(args, src.cfg)
     if args.strategy is not None:
         raise UsageError("--strategy applies to --layers captures; --points dumps each rank's local tensors as they are")
-    mode = mode_from(args, src.cfg, [tp], len(tokens))[0]
-    check_timeout(args.timeout)
-    check_world(tp, args.device, args.force)
-    dtype = dtype_for(args)
-    check_memory(src.cfg, [tp], dtype, args.device, args.force, str(args.model))
-    spec = RunSpec(src, args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy, args.device, args.backend,
-                   args.timeout)
+    spec, _ = run_spec(args, [tp], source=src, positions=())
     results = on_ranks(points_job, spec, tp, points=points)
     if results is None:
         return 0
-    meta = {"tp": str(tp), "dtype": dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(), "mode": mode.name,
+    meta = {"tp": str(tp), "dtype": spec.dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(),
+            "mode": spec.mode.name,
             "hidden_size": str(src.cfg.hidden_size), "weights": src.weights, "tpsim_version": __version__}
     ranks = sorted((r for r in results.values() if r is not None), key=lambda r: r.rank)
-    write_rank_dumps(out, tp, {r.rank: r.taps for r in ranks}, list(tokens), meta)
+    write_rank_dumps(out, tp, {r.rank: r.taps for r in ranks}, list(spec.tokens), meta)
     first = ranks[0].taps
     print(f"wrote {rank_dump_path(out, 0)} .. {rank_dump_path(out, tp - 1).name}: "
           + ", ".join(f"{n} {list(first[n].shape)} {first[n].placement}" for n in points))
