@@ -23,6 +23,9 @@ YARN_NUMBERS = ("factor", "original_max_position_embeddings", "beta_fast", "beta
                 "attn_factor")
 
 
+DEFAULT_MODEL_TYPE = "deepseek_v2"  # the model file tpsim reimplements
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A DeepSeek-V2/V3 decoder. Required fields have no default; the rest follow HF."""
@@ -56,7 +59,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     num_key_value_heads: int | None = None
     hidden_act: str = "silu"
-    model_type: str = "deepseek_v2"
+    model_type: str = DEFAULT_MODEL_TYPE
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     # --- derived sizes -------------------------------------------------------------

@@ -64,6 +64,7 @@ class Side:
     slots: list[Capture]
     notes: list[str] = field(default_factory=list)
     fallback: str | None = None  # why a draft-config reader used the default
+    ascending: bool | None = None  # a profile's order (None: the convention's)
 
     @property
     def positions(self) -> list[Position | None]:
@@ -75,7 +76,8 @@ class Side:
 
     @property
     def order(self) -> str:
-        return "ascending, each position once" if self.convention in LOOP_ORDER else "list order"
+        loop = self.convention in LOOP_ORDER if self.ascending is None else self.ascending
+        return "ascending, each position once" if loop else "list order"
 
     def ids_text(self) -> str:
         return ("default " if self.default else "") + ",".join(map(str, self.ids))
@@ -247,13 +249,14 @@ def codes(slot: Slot) -> list[str]:
     return [r.code for r in slot.reasons]
 
 
-def align(train: Side, serve: Side) -> Report:
-    """Compare the two captures slot by slot."""
+def align(train: Side, serve: Side, fix: Fix | None = None) -> Report:
+    """Compare the two captures slot by slot (`fix`: the server ids that would align them, when the
+    caller knows them better than the serve side's convention does)."""
     if train.num_layers != serve.num_layers:
         raise ValueError("both sides must be resolved on the same number of layers")
     n = max(len(train.slots), len(serve.slots))
     slots = [Slot(i, _at(train.slots, i), _at(serve.slots, i)) for i in range(n)]
-    fix = serve_fix(train, serve)
+    fix = fix or serve_fix(train, serve)
     reordered = _reordered(train, serve)
     for s in slots:
         s.reasons = _slot_reasons(s, train, serve, reordered, fix)
@@ -351,6 +354,7 @@ class DraftConfig:
     path: Path
     nested: list[int] | None
     top: list[int] | None
+    raw: dict = field(default_factory=dict)
 
 
 def read_draft_config(text: str) -> DraftConfig:
@@ -377,10 +381,10 @@ def read_draft_config(text: str) -> DraftConfig:
         raise UsageError(f"--draft-config {p}: eagle_config is a {type(eagle).__name__}, not an object; "
                          f'write "eagle_config": {{"{KEY}": [1, 29, 57]}}')
     nested = _ids_at(p, NESTED, (eagle or {}).get(KEY))
-    if nested == []:
-        raise UsageError(f"--draft-config {p}: {NESTED} is empty; SpecForge validates exactly three ids: "
-                         "write them (e.g. [1, 29, 57]) or remove the key for the default")
-    return DraftConfig(p, nested, _ids_at(p, TOP, raw.get(KEY)))
+    dflash = raw.get("dflash_config")
+    if isinstance(dflash, dict):
+        _ids_at(p, "dflash_config.target_layer_ids", dflash.get("target_layer_ids"))
+    return DraftConfig(p, nested, _ids_at(p, TOP, raw.get(KEY)), raw)
 
 
 def _ids_at(p: Path, where: str, value) -> list[int] | None:
@@ -395,6 +399,9 @@ def _ids_at(p: Path, where: str, value) -> list[int] | None:
 def side_from_config(role: str, program: str, draft: DraftConfig, L: int) -> Side:
     """The ids `program` reads from the draft config: vLLM only the top-level key (skipping an empty
     list), SpecForge and SGLang only the key nested under eagle_config; else its default."""
+    if program != "vllm" and draft.nested == []:
+        raise UsageError(f"--draft-config {draft.path}: {NESTED} is empty; SpecForge validates exactly three ids: "
+                         "write them (e.g. [1, 29, 57]) or remove the key for the default")
     top = program == "vllm"
     here, other = (draft.top, draft.nested) if top else (draft.nested, draft.top)
     where = TOP if top else NESTED

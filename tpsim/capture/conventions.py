@@ -35,6 +35,8 @@ class Resolution:
     internal_name: str
     positions: list[Position]  # in concatenation order
     notes: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)  # what the engine's handling breaks (with --server)
+    failed: bool = False  # the engine crashes or refuses: nothing is captured
 
     @property
     def positions_text(self) -> str:
@@ -43,7 +45,8 @@ class Resolution:
     def to_dict(self) -> dict:
         return {"convention": self.convention, "num_layers": self.num_layers, "ids": self.ids,
                 "used_default": self.ids is None, self.internal_name: self.internal,
-                "positions": [str(p) for p in self.positions], "notes": self.notes}
+                "positions": [str(p) for p in self.positions], "notes": self.notes, "findings": self.findings,
+                "failed": self.failed}
 
 
 def check_convention(name: str) -> str:

@@ -82,6 +82,10 @@ def cmd_capture(args) -> int:
         return capture_points(args, tp, out)
     spec, res = run_spec(args, [tp])
     check_not_an_input([out], spec.source)
+    if res.failed:  # the engine fails before it captures anything
+        for f in res.findings:
+            print(f"tpsim: error: {f}; nothing written", file=sys.stderr)
+        return 1
     results = on_ranks(capture_job, spec, tp)
     if results is None:
         return 0
@@ -103,12 +107,16 @@ def cmd_capture(args) -> int:
             "weights": spec.source.weights, "tpsim_version": __version__}
     if spec.source.fingerprint:
         meta["checkpoint_fingerprint"] = spec.source.fingerprint
+    if args.server is not None:
+        meta["server"] = args.server
     write_capture(out, cap, list(spec.tokens), meta)
     for n in spec.source.notes:
         print(f"note: {n}")
     where = placement if placement != R else f"identical on all {tp} rank{'s' if tp > 1 else ''}"
     print(f"wrote {out}: aux_hidden_states {list(cap.shape)} ({res.positions_text}), input_ids "
           f"[{len(spec.tokens)}], TP={tp}, mode {mode.name}, {where}")
+    for f in res.findings:  # what the engine captures, written as it captures it
+        print(f"warning: {f}")
     return 0
 
 

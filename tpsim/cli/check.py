@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
 def cmd_check(args) -> int:
     tps = tp_degrees(args)
     spec, res = run_spec(args, tps)
+    if res.failed:  # the engine fails before it captures anything
+        return engine_failure(args, res)
     progress = ProgressLine(enabled=is_reporting_process())
     try:
         results = run_on_ranks(check_job, max(tps), device=spec.device, backend=spec.backend,
@@ -35,6 +37,17 @@ def cmd_check(args) -> int:
     else:
         print_report(report, tps)
     return 0 if report.ok else 1
+
+
+def engine_failure(args, res) -> int:
+    if args.json:
+        emit_json({"ok": False, "convention": res.to_dict(), "rows": []})
+    else:
+        stdout.print(f"tpsim check: {res.convention} on {res.num_layers} layers, ids "
+                     f"{'default' if res.ids is None else res.ids}", soft_wrap=True, markup=False)
+        for f in res.findings:
+            stdout.print(f"FAIL: {f}", soft_wrap=True, markup=False)
+    return 1
 
 
 def print_report(report: CheckReport, tps: list[int]) -> None:
@@ -71,15 +84,19 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
         if r.routing_note:
             stdout.print(f"note TP={r.tp}: {r.routing_note}")
     degrees = ", ".join(map(str, tps))
-    if report.ok and mode.rank_local:
-        stdout.print(f"PASS: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
+    word = "PASS" if report.ok else "the ranks agree, but the engine breaks the capture (below)"
+    if not all(r.ok for r in report.rows):
+        pass
+    elif mode.rank_local:
+        stdout.print(f"{word}: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
                      f"on that rank's sequence at TP {degrees}")
-    elif report.ok:
-        stdout.print(f"PASS: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
+    else:
+        stdout.print(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
                      f"at TP {degrees}" + ("" if plain else f" (mode {mode.name}, strategy {spec.strategy})")
                      + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows)
                         else ""))
-    else:
-        for r in report.rows:
-            for why in r.failures:
-                stdout.print(f"FAIL TP={r.tp}: {why}")
+    for r in report.rows:
+        for why in r.failures:
+            stdout.print(f"FAIL TP={r.tp}: {why}")
+    for f in res.findings:
+        stdout.print(f"FAIL: {f}", soft_wrap=True, markup=False)

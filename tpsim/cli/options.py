@@ -11,6 +11,9 @@ from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
+from tpsim.profiles.findings import findings, resolution
+from tpsim.profiles.registry import lookup
+from tpsim.profiles.replay import replay
 from tpsim.run.preflight import check_divides_world, check_memory, check_timeout, check_world, torchrun_world
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, input_ids_for
 
@@ -89,8 +92,31 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                         "deepseek-v2-lite, deepseek-v3), or an HF model directory")
     p.add_argument("--layers", help="layer ids in the convention's numbering, e.g. --layers=-1,2,30 "
                                     "(default: the convention's default ids)")
-    p.add_argument("--convention", default="sglang", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}")
+    p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}",
+                   help="how the ids are numbered (default sglang)")
+    add_server_option(p)
     add_execution_options(p)
+
+
+def add_server_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", metavar="PROFILE",
+                   help="replay a named engine version: ENGINE[@VERSION][:MODEL], e.g. sglang@0.5.12:deepseek_v2 "
+                        "or vllm (tpsim profiles lists them; default version: the latest known, model: --model's)")
+
+
+def resolution_for(args, cfg: ModelConfig) -> Resolution:
+    """--layers in --convention's numbering, or as the --server profile's engine handles them."""
+    ids, L = layer_ids(args), cfg.num_hidden_layers
+    if getattr(args, "server", None) is None:
+        return resolve(args.convention or "sglang", ids, L)
+    if args.convention is not None:
+        raise UsageError("--server and --convention both say how ids are numbered; give one of them")
+    profile = lookup(args.server, cfg.model_type)
+    rep = replay(profile, ids, L)
+    res = resolution(rep, ids)
+    res.notes.insert(0, f"--server {args.server}: profile {profile.name} ({profile.versions.text()})")
+    res.findings, res.failed = findings(rep, cfg.hidden_size), rep.crashed or rep.refused
+    return res
 
 
 def add_execution_options(p: argparse.ArgumentParser) -> None:
@@ -186,7 +212,7 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
     """Everything validated before any rank starts: config, degrees, capture, tokens, mode, memory."""
     check_timeout(args.timeout)
     src = source or load_source(args, tps)
-    res = resolve(args.convention, layer_ids(args), src.cfg.num_hidden_layers) if positions is None else None
+    res = resolution_for(args, src.cfg) if positions is None else None
     tokens = tokens_for(args, src.cfg)
     mode, strategy = mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else (Mode(), "model-level")
     check_world(max(tps), args.device, args.force)

@@ -1,31 +1,40 @@
-"""`tpsim resolve`: layer ids -> positions, without running a model."""
+"""`tpsim resolve`: layer ids -> positions, without running a model (in a convention's numbering,
+or as a named engine version handles them with --server)."""
 
 from __future__ import annotations
 
 from tpsim.capture import CONVENTIONS, check_convention, ids_for, resolve
-from tpsim.cli.options import add_json, emit_json, layer_ids, positive_int
-from tpsim.config import load_config
+from tpsim.cli.options import add_json, add_server_option, emit_json, layer_ids, positive_int
+from tpsim.config import DEFAULT_MODEL_TYPE, load_config
 from tpsim.errors import UsageError
+from tpsim.profiles.findings import findings
+from tpsim.profiles.registry import lookup
+from tpsim.profiles.replay import replay
 from tpsim.run.spec import model_path
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("resolve", help="layer ids -> positions, without running a model")
-    p.add_argument("--convention", required=True, type=check_convention,
-                   metavar="{" + ",".join(CONVENTIONS) + "}")
+    p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}")
+    add_server_option(p)
     p.add_argument("--layers", help="layer ids, e.g. --layers=-1,2,30 (default: the convention's default)")
     p.add_argument("--num-layers", help="num_hidden_layers of the model")
-    p.add_argument("--model", help="or read num_hidden_layers from this config")
+    p.add_argument("--model", help="or read num_hidden_layers (and the model type) from this config")
     add_json(p, cmd_resolve)
 
 
 def cmd_resolve(args) -> int:
+    if (args.convention is None) == (args.server is None):
+        raise UsageError("resolve needs --convention NAME or --server PROFILE (one of them)")
     if args.num_layers is None and args.model is None:
         raise UsageError("resolve needs --num-layers L or --model M")
     if args.num_layers is not None and args.model is not None:
         raise UsageError("--num-layers and --model both give the layer count; give one of them")
-    L = positive_int(args.num_layers, "--num-layers") if args.num_layers is not None \
-        else load_config(model_path(args.model)).num_hidden_layers
+    cfg = None if args.model is None else load_config(model_path(args.model))
+    L = positive_int(args.num_layers, "--num-layers") if cfg is None else cfg.num_hidden_layers
+    if args.server is not None:
+        return resolve_server(args, L, DEFAULT_MODEL_TYPE if cfg is None else cfg.model_type,
+                              None if cfg is None else cfg.hidden_size)
     res = resolve(args.convention, layer_ids(args), L)
     equivalents = {}
     for conv in ("sglang", "sglang-boundary", "vllm", "specforge", "hf", "eagle"):
@@ -45,3 +54,30 @@ def cmd_resolve(args) -> int:
     for conv, v in equivalents.items():
         print(f"  {conv:16} {v if isinstance(v, str) else ','.join(map(str, v))}")
     return 0
+
+
+def resolve_server(args, L: int, model_type: str, hidden: int | None) -> int:
+    """What the profiled engine does with the ids: each slot's fate, the capture, and what breaks.
+    Exit 0 when the capture has every slot, 1 when the engine drops, refuses or crashes."""
+    profile = lookup(args.server, model_type)
+    rep = replay(profile, layer_ids(args), L)
+    found = findings(rep, hidden)
+    if args.json:
+        emit_json({"server": args.server, "profile": profile.name, "versions": profile.versions.text(),
+                   "num_layers": L, "ids": rep.ids, "used_default": rep.used_default,
+                   "slots": [{"slot": s.index, "id": s.id, "internal": s.internal, "fate": s.fate.name.lower(),
+                              "position": None if s.position is None else str(s.position)} for s in rep.slots],
+                   "positions": [str(p) for p in rep.positions], "failure": rep.failure, "findings": found,
+                   "notes": rep.notes + list(profile.notes), "ok": not found})
+        return 1 if found else 0
+    print(f"{args.server}: profile {profile.name} ({profile.versions.text()}), {L} layers")
+    print(f"ids {'default ' if rep.used_default else ''}{rep.ids} -> "
+          f"{', '.join(map(str, rep.positions)) or 'nothing'}")
+    for s in rep.slots:
+        print(f"  slot {s.index}: id {s.id} -> internal {s.internal}: {s.fate.value}"
+              + (f" -> {s.position}" if s.position is not None else ""))
+    for n in rep.notes + list(profile.notes):
+        print(f"note: {n}")
+    for f in found:
+        print(f"FAIL: {f}")
+    return 1 if found else 0

@@ -45,7 +45,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
+        return all(r.ok for r in self.rows) and not self.resolution.findings
 
     @property
     def tolerance(self) -> float:

@@ -1,0 +1,72 @@
+"""How a profiled engine reads the capture ids from a draft's config.json: the keys it tries in
+order, what an empty list does, the flag that turns capture off, and why it fell back to its
+default when it did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpsim.profiles.profile import ConfigKey, Empty, Profile
+
+
+@dataclass(frozen=True)
+class ConfigIds:
+    """What `profile` takes from the config: `ids` (None: its default), the key they came from,
+    and, when it fell back or failed, why."""
+
+    ids: list[int] | None
+    key: ConfigKey | None
+    fallback: str | None = None  # why the default is used although the config names ids
+    off: bool = False  # the config turns capture off
+    failure: str | None = None  # the engine fails on this config (e.g. an empty list)
+
+    @property
+    def where(self) -> str:
+        return str(self.key) if self.key is not None else "default"
+
+
+def value_at(raw: dict, path: tuple[str, ...]):
+    """raw[path[0]][path[1]]..., None where any step is missing or not an object."""
+    v = raw
+    for k in path:
+        if not isinstance(v, dict):
+            return None
+        v = v.get(k)
+    return v
+
+
+def read_ids(profile: Profile, raw: dict) -> ConfigIds:
+    """The ids `profile` reads from draft config `raw` (already type-checked: every id list is a
+    list of ints)."""
+    read = profile.behaviour.config.value
+    who = profile.name
+    if read.hard_coded or not read.keys:
+        return ConfigIds(None, None)
+    if read.off_flag and value_at(raw, read.off_flag) is False:
+        return ConfigIds(None, None, off=True,
+                         failure=f"{'.'.join(read.off_flag)} is false: {who} captures nothing and the draft's fc "
+                                 "gets no aux hidden states")
+    for key in read.keys:
+        v = value_at(raw, key.path)
+        if v is None:
+            continue
+        if v == []:
+            if read.empty is Empty.DEFAULT:
+                continue
+            what = "refuses it (exactly three ids)" if read.empty is Empty.REFUSED else \
+                "turns capture on with no layers and the forward's unpack fails"
+            return ConfigIds(None, key, failure=f"{key} is an empty list: {who} {what}")
+        return ConfigIds([j + key.shift for j in v], key)
+    elsewhere = [p for p in _ID_PLACES if value_at(raw, p) and p not in {k.path for k in read.keys}]
+    reads = " then ".join(str(k) for k in read.keys)
+    if elsewhere:
+        why = (f"{who} reads {reads}; this config has ids only at {'.'.join(elsewhere[0])} "
+               f"({value_at(raw, elsewhere[0])}), which it never reads")
+    else:
+        why = None
+    return ConfigIds(None, None, fallback=why)
+
+
+# every place some program reads ids from, to say where a config's ids sit when a reader misses them
+_ID_PLACES = (("eagle_config", "eagle_aux_hidden_state_layer_ids"), ("eagle_aux_hidden_state_layer_ids",),
+              ("dflash_config", "target_layer_ids"))

@@ -1,0 +1,62 @@
+"""What a replay means for the draft: each way the engine's handling of the ids breaks the capture
+(a silently dropped slot, a crash, a refusal), with the fix: the id that works, or the version
+that has the fix."""
+
+from __future__ import annotations
+
+from tpsim.capture.conventions import Resolution
+from tpsim.capture.positions import Position
+from tpsim.profiles.profile import EmbedId, Numbering, Profile
+from tpsim.profiles.registry import LINES
+from tpsim.profiles.replay import Replay, Slot, ids_for_position
+
+
+def findings(rep: Replay, hidden: int | None = None) -> list[str]:
+    """What the engine's handling of these ids does to the draft, each with its fix (empty: none)."""
+    p, L = rep.profile, rep.num_layers
+    out = []
+    if rep.crashed or rep.refused:
+        out.append(f"{rep.failure}; fix: {_crash_fix(rep)}")
+    for s in rep.dropped:
+        width = "" if hidden is None else f"; the capture is {rep.width_text(hidden)}"
+        out.append(f"slot {s.index}: id {s.id} becomes internal id {s.internal}, which {p.name}'s capture loop "
+                   f"(layers 0..{L - 1}{', and after the last' if p.behaviour.last_boundary.value else ''}) never "
+                   f"reaches: the slot is silently missing{width}; fix: {_dropped_fix(rep, s)}")
+    return out
+
+
+def _dropped_fix(rep: Replay, s: Slot) -> str:
+    p, L = rep.profile, rep.num_layers
+    meant = Position.at_boundary(min(max(s.internal, 0), L))
+    j = ids_for_position(p, meant, L)
+    if j is not None and rep.ids and rep.ids[0] == 1 and p.behaviour.numbering.value is Numbering.PLUS_ONE_IF_FIRST_IS_1:
+        j = meant.boundary - 1
+    if j is not None:
+        return f"id {j} captures {meant} in {p.name}"
+    later = [q for q in _newer(p) if ids_for_position(q, meant, L) is not None]
+    last = Position.at_boundary(L - 1)
+    hint = f"; {later[0].name} reaches it (id {ids_for_position(later[0], meant, L)})" if later else ""
+    return (f"{meant} is unreachable in {p.name}; the last position it reaches is {last} "
+            f"(id {ids_for_position(p, last, L)}){hint}")
+
+
+def _crash_fix(rep: Replay) -> str:
+    p = rep.profile
+    if rep.crashed:
+        later = [q for q in _newer(p) if q.behaviour.embed.value is EmbedId.CAPTURED]
+        up = f", or serve with {later[0].name} or later, which captures the embedding" if later else ""
+        return f"drop the id that lands on the embedding (the draft must not expect it){up}"
+    return "give ids the engine accepts (tpsim resolve --server shows them)"
+
+
+def _newer(p: Profile) -> list[Profile]:
+    """The profiles of the same engine and model file after `p`, oldest first."""
+    line = next(ln for ln in LINES if ln.engine == p.engine and ln.family == p.family)
+    later = line.profiles()
+    return later[[q.name for q in later].index(p.name) + 1:]
+
+
+def resolution(rep: Replay, given: list[int] | None) -> Resolution:
+    """The replay as the Resolution `check` and `capture` print and record."""
+    return Resolution(rep.profile.name, rep.num_layers, given, [s.internal for s in rep.slots], "internal_ids",
+                      list(rep.positions), list(rep.notes) + list(rep.profile.notes))

@@ -1,0 +1,368 @@
+"""An engine profile: what one engine (or trainer) version does with EAGLE-3 capture ids for one
+model file, each behaviour with the source that shows it (repo, path, commit or PR).
+
+A `Line` is one engine's model file over time: its oldest known behaviour (`base`) and the
+`Change`s that PRs made to it. Each interval between two changes is a `Profile`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import date
+from enum import Enum
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a behaviour is shown: `ref` is a commit (hex) or a PR (`#123`); `note` paraphrases it."""
+
+    repo: str
+    path: str
+    ref: str
+    note: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.repo} {self.path}" if self.path else self.repo
+        ref = f"PR {self.ref}" if self.ref.startswith("#") else f"@{self.ref}"
+        return f"{where} {ref}"
+
+
+@dataclass(frozen=True)
+class Cited(Generic[T]):
+    """A behaviour and the source it was read from."""
+
+    value: T
+    source: Source
+
+
+class Numbering(Enum):
+    """How an id becomes the boundary the engine's loop captures (the number of layers run before it)."""
+
+    OUTPUT_OF_PLUS_ONE = "id + 1: id j captures out(j)"
+    PLUS_ONE_IF_FIRST_IS_1 = "id + 1 only when the first id is 1, else id j captures before layer j"
+    PLUS_ONE_UNLESS_MAX_IS_L = "ids as boundaries when the largest id is L, else id + 1"
+    BEFORE_LAYER = "id j captures before layer j (L: after the last layer)"
+    OUTPUT_OF = "id j captures out(j) (a hook on layer j)"
+    HIDDEN_STATES_INDEX = "index j into output_hidden_states (0: embed, L: the final-norm output)"
+
+
+class Defaults(Enum):
+    """The ids an engine uses when the draft config gives none."""
+
+    BEFORE_2_MID_LAST3 = "capture before layers 2, L//2, L-3 (no +1): out(1), out(L//2-1), out(L-4)"
+    OUTPUT_OF_1_MIDM1_LAST4 = "ids 1, L//2-1, L-4 read as output-of ids: out(1), out(L//2-1), out(L-4)"
+    NONE = "no default: ids must be given"
+
+    def ids(self, L: int) -> list[int] | None:
+        """The default ids as the engine writes them (None: there is no default)."""
+        if self is Defaults.BEFORE_2_MID_LAST3:
+            return [2, L // 2, L - 3]
+        if self is Defaults.OUTPUT_OF_1_MIDM1_LAST4:
+            return [1, L // 2 - 1, L - 4]
+        return None
+
+
+class EmbedId(Enum):
+    """What an id that lands before layer 0 (the embedding output) does."""
+
+    CAPTURED = "captures the embedding output"
+    CRASHES = "crashes: the loop adds residual=None"
+    UNREACHABLE = "no id reaches it"
+
+
+class OutOfRange(Enum):
+    """What an id whose layer the capture loop never reaches does."""
+
+    REFUSED = "refused with an error"
+    DROPPED = "silently never matched: the slot is missing and the capture narrower"
+
+
+class Order(Enum):
+    ASCENDING = "ascending, each position once (the loop tests `i in layers`)"
+    LIST = "list order, a repeated id twice"
+
+
+class Duplicates(Enum):
+    CAPTURED_ONCE = "captured once"
+    CAPTURED_TWICE = "captured twice"
+    REFUSED = "refused with an error"
+
+
+class Site(Enum):
+    """Where in the layer the capture is taken (decides what it holds when an all-reduce is deferred)."""
+
+    BETWEEN_LAYERS = "between layers: hidden_states + residual as the next layer receives them"
+    AFTER_FUSED_ADD = "inside the next layer, after its fused all-reduce + add, residual cloned"
+
+    @property
+    def strategy(self) -> str:
+        """tpsim's capture strategy that replays this site."""
+        return "model-level" if self is Site.BETWEEN_LAYERS else "in-layer"
+
+
+class GraphIds(Enum):
+    """Which ids CUDA-graphed (decode) batches capture."""
+
+    CONFIG = "the configured ids (the capture set is known before graphs are captured)"
+    NONE = "nothing: graphs were captured before the capture set was set"
+    DEFAULT = "the default ids, not the configured ones"
+
+
+class Empty(Enum):
+    """What an empty id list at the key an engine reads does."""
+
+    DEFAULT = "treated as not set: the default ids"
+    CRASH = "capture on with no layers: the forward's unpack fails"
+    REFUSED = "refused: exactly three ids are required"
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One place in the draft config.json an engine reads ids from; `shift` is added to each id."""
+
+    path: tuple[str, ...]
+    shift: int = 0
+
+    def __str__(self) -> str:
+        return ".".join(self.path) + (f" (+{self.shift})" if self.shift else "")
+
+
+@dataclass(frozen=True)
+class ConfigRead:
+    """How the engine reads the draft's config: keys in order (the first holding a non-empty list
+    wins, else the default), what an empty list does, and the flag that turns capture off."""
+
+    keys: tuple[ConfigKey, ...]
+    empty: Empty = Empty.DEFAULT
+    off_flag: tuple[str, ...] | None = None  # e.g. eagle_config.use_aux_hidden_state: false
+    overridden_by: str | None = None  # a run option that wins over the config (SpecForge)
+    hard_coded: bool = False  # the layers are fixed in the code: ids are not read at all
+
+
+NESTED = ("eagle_config", "eagle_aux_hidden_state_layer_ids")
+TOP = ("eagle_aux_hidden_state_layer_ids",)
+OFF_FLAG = ("eagle_config", "use_aux_hidden_state")
+NO_CONFIG = ConfigRead(keys=())  # the caller passes the ids (transformers)
+HARD_CODED = ConfigRead(keys=(), hard_coded=True)  # the layers are fixed in the code (EAGLE)
+
+
+class Gpu(Enum):
+    H100 = "H100"
+    H200 = "H200"
+    H20 = "H20"
+    B200 = "B200"
+    GB200 = "GB200"
+    A100 = "A100"
+
+    @property
+    def sm90(self) -> bool:
+        return self in (Gpu.H100, Gpu.H200, Gpu.H20)
+
+    @property
+    def sm100(self) -> bool:
+        return self in (Gpu.B200, Gpu.GB200)
+
+
+@dataclass(frozen=True)
+class Served:
+    """How the engine was launched, as far as capture cares (the engine's own flags)."""
+
+    tp: int = 1
+    gpu: Gpu = Gpu.H200
+    nnodes: int = 1
+    dp_attention: bool = False
+    deepep: bool = False  # --moe-a2a-backend deepep: DeepEP dispatch/combine
+    allreduce_fusion: bool = False  # --enable-flashinfer-allreduce-fusion given
+    cuda_graph: bool = True
+    tokens: int = 16  # tokens in the batch replayed
+
+
+class FusionAuto(Enum):
+    """When SGLang turns FlashInfer all-reduce fusion on by itself for this model."""
+
+    NEVER = "never: the model is not on the auto-enable list"
+    SM100 = "on SM100 (B200/GB200), tp > 1, no DP attention, one node"
+    SM90_SM100_NOT_H20 = "on SM90 or SM100, tp > 1, no DP attention, one node, not H20, moe_a2a_backend none"
+    SM90_SM100 = "on SM90 or SM100, tp > 1, no DP attention, one node, moe_a2a_backend none"
+    SM90_SM100_MULTINODE_SM100 = "on SM90 or SM100, tp > 1, no DP attention, moe_a2a_backend none, one node " \
+                                 "(several on SM100)"
+
+    def on(self, s: Served) -> bool:
+        if self is FusionAuto.NEVER or s.tp < 2 or s.dp_attention:
+            return False
+        if self is FusionAuto.SM100:
+            return s.gpu.sm100 and s.nnodes == 1
+        if s.deepep or not (s.gpu.sm90 or s.gpu.sm100):
+            return False
+        if self is FusionAuto.SM90_SM100_NOT_H20:
+            return s.nnodes == 1 and s.gpu is not Gpu.H20
+        if self is FusionAuto.SM90_SM100:
+            return s.nnodes == 1
+        return s.nnodes == 1 or s.gpu.sm100
+
+
+class Gather(Enum):
+    """What the capture holds when the stream between layers is token-scattered (DeepEP)."""
+
+    LOCAL = "this rank's token shard only"
+    GATHERED = "all tokens: the capture all-gathers the scattered stream"
+
+    @property
+    def strategy(self) -> str:
+        return "local" if self is Gather.LOCAL else "gathered"
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """Everything a profile says about capture (each field cited)."""
+
+    numbering: Cited[Numbering]
+    defaults: Cited[Defaults]
+    embed: Cited[EmbedId]
+    out_of_range: Cited[OutOfRange]
+    order: Cited[Order]
+    duplicates: Cited[Duplicates]
+    config: Cited[ConfigRead]
+    site: Cited[Site]
+    cloned: Cited[bool]
+    last_boundary: Cited[bool]  # capture after the last layer (before the final norm) is reachable
+    graphs: Cited[GraphIds] | None = None  # None: no CUDA-graph path (trainers)
+    fusion_auto: Cited[FusionAuto] | None = None  # None: the engine has no all-reduce fusion
+    scattered: Cited[Gather] | None = None  # None: the engine has no token-scattered stream
+
+    FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered")
+
+
+@dataclass(frozen=True)
+class Change:
+    """A PR that changed some behaviours: merged on `merged`, first in release `release` (None:
+    unknown or not released yet; the profile says so)."""
+
+    prs: tuple[str, ...]  # "#123" for a PR, a commit hash where there is no PR; () where neither is known
+    title: str
+    merged: date | None
+    release: str | None
+    changes: dict[str, Cited]
+
+    @property
+    def label(self) -> str:
+        return ", ".join(self.prs)
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The versions a profile holds for: from `since` (None: the oldest known) until `until`
+    (None: the newest known)."""
+
+    since: Change | None
+    until: Change | None
+
+    def text(self) -> str:
+        def edge(c: Change, word: str) -> str:
+            if not c.prs:
+                return f"{word} release {c.release}"
+            rel = f"release {c.release}" if c.release else "first release unknown"
+            when = f", merged {c.merged}" if c.merged else ""
+            return f"{word} {c.label} ({rel}{when})"
+        parts = ([edge(self.since, "from")] if self.since else []) + ([edge(self.until, "before")] if self.until else [])
+        return "; ".join(parts) if parts else "every known version"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One engine, one set of model files, one version interval, and what it does."""
+
+    engine: str
+    models: tuple[str, ...]  # model_type values (config.json) this model file serves
+    family: str  # the short name PROFILE uses after ':'
+    versions: Versions
+    behaviour: Behaviour
+    notes: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """`ENGINE[@VERSION]:FAMILY`, as --server and --train take it (VERSION: where it starts)."""
+        edge = self.versions.since
+        start = edge and (edge.release or edge.merged)
+        return f"{self.engine}{f'@{start}' if start else ''}:{self.family}"
+
+    @property
+    def latest(self) -> bool:
+        return self.versions.until is None
+
+    def sources(self) -> list[Source]:
+        out: list[Source] = []
+        for f in Behaviour.FIELDS:
+            c = getattr(self.behaviour, f)
+            if c is not None and c.source not in out:
+                out.append(c.source)
+        return out
+
+
+@dataclass(frozen=True)
+class Line:
+    """One engine's model file over time: its oldest known behaviour and the PRs that changed it."""
+
+    engine: str
+    family: str
+    models: tuple[str, ...]
+    base: Behaviour
+    changes: tuple[Change, ...] = ()
+    notes: tuple[str, ...] = ()
+    starts: Change | None = None  # the change the base starts with (None: as far back as known)
+
+    def profiles(self) -> list[Profile]:
+        out, b = [], self.base
+        edges = (self.starts, *self.changes, None)
+        for since, until in zip(edges, edges[1:]):
+            if since is not None:
+                b = replace(b, **since.changes)
+            out.append(Profile(self.engine, self.models, self.family, Versions(since, until), b, self.notes))
+        return out
+
+
+def differences(p: Profile, latest: Profile) -> list[str]:
+    """The behaviours where `p` differs from `latest`, as `field: value`."""
+    out = []
+    for f in Behaviour.FIELDS:
+        a, b = getattr(p.behaviour, f), getattr(latest.behaviour, f)
+        if (a and a.value) != (b and b.value):
+            out.append(f"{f}: {describe(a)}")
+    return out
+
+
+def describe(c: Cited | None) -> str:
+    if c is None:
+        return "-"
+    v = c.value
+    if isinstance(v, Enum):
+        return v.value
+    if isinstance(v, ConfigRead):
+        if v.hard_coded:
+            return "hard-coded layers: no ids are read"
+        if not v.keys:
+            return "does not read the draft config: the caller passes the ids"
+        keys = " then ".join(map(str, v.keys))
+        off = f"; {'.'.join(v.off_flag)}: false turns capture off" if v.off_flag else ""
+        over = f"; {v.overridden_by} wins over the config" if v.overridden_by else ""
+        return f"{keys}; an empty list: {v.empty.value}{off}{over}"
+    return str(v)
+
+
+__all__ = ["Behaviour", "Change", "Cited", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty",
+           "FusionAuto", "Gather", "Gpu", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
+           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "Versions", "differences", "describe",
+           "releases"]
+
+
+def releases(text: str) -> dict[str, date]:
+    """`"0.5.12 2026-05-16, 0.5.13 2026-06-11"` -> {version: publication date}."""
+    out = {}
+    for item in text.split(","):
+        version, day = item.split()
+        out[version] = date.fromisoformat(day)
+    return out

@@ -1,0 +1,164 @@
+"""What a profiled engine does with ids on a model of L layers: which slots it captures, which it
+silently drops, and whether it crashes or refuses, as the engine's own loop would.
+
+Unlike `tpsim.capture.resolve` (strict: it refuses what no engine should be given), a replay never
+refuses on the engine's behalf: an id the engine's loop never matches is dropped, an embedding id
+in a loop that adds `residual=None` crashes with the engine's error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tpsim.capture.positions import Position
+from tpsim.errors import UsageError
+from tpsim.profiles.profile import Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile
+
+CRASH_TEXT = "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'"
+
+
+class Fate(Enum):
+    CAPTURED = "captured"
+    MERGED = "captured once with an earlier equal id"
+    DROPPED = "never matched by the capture loop"
+    CRASHES = "crashes the forward"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One id as written: the number the engine's loop tests (`internal`), and what becomes of it."""
+
+    index: int
+    id: int
+    internal: int
+    position: Position | None  # what it captures (None unless CAPTURED or MERGED)
+    fate: Fate
+
+
+@dataclass
+class Replay:
+    profile: Profile
+    num_layers: int
+    ids: list[int]  # in effect (the default filled in)
+    used_default: bool
+    slots: list[Slot]
+    positions: list[Position]  # the capture, in concatenation order
+    failure: str | None = None  # the engine's crash or refusal, in its words
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> list[Slot]:
+        return [s for s in self.slots if s.fate is Fate.DROPPED]
+
+    @property
+    def crashed(self) -> bool:
+        return any(s.fate is Fate.CRASHES for s in self.slots)
+
+    @property
+    def refused(self) -> bool:
+        return any(s.fate is Fate.REFUSED for s in self.slots)
+
+    def width_text(self, hidden: int) -> str:
+        n = len(self.positions)
+        return f"{n} x {hidden} = {n * hidden} (the draft's fc expects {len(self.slots)} x {hidden} = " \
+               f"{len(self.slots) * hidden})"
+
+
+def internal_ids(numbering: Numbering, ids: list[int], L: int) -> list[int]:
+    """The numbers the engine's loop compares with its layer boundary (hf: the tuple index)."""
+    if numbering is Numbering.PLUS_ONE_IF_FIRST_IS_1:
+        return [j + 1 for j in ids] if ids and ids[0] == 1 else list(ids)
+    if numbering is Numbering.PLUS_ONE_UNLESS_MAX_IS_L:
+        return list(ids) if ids and max(ids) == L else [j + 1 for j in ids]
+    if numbering in (Numbering.OUTPUT_OF_PLUS_ONE, Numbering.OUTPUT_OF):
+        return [j + 1 for j in ids]  # a hook on layer j sees what layer j+1 receives
+    return list(ids)
+
+
+def replay(profile: Profile, ids: list[int] | None, L: int) -> Replay:
+    """Run the profile's id handling on `ids` (None: its default) for a model of L layers."""
+    b = profile.behaviour
+    notes = []
+    if ids is not None and b.config.value.hard_coded:
+        notes.append(f"{profile.engine} hard-codes its layers: ids {ids} are not read")
+        ids = None
+    used_default = ids is None
+    if ids is None:
+        ids = b.defaults.value.ids(L)
+        if ids is None:
+            raise UsageError(f"{profile.name} has no default ids ({b.defaults.source}); give the ids")
+        internal = list(ids) if b.defaults.value is Defaults.BEFORE_2_MID_LAST3 else \
+            internal_ids(b.numbering.value, ids, L)
+        notes.append(f"no ids given: {profile.engine} default {ids} ({b.defaults.value.value})")
+    else:
+        internal = internal_ids(b.numbering.value, ids, L)
+    slots = _order(profile, [_slot(profile, k, j, i, L) for k, (j, i) in enumerate(zip(ids, internal))])
+    captured = [s for s in slots if s.fate is Fate.CAPTURED]
+    if b.order.value is Order.ASCENDING:
+        captured = sorted(captured, key=lambda s: s.internal)
+    return Replay(profile, L, list(ids), used_default, slots, [s.position for s in captured],
+                  _failure(profile, slots, L), notes)
+
+
+def _slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
+    b = profile.behaviour
+    hf = b.numbering.value is Numbering.HIDDEN_STATES_INDEX
+    if i == 0:
+        fate = {EmbedId.CAPTURED: Fate.CAPTURED, EmbedId.CRASHES: Fate.CRASHES,
+                EmbedId.UNREACHABLE: Fate.REFUSED}[b.embed.value]
+        return Slot(k, j, i, Position("embed") if fate is Fate.CAPTURED else None, fate)
+    if 0 < i < L or (i == L and (b.last_boundary.value or hf)):
+        return Slot(k, j, i, Position("final") if hf and i == L else Position.at_boundary(i), Fate.CAPTURED)
+    fate = Fate.DROPPED if b.out_of_range.value is OutOfRange.DROPPED else Fate.REFUSED
+    return Slot(k, j, i, None, fate)
+
+
+def _order(profile: Profile, slots: list[Slot]) -> list[Slot]:
+    """A repeated id: the loop-order engines capture it once; list-order trainers twice or refuse."""
+    dup = profile.behaviour.duplicates.value
+    seen: set[int] = set()
+    out = []
+    for s in slots:
+        if s.internal in seen and s.fate is Fate.CAPTURED:
+            s = Slot(s.index, s.id, s.internal, s.position,
+                     {Duplicates.CAPTURED_ONCE: Fate.MERGED, Duplicates.CAPTURED_TWICE: Fate.CAPTURED,
+                      Duplicates.REFUSED: Fate.REFUSED}[dup])
+        seen.add(s.internal)
+        out.append(s)
+    return out
+
+
+def _failure(profile: Profile, slots: list[Slot], L: int) -> str | None:
+    b, who = profile.behaviour, profile.engine
+    crash = next((s for s in slots if s.fate is Fate.CRASHES), None)
+    if crash is not None:
+        return (f"{CRASH_TEXT}: {who} id {crash.id} tests layer 0, where the loop adds hidden_states + "
+                f"residual and residual is still None ({b.embed.source})")
+    refused = next((s for s in slots if s.fate is Fate.REFUSED), None)
+    if refused is not None:
+        what = ("a repeated id" if any(s.internal == refused.internal for s in slots if s is not refused)
+                else f"id {refused.id} (out of range for {L} layers)")
+        return f"{who} refuses {what} ({b.out_of_range.source})"
+    return None
+
+
+def ids_for_position(profile: Profile, p: Position, L: int) -> int | None:
+    """The id that makes this profile capture `p` when written alone (None: no id does)."""
+    b = profile.behaviour
+    n = b.numbering.value
+    if p.kind == "final":
+        return L if n is Numbering.HIDDEN_STATES_INDEX else None
+    target = p.boundary
+    candidates = range(-1, L + 2)
+    for j in candidates:
+        if n is Numbering.PLUS_ONE_IF_FIRST_IS_1 and j == 1:
+            continue  # alone, 1 turns on the +1; other ids stay as written
+        s = _slot(profile, 0, j, internal_ids(n, [j], L)[0], L)
+        if s.fate is Fate.CAPTURED and s.position == p and s.internal == target:
+            return j
+    if n is Numbering.PLUS_ONE_IF_FIRST_IS_1 and target == 2:
+        return 1
+    return None
+
