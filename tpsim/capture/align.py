@@ -228,7 +228,8 @@ class Report:
         seen: dict[str, list[int]] = {}
         for s in self.slots:
             for r in s.reasons:
-                seen.setdefault(r.code, []).append(s.index)
+                if s.index not in seen.setdefault(r.code, []):
+                    seen[r.code].append(s.index)
         fell_back = " and ".join(s.role for s in (self.train, self.serve) if s.fallback)
         return [Reason(code, f"{fell_back} ids" if code == "default-fallback" else
                        f"slot{'s' if len(ix) > 1 else ''} {', '.join(map(str, ix))}") for code, ix in seen.items()]

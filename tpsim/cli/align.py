@@ -7,20 +7,26 @@ Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-import json
+import argparse
 
 import torch.nn.functional as F
 from rich.markup import escape
 
 from tpsim.capture import Position, check_convention
-from tpsim.capture.align import (KEY, LABELS, SERVERS, TRAINERS, ModelRun, Report, Side, Slot, align, make_side,
-                                 positions_text, read_draft_config, side_from_config)
+from tpsim.capture.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
+                                 read_draft_config)
 from tpsim.cli.capture import on_ranks
-from tpsim.cli.options import (add_json, add_execution_options, emit_json, load_source, positive_int, run_spec)
+from tpsim.cli.options import (add_json, add_execution_options, add_server_option, emit_json, load_source, positive_int,
+                               run_spec)
+from tpsim.config import DEFAULT_MODEL_TYPE
 from tpsim.errors import UsageError
 from tpsim.run.jobs import capture_job
 from tpsim.run.preflight import check_divides_world, check_timeout
 from tpsim.run.ranks import is_reporting_process
+from tpsim.profiles.draft import write_ids_hint
+from tpsim.profiles.profile import Profile
+from tpsim.profiles.registry import lookup
+from tpsim.profiles.sides import align_profiles, side_from_config
 from tpsim.run.spec import ModelSource
 from tpsim.ui import stdout, table
 
@@ -46,8 +52,8 @@ def parse_spec(text: str, option: str) -> tuple[str, list[int] | None]:
 
 def check_inputs(args) -> None:
     """Exactly one input style, complete; a layer count from exactly one place."""
-    by_ids = args.train is not None or args.serve is not None
     by_config = any(v is not None for v in (args.draft_config, args.trainer, args.server))
+    by_ids = args.serve is not None or (args.train is not None and not by_config)
     if by_ids and by_config:
         raise UsageError("give either --train/--serve or --draft-config/--trainer/--server, not both")
     if not by_ids and not by_config:
@@ -66,37 +72,42 @@ def check_inputs(args) -> None:
 
 def _check_config_inputs(args) -> None:
     if args.draft_config is None:
-        raise UsageError("--trainer/--server read a draft config: give --draft-config PATH (the draft's config.json)")
+        raise UsageError("--server with a draft's ids reads its config: give --draft-config PATH (the draft's "
+                         "config.json), or compare conventions with --train CONVENTION:IDS --serve CONVENTION:IDS")
     if args.server is None:
-        raise UsageError(f"--draft-config needs --server, one of {', '.join(SERVERS)}")
-    if args.server not in SERVERS:
-        raise UsageError(f"unknown server {args.server!r}; use one of {', '.join(SERVERS)} (or compare any "
-                         "convention with --train/--serve)")
-    if (args.trainer or "specforge") not in TRAINERS:
-        raise UsageError(f"unknown trainer {args.trainer!r}; use specforge (or compare any convention with "
-                         "--train/--serve)")
+        raise UsageError("--draft-config needs --server PROFILE, e.g. --server sglang or --server vllm@0.25.0 "
+                         "(tpsim profiles lists them)")
+    if args.trainer is not None and args.train is not None:
+        raise UsageError("--trainer is the old name of --train; give one of them")
 
 
-def sides(args, L: int) -> tuple[Side, Side]:
+def model_type(args, src: ModelSource | None) -> str:
+    return DEFAULT_MODEL_TYPE if src is None else src.cfg.model_type
+
+
+def align_sides(args, L: int, kind: str) -> tuple[Report, Profile | None]:
+    """The report, and the serving profile when the sides come from a draft config."""
     if args.draft_config is None:
         out = []
         for role, text in (("train", args.train), ("serve", args.serve)):
             conv, ids = parse_spec(text, f"--{role}")
             out.append(make_side(role, conv, ids, L, f"--{role} {text}"))
-        return out[0], out[1]
+        return align(out[0], out[1]), None
     draft = read_draft_config(args.draft_config)
-    return (side_from_config("train", args.trainer or "specforge", draft, L),
-            side_from_config("serve", args.server, draft, L))
+    serve_p = lookup(args.server, kind)
+    if ":" in args.server:  # the server names the model: the trainer trained for the same one
+        kind = args.server.partition(":")[2].strip()
+    train_p = lookup(args.train or args.trainer or "specforge", kind)
+    train, _ = side_from_config("train", train_p, draft, L)
+    serve, _ = side_from_config("serve", serve_p, draft, L)
+    return align_profiles(train, serve, serve_p), serve_p
 
 
-def fix_hint(report: Report, by_config: bool) -> str:
+def fix_hint(report: Report, serve: Profile | None) -> str:
     ids = report.fix.ids
-    if not by_config:
+    if serve is None:
         return f"--serve {report.serve.convention}:{','.join(map(str, ids))}"
-    if report.serve.convention == "vllm":
-        return f'top level of the draft config: "{KEY}": {json.dumps(ids)}'
-    return (f'draft config "eagle_config": {{"{KEY}": {json.dumps(ids)}}}; SpecForge reads the same key, '
-            "so keep the trained ids on record")
+    return write_ids_hint(serve, ids)
 
 
 def cmd_align(args) -> int:
@@ -108,13 +119,13 @@ def cmd_align(args) -> int:
         L = src.cfg.num_hidden_layers
     else:
         L = positive_int(args.num_layers, "--num-layers")
-    report = align(*sides(args, L))
+    report, serve_p = align_sides(args, L, model_type(args, src))
     if src is not None:
         report.run = run_model(args, src, tp, report)
         if not is_reporting_process():
             return 0
     if report.fix is not None and report.fix.ids is not None:
-        report.fix.text += f" ({fix_hint(report, args.draft_config is not None)})"
+        report.fix.text += f" ({fix_hint(report, serve_p)})"
     if args.json:
         emit_json(report.to_dict())
     else:
@@ -202,11 +213,13 @@ def _row(s: Slot, run: bool) -> list[str]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("align", help="do trainer and server capture the same positions in the same slot order?")
-    p.add_argument("--train", metavar="CONVENTION:IDS", help="training side, e.g. specforge:1,29,57 or specforge:default")
+    p.add_argument("--train", metavar="CONVENTION:IDS|PROFILE",
+                   help="training side: specforge:1,29,57 or specforge:default; with --draft-config a profile "
+                        "(default specforge), e.g. specforge@2026-07-01")
     p.add_argument("--serve", metavar="CONVENTION:IDS", help="serving side, e.g. sglang:-1,2,30 or vllm:default")
     p.add_argument("--draft-config", metavar="PATH", help="or read the ids from the draft's config.json as each program does")
-    p.add_argument("--trainer", metavar="{" + ",".join(TRAINERS) + "}", help="with --draft-config (default specforge)")
-    p.add_argument("--server", metavar="{" + ",".join(SERVERS) + "}", help="with --draft-config")
+    p.add_argument("--trainer", metavar="PROFILE", help=argparse.SUPPRESS)  # the old name of --train PROFILE
+    add_server_option(p)
     p.add_argument("--num-layers", help="num_hidden_layers of the target model")
     p.add_argument("--model", help="or the target model (config or HF directory): also runs it and reports the "
                                    "cosine per slot")

@@ -4,6 +4,7 @@ default when it did."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from tpsim.profiles.profile import ConfigKey, Empty, Profile
@@ -65,6 +66,20 @@ def read_ids(profile: Profile, raw: dict) -> ConfigIds:
     else:
         why = None
     return ConfigIds(None, None, fallback=why)
+
+
+def write_ids_hint(profile: Profile, ids: list[int]) -> str:
+    """Where to write `ids` in the draft config so that `profile` reads them."""
+    keys = profile.behaviour.config.value.keys
+    if not keys:
+        return f"pass ids {ids} to {profile.engine}"
+    path = keys[0].path
+    value = json.dumps([j - keys[0].shift for j in ids])
+    text = value
+    for k in reversed(path):
+        text = f'{{"{k}": {text}}}'
+    where = "the top level" if len(path) == 1 else ".".join(path[:-1])
+    return f"write {text[1:-1]} in the draft config ({where}, which {profile.name} reads first)"
 
 
 # every place some program reads ids from, to say where a config's ids sit when a reader misses them

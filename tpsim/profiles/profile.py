@@ -286,8 +286,8 @@ class Profile:
     @property
     def name(self) -> str:
         """`ENGINE[@VERSION]:FAMILY`, as --server and --train take it (VERSION: where it starts)."""
-        edge = self.versions.since
-        start = edge and (edge.release or edge.merged)
+        edge, later = self.versions.since, self.versions.until
+        start = edge.release or edge.merged if edge else ("oldest" if later else None)
         return f"{self.engine}{f'@{start}' if start else ''}:{self.family}"
 
     @property

@@ -1,7 +1,7 @@
 """Every known profile, and `ENGINE[@VERSION][:MODEL]` -> the profile that holds for it.
 
-VERSION is a release (`0.5.12`, `v0.11.0`), a date (`2026-05-20`: the code as of that day), or
-`latest`. A release is placed on the timeline by its publication date (RELEASES); a change is in
+VERSION is a release (`0.5.12`, `v0.11.0`), a date (`2026-05-20`: the code as of that day),
+`latest`, or `oldest` (the oldest profile known). A release is placed on the timeline by its publication date (RELEASES); a change is in
 a release when the profile names that release, else when it was merged before the release date.
 """
 
@@ -61,6 +61,8 @@ def version_key(text: str) -> tuple[int, ...]:
 def _when(engine: str, text: str) -> When:
     if text in ("", "latest", "main"):
         return When("latest", None)
+    if text == "oldest":
+        return When(text, date.min)
     releases = RELEASES.get(engine, {})
     try:
         return When(text, date.fromisoformat(text))
@@ -95,14 +97,12 @@ def lookup(text: str, model_type: str) -> Profile:
                          "(tpsim profiles lists every profile)")
     lines = [line for line in LINES if line.engine == engine]
     model = model or model_type
-    line = next((ln for ln in lines if model in (ln.family, *ln.models)), None)
+    line = next((ln for ln in lines if model in (ln.family, *ln.models)), None) or \
+        next((ln for ln in lines if not ln.models), None)  # a model-agnostic trainer
     if line is None:
-        if len(lines) == 1 and not lines[0].models:  # a model-agnostic trainer
-            line = lines[0]
-        else:
-            covered = sorted({m for ln in lines for m in (ln.family, *ln.models)})
-            raise UsageError(f"profile {text!r}: {engine} has no profile for model {model!r}; it covers "
-                             f"{', '.join(covered)}")
+        covered = sorted({m for ln in lines for m in (ln.family, *ln.models)})
+        raise UsageError(f"profile {text!r}: {engine} has no profile for model {model!r}; it covers "
+                         f"{', '.join(covered)}")
     when = _when(engine, version)
     releases = RELEASES.get(engine, {})
     if line.starts is not None and not when.has(line.starts, releases):

@@ -148,6 +148,8 @@ def ids_for_position(profile: Profile, p: Position, L: int) -> int | None:
     """The id that makes this profile capture `p` when written alone (None: no id does)."""
     b = profile.behaviour
     n = b.numbering.value
+    if b.config.value.hard_coded:
+        return None
     if p.kind == "final":
         return L if n is Numbering.HIDDEN_STATES_INDEX else None
     target = p.boundary

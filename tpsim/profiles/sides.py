@@ -36,7 +36,6 @@ def side_from_config(role: str, profile: Profile, draft: DraftConfig, L: int) ->
     """What `profile` captures from this draft config on L layers."""
     got = read_ids(profile, draft.raw)
     if got.failure and got.off:
-        rep = Replay(profile, L, [], False, [], [], got.failure)
         return Side(role, profile.name, L, [], False, f"{draft.path}: capture off", [], [got.failure]), got
     if got.failure:
         raise UsageError(f"--draft-config {draft.path}: {got.failure}")
@@ -44,7 +43,9 @@ def side_from_config(role: str, profile: Profile, draft: DraftConfig, L: int) ->
     source = f"{draft.path}: {got.where}"
     fallback = None
     if got.fallback:
-        fallback = f"default fallback: {got.fallback}; {profile.engine} uses its default {rep.ids}"
+        over = profile.behaviour.config.value.overridden_by
+        fallback = (f"{got.fallback}; {profile.engine} uses its default {rep.ids}"
+                    + (f" (unless {over} was set)" if over else ""))
     return side_from_replay(role, rep, source, fallback), got
 
 

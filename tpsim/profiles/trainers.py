@@ -28,7 +28,8 @@ _WIDTH = Source(SPECFORGE, "specforge/inference/capture.py", "a6b6b023",
                 "the server's recorded aux layer ids must equal the requested ids and the width 3 x hidden, else it "
                 "raises")
 _SGLANG_DS = Source("sgl-project/sglang", "python/sglang/srt/models/deepseek_v2.py", "v0.5.14",
-                    "+1 only when the first id is 1 (PR #25454)")
+                    "+1 only when the first id is 1 (PR #25454); internal id 0 captures the embedding output "
+                    "(prepare_attn: residual None -> hidden_states)")
 _SGLANG_LOOP = Source("sgl-project/sglang", "python/sglang/srt/models/llama.py", "v0.5.14",
                       "[val + 1 for val in layer_ids], captured before layer i in loop order")
 
@@ -39,22 +40,22 @@ _HF_BACKEND = Behaviour(
     site=Cited(Site.BETWEEN_LAYERS, _HOOK), cloned=Cited(False, _HOOK), last_boundary=Cited(True, _HOOK))
 
 
-def _server_backend(numbering: Cited) -> Change:
+def _server_backend(numbering: Cited, embed: Cited) -> Change:
     return Change(("7d1fbf08",), "HF-hook backend removed: capture through SGLang", date(2026, 7, 14), None,
-                  {"numbering": numbering, "order": Cited(Order.ASCENDING, _SGLANG_LOOP),
+                  {"numbering": numbering, "embed": embed, "order": Cited(Order.ASCENDING, _SGLANG_LOOP),
                    "duplicates": Cited(Duplicates.REFUSED, _DISTINCT), "out_of_range": Cited(OutOfRange.REFUSED, _WIDTH),
                    "last_boundary": Cited(False, _SGLANG_LOOP)})
 
 
 SPECFORGE_ANY = Line(
     "specforge", "any", (), _HF_BACKEND,
-    changes=(_server_backend(Cited(Numbering.OUTPUT_OF_PLUS_ONE, _SGLANG_LOOP)),),
+    changes=(_server_backend(Cited(Numbering.OUTPUT_OF_PLUS_ONE, _SGLANG_LOOP), Cited(EmbedId.UNREACHABLE, _RESOLVE)),),
     notes=("SpecForge has no release tags: give a date (specforge@2026-07-01) or nothing for the current code",),
 )
 
 SPECFORGE_DEEPSEEK = Line(
     "specforge", "deepseek_v2", ("deepseek_v2", "deepseek_v3", "kimi_k2"), _HF_BACKEND,
-    changes=(_server_backend(Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, _SGLANG_DS)),),
+    changes=(_server_backend(Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, _SGLANG_DS), Cited(EmbedId.CAPTURED, _SGLANG_DS)),),
     notes=("through SGLang 0.5.14's deepseek_v2.py a first id other than 1 gets no +1: ids then mean 'before "
            "layer j', one layer earlier than the same ids on a Llama target",),
 )

@@ -31,37 +31,55 @@ _MRV1 = Source(REPO, "vllm/v1/worker/gpu_model_runner.py", "v0.25.0",
                ".target_layer_ids + 1, overridden by eagle_config.eagle_aux_hidden_state_layer_ids when eagle_config "
                "is present; an empty list is falsy: the model default; eagle_config.use_aux_hidden_state false turns "
                "capture off (llm_base_proposer.py)")
+_V2_DEFAULT = Source(REPO, "vllm/config/vllm.py", "v0.24.0",
+                     "use_v2_model_runner: runner v2 by default for DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES "
+                     "(Qwen3ForCausalLM, DeepseekV2ForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, "
+                     "LlamaForCausalLM, MistralForCausalLM); 0.25.0 adds every non-MoE model; DeepseekV3ForCausalLM "
+                     "(V3, Kimi-K2) is MoE and not listed: runner v1")
 CONFIG_V1 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(NESTED), ConfigKey(("dflash_config", "target_layer_ids"), 1)),
                              Empty.DEFAULT, OFF_FLAG), _MRV1)
 CONFIG_V2 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(("dflash_config", "target_layer_ids"), 1)), Empty.DEFAULT,
                              OFF_FLAG),
-                  Source(REPO, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "v0.25.0",
-                         "get_eagle3_aux_layers_from_config: top-level key, then dflash/dspark target ids + 1; the "
-                         "nested eagle_config key is not read"))
+                  Source(REPO, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "v0.24.0",
+                         "get_eagle3_aux_layers_from_config (model runner v2): top-level key, then dflash target "
+                         "ids + 1; the nested eagle_config key is not read"))
+RUNNER_V2 = Change((), "model runner v2 the default for this architecture", None, "0.24.0",
+                   {"config": CONFIG_V2})
 
 _loop = Source(REPO, DS, "v0.24.0",
                "before layer idx, `if idx in self.aux_hidden_state_layers: aux_hidden_states.append(hidden_states + "
                "residual)`, no `residual is not None` guard (residual is None before layer 0); states in layer order")
-DEEPSEEK = Line(
-    "vllm", "deepseek_v2", ("deepseek_v2", "deepseek_v3", "kimi_k2"),
-    Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _loop), defaults=_DEFAULTS,
-              embed=Cited(EmbedId.CRASHES, _loop), out_of_range=Cited(OutOfRange.DROPPED, _loop),
-              order=Cited(Order.ASCENDING, _loop), duplicates=Cited(Duplicates.CAPTURED_ONCE, _loop),
-              config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop),
-              last_boundary=Cited(False, Source(REPO, "", "#46973", "before it, an id of num_hidden_layers matched no "
-                                                "iteration and was silently dropped")),
-              scattered=Cited(Gather.GATHERED, Source(REPO, DS, "002d6073",
-                              "with sequence-parallel MoE the capture all-gathers when hidden_states.shape[0] != "
-                              "positions.shape[0]"))),
-    starts=Change((), "EAGLE-3 capture in deepseek_v2.py", None, "0.18.0", {}),
-    changes=(Change(("#46973",), "capture the final layer's output (id L)", None, "0.25.0",
-                    {"last_boundary": Cited(True, Source(REPO, DS, "v0.25.0",
-                                            "after the loop, `if self.end_layer in self.aux_hidden_state_layers`: "
-                                            "hidden_states + residual, before the final norm"))}),),
-    notes=("id 0 still adds residual=None in every version read (0.18.0 .. 0.33.0); PR #46788, which would have "
-           "moved DeepSeek onto EagleModelMixin, was closed unmerged",
-           "0.24.0 was published two days after #46973 was reviewed and does not contain it"),
-)
+def _deepseek(family: str, models: tuple[str, ...], changes: tuple[Change, ...], note: str) -> Line:
+    return Line(
+        "vllm", family, models,
+        Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _loop), defaults=_DEFAULTS,
+                  embed=Cited(EmbedId.CRASHES, _loop), out_of_range=Cited(OutOfRange.DROPPED, _loop),
+                  order=Cited(Order.ASCENDING, _loop), duplicates=Cited(Duplicates.CAPTURED_ONCE, _loop),
+                  config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop),
+                  last_boundary=Cited(False, Source(REPO, "", "#46973", "before it, an id of num_hidden_layers "
+                                                    "matched no iteration and was silently dropped")),
+                  scattered=Cited(Gather.GATHERED, Source(REPO, DS, "002d6073",
+                                  "with sequence-parallel MoE the capture all-gathers when hidden_states.shape[0] "
+                                  "!= positions.shape[0]"))),
+        starts=Change((), "EAGLE-3 capture in deepseek_v2.py", None, "0.18.0", {}),
+        changes=changes,
+        notes=("id 0 still adds residual=None in every version read (0.18.0 .. 0.33.0); PR #46788, which would "
+               "have moved DeepSeek onto EagleModelMixin, was closed unmerged",
+               "0.24.0 was published two days after #46973 was reviewed and does not contain it", note),
+    )
+
+
+FINAL_LAYER = Change(("#46973",), "capture the final layer's output (id L)", None, "0.25.0",
+                     {"last_boundary": Cited(True, Source(REPO, DS, "v0.25.0",
+                                             "after the loop, `if self.end_layer in self.aux_hidden_state_layers`: "
+                                             "hidden_states + residual, before the final norm"))})
+DEEPSEEK_V2 = _deepseek("deepseek_v2", ("deepseek_v2",), (RUNNER_V2, FINAL_LAYER),
+                        "DeepseekV2ForCausalLM (V2, V2-Lite) runs on model runner v2 by default from 0.24.0 (the "
+                        "first release read; it may be earlier), which reads only the top-level key")
+DEEPSEEK_V3 = _deepseek("deepseek_v3", ("deepseek_v3", "kimi_k2"), (FINAL_LAYER,),
+                        "DeepseekV3ForCausalLM (V3, Kimi-K2) is MoE and not on runner v2's default list: runner v1 "
+                        "reads the nested eagle_config key when there is no top-level one")
+
 
 _MIXIN = Source(REPO, INTERFACES, "v0.25.0",
                 "EagleModelMixin._maybe_add_hidden_state: `hidden_states + residual if residual is not None else "
@@ -76,17 +94,16 @@ MIXIN_STARTS = Change(("#36063",), "EagleModelMixin (capture the last layer's ou
 
 MIXIN_DENSE = Line(
     "vllm", "llama", ("llama", "qwen2", "qwen3", "mistral"), MIXIN_BASE, starts=MIXIN_STARTS,
-    changes=(Change(("#44443",), "model runner v2 the default for dense models", None, "0.25.0",
-                    {"config": CONFIG_V2}),),
-    notes=("that #44443 made runner v2 the default for dense models is the 0.25.0 release notes' claim; which runner "
-           "serves a given model and flags was not verified",),
+    changes=(RUNNER_V2,),
+    notes=("runner v2 is the default for Llama, Qwen3 and Mistral from 0.24.0 (the first release read; it may be "
+           "earlier) and for Qwen2 from 0.25.0; VLLM_USE_V2_MODEL_RUNNER=0 brings back runner v1, which reads the "
+           "nested key",),
 )
 
 MIXIN_MOE = Line(
     "vllm", "qwen3_moe", ("qwen3_moe", "gpt_oss", "minimax_m2"), MIXIN_BASE, starts=MIXIN_STARTS,
-    notes=("which model runner serves MoE models from 0.25.0 on was not verified: runner v2 does not read the nested "
-           "eagle_config key",
+    notes=("MoE models not on DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES run on runner v1, which reads the nested key",
            "MiniMax-M2: PR #43671 (open) says its ids are off by one against SGLang-trained heads"),
 )
 
-LINES = (DEEPSEEK, MIXIN_DENSE, MIXIN_MOE)
+LINES = (DEEPSEEK_V2, DEEPSEEK_V3, MIXIN_DENSE, MIXIN_MOE)

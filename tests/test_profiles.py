@@ -1,0 +1,269 @@
+"""Engine profiles: every profile's id mapping round-trips through positions, each cited behaviour
+gives the outcome its source shows (tables written from the cited code), the registry picks the
+profile a version string names, and the CLI refuses bad profiles in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from clirun import assert_one_line_error, run_cli
+from tpsim.capture import Position
+from tpsim.errors import UsageError
+from tpsim.profiles.draft import read_ids
+from tpsim.profiles.findings import findings
+from tpsim.profiles.profile import EmbedId, Numbering, Order
+from tpsim.profiles.registry import all_profiles, lookup
+from tpsim.profiles.replay import Fate, ids_for_position, replay
+
+PROFILES = all_profiles()
+NAMES = [p.name for p in PROFILES]
+
+
+def positions(spec: str, ids, L: int, model: str = "deepseek_v2") -> list[str]:
+    return [str(p) for p in replay(lookup(spec, model), ids, L).positions]
+
+
+# --- properties over every profile ------------------------------------------------------------
+
+@example(name="sglang@0.5.13:deepseek_v2", L=4, b=1)  # out(0) alone: id 1 turns the +1 on, id 0 is the embedding
+@example(name="sglang@0.5.13:deepseek_v2", L=61, b=2)  # the first id 1 switches the +1 on: alone, 1 is not id 1
+@example(name="sglang@0.5.17:gpt_oss", L=36, b=36)  # the final boundary, reachable only as the largest id
+@given(name=st.sampled_from(NAMES), L=st.integers(4, 128), b=st.integers(0, 129))
+def test_id_mapping_round_trips_through_positions(name, L, b):
+    """For every profile, L and boundary: the id the profile needs for a position captures exactly
+    that position, and every interior boundary of a serving engine has an id."""
+    p = lookup(name, "deepseek_v2")
+    b = min(b, L)
+    want = Position.at_boundary(b)
+    j = ids_for_position(p, want, L)
+    if j is not None:
+        rep = replay(p, [j], L)
+        assert rep.positions == [want] and rep.failure is None and not rep.dropped
+    alone_unreachable = b == 1 and p.behaviour.numbering.value is Numbering.PLUS_ONE_IF_FIRST_IS_1
+    if 1 <= b <= L - 1 and p.engine in ("sglang", "vllm") and not alone_unreachable:
+        assert j is not None, f"{name} cannot reach {want} on {L} layers"
+
+
+@given(name=st.sampled_from(NAMES), L=st.integers(4, 128), ids=st.lists(st.integers(-3, 131), min_size=1, max_size=5))
+def test_replay_accounts_for_every_id(name, L, ids):
+    """Every id is captured, merged with an equal one, dropped, or fails the run; the capture holds
+    exactly the captured slots, ascending for loop-order engines, list order for the others; a
+    dropped slot always comes with a finding that names it."""
+    p = lookup(name, "deepseek_v2")
+    if p.behaviour.config.value.hard_coded:
+        ids_in = None
+    else:
+        ids_in = ids
+    rep = replay(p, ids_in, L)
+    captured = [s for s in rep.slots if s.fate is Fate.CAPTURED]
+    assert len(rep.positions) == len(captured)
+    if p.behaviour.order.value is Order.ASCENDING:
+        keys = [q.sort_key() for q in rep.positions]
+        assert keys == sorted(keys) and len(set(rep.positions)) == len(rep.positions)
+    else:
+        assert rep.positions == [s.position for s in captured]
+    failing = any(s.fate in (Fate.CRASHES, Fate.REFUSED) for s in rep.slots)
+    assert (rep.failure is not None) == failing
+    found = findings(rep, 64)
+    for s in rep.dropped:
+        assert any(f"slot {s.index}: id {s.id} " in f for f in found)
+    assert bool(found) == (failing or bool(rep.dropped))
+
+
+@given(L=st.integers(7, 200))
+def test_every_default_selects_the_same_tensors(L):
+    """SGLang's, vLLM's, SpecForge's and EAGLE's defaults pick out(1), out(L//2-1), out(L-4) in
+    every version (transformers has none)."""
+    want = [Position("out", 1), Position("out", L // 2 - 1), Position("out", L - 4)]
+    for p in PROFILES:
+        if p.engine != "transformers":
+            assert replay(p, None, L).positions == want, p.name
+
+
+def test_there_are_at_least_12_profiles_each_with_sources():
+    assert len(PROFILES) >= 12
+    for p in PROFILES:
+        assert p.sources() and all(s.repo and s.ref for s in p.sources()), p.name
+    assert len(set(NAMES)) == len(NAMES)
+
+
+# --- each behaviour pinned to the code it cites -----------------------------------------------
+# (profile, model, L, ids) -> (positions, fates); read from the source each profile cites
+
+PINNED = {
+    # SGLang deepseek_v2.py: [val + 1]; 0.5.13 (#25454): +1 only when the first id is 1
+    ("sglang@0.5.12", "deepseek_v3", 61, (1, 29, 57)): ["out(1)", "out(29)", "out(57)"],
+    ("sglang@0.5.12", "deepseek_v3", 61, (2, 30, 58)): ["out(2)", "out(30)", "out(58)"],
+    ("sglang@0.5.13", "deepseek_v3", 61, (2, 30, 58)): ["out(1)", "out(29)", "out(57)"],
+    ("sglang@0.5.13", "deepseek_v3", 61, (1, 29, 57)): ["out(1)", "out(29)", "out(57)"],
+    ("sglang@0.5.13", "deepseek_v3", 61, (1,)): ["out(1)"],  # out(0) needs an id list that does not start with 1
+    ("sglang@0.5.13", "deepseek_v3", 61, (2, 1)): ["out(0)", "out(1)"],
+    # out of range: an internal id >= L is never matched, the slot silently missing
+    ("sglang@0.5.12", "deepseek_v3", 61, (1, 29, 60)): ["out(1)", "out(29)"],
+    # 0.5.14 (#28343): prepare_attn sets residual = hidden_states at layer 0: the embedding, no crash
+    ("sglang@0.5.14", "deepseek_v3", 61, (0, 29, 57)): ["embed", "out(28)", "out(56)"],
+    # and the first id is not 1, so no +1: -1 matches no layer and is silently dropped
+    ("sglang@0.5.14", "deepseek_v3", 61, (-1, 29, 57)): ["out(28)", "out(56)"],
+    # Qwen2 guards residual None; the capture loop is ascending whatever the list order
+    ("sglang@0.5.12", "qwen2", 28, (20, -1, 5)): ["embed", "out(5)", "out(20)"],
+    # GPT-OSS #32226 / #32334: [24, 30, 36] on 36 layers
+    ("sglang@0.5.16", "gpt_oss", 36, (24, 30, 36)): ["out(24)", "out(30)"],
+    ("sglang@0.5.17", "gpt_oss", 36, (24, 30, 36)): ["out(23)", "out(29)", "out(35)"],
+    ("sglang@0.5.17", "gpt_oss", 36, (23, 29, 34)): ["out(23)", "out(29)", "out(34)"],
+    # vLLM DeepSeek: before layer j; id L only from #46973 (0.25.0)
+    ("vllm@0.24.0", "deepseek_v3", 61, (2, 30, 61)): ["out(1)", "out(29)"],
+    ("vllm@0.25.0", "deepseek_v3", 61, (2, 30, 61)): ["out(1)", "out(29)", "out(60)"],
+    # vLLM EagleModelMixin: id 0 is the embedding, id L the last layer's output
+    ("vllm", "llama", 32, (0, 16, 32)): ["embed", "out(15)", "out(31)"],
+    # SpecForge's HF-hook backend (before 7d1fbf08): out(j), list order
+    ("specforge@2026-07-01", "llama", 32, (20, 1, 10)): ["out(20)", "out(1)", "out(10)"],
+    # SpecForge through SGLang: ascending; a DeepSeek target takes +1 only when the first id is 1
+    ("specforge", "llama", 32, (20, 1, 10)): ["out(1)", "out(10)", "out(20)"],
+    ("specforge", "deepseek_v3", 61, (10, 35, 55)): ["out(9)", "out(34)", "out(54)"],
+    ("specforge", "deepseek_v3", 61, (1, 35, 55)): ["out(1)", "out(35)", "out(55)"],
+    # transformers: an index into output_hidden_states, L = the final norm's output, repeats kept
+    ("transformers", "llama", 32, (0, 32, 0)): ["embed", "final", "embed"],
+    # EAGLE: hard-coded {2, L//2, L-3} before layer: ids are not read
+    ("eagle", "llama", 32, (5, 6, 7)): ["out(1)", "out(15)", "out(28)"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(PINNED, key=str), ids=str)
+def test_pinned_outcomes(case):
+    spec, model, L, ids = case
+    assert positions(spec, list(ids), L, model) == PINNED[case]
+
+
+@pytest.mark.parametrize("spec,model,ids,text", [
+    ("sglang@0.5.12", "deepseek_v3", [-1, 29, 57], "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'"),
+    ("vllm@0.33.0", "deepseek_v3", [0, 29, 57], "TypeError: unsupported operand type(s) for +"),
+    ("sglang@0.5.12", "qwen3_moe", [1, 29, 47], "refuses"),  # setattr(self.layers[48]): IndexError at start-up
+    ("specforge@2026-07-01", "llama", [1, 1, 20], "refuses a repeated id"),
+    ("specforge", "llama", [1, 20, 31], "refuses"),  # SGLang drops internal 32; SpecForge checks the width
+])
+def test_engine_failures_name_the_engine_error(spec, model, ids, text):
+    L = 48 if model == "qwen3_moe" else 32 if model == "llama" else 61
+    rep = replay(lookup(spec, model), ids, L)
+    assert rep.failure is not None and text in rep.failure
+    assert rep.positions == [] or rep.crashed or rep.refused
+
+
+def test_crash_fix_names_the_version_that_captures_the_embedding():
+    (f,) = findings(replay(lookup("sglang@0.5.12", "deepseek_v3"), [-1, 29, 57], 61), 7168)
+    assert "sglang@0.5.14:deepseek_v2 or later" in f
+    assert lookup("sglang@0.5.14", "deepseek_v3").behaviour.embed.value is EmbedId.CAPTURED
+
+
+def test_dropped_fix_names_the_id_that_works_or_the_version():
+    (f,) = findings(replay(lookup("vllm@0.24.0", "deepseek_v3"), [2, 30, 61], 61), 7168)
+    assert "slot 2: id 61" in f and "2 x 7168 = 14336" in f and "vllm@0.25.0:deepseek_v3 reaches it (id 61)" in f
+    (f,) = findings(replay(lookup("sglang@0.5.16", "gpt_oss"), [24, 30, 36], 36), 2880)
+    assert "sglang@0.5.17:gpt_oss reaches it" in f
+
+
+# --- reading the draft config as each engine does ---------------------------------------------
+
+NESTED = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}}
+TOP = {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}
+CONFIGS = {  # (profile, model, config) -> (ids read, fell back with a reason, failure text)
+    ("sglang", "deepseek_v3", "nested"): ([1, 29, 57], False, None),
+    ("sglang", "deepseek_v3", "top"): (None, True, None),  # model_runner reads only the nested key
+    ("sglang", "deepseek_v3", "both"): ([1, 29, 57], False, None),
+    ("sglang", "deepseek_v3", "off"): (None, False, "use_aux_hidden_state is false"),
+    ("sglang", "deepseek_v3", "nested-empty"): (None, False, "unpack fails"),
+    ("vllm", "deepseek_v3", "nested"): ([1, 29, 57], False, None),  # runner v1 reads the nested key
+    ("vllm", "deepseek_v3", "both"): ([2, 30, 58], False, None),  # the top-level key first
+    ("vllm", "deepseek_v2", "nested"): (None, True, None),  # runner v2 does not
+    ("vllm@0.18.0", "deepseek_v2", "nested"): ([1, 29, 57], False, None),
+    ("vllm", "llama", "top-empty"): (None, False, None),  # an empty list is falsy: the default, silently
+    ("vllm", "llama", "dflash"): ([4, 8, 12], False, None),  # DFlash ids + 1
+    ("vllm", "llama", "off"): (None, False, "use_aux_hidden_state is false"),
+    ("specforge", "llama", "top"): (None, True, None),
+    ("specforge", "llama", "nested-empty"): (None, False, "exactly three ids"),
+    ("eagle", "llama", "top"): (None, False, None),  # hard-coded: nothing read, nothing to fall back from
+}
+RAW = {"nested": NESTED, "top": TOP, "both": {**NESTED, **TOP},
+       "off": {"eagle_config": {"use_aux_hidden_state": False}},
+       "nested-empty": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": []}},
+       "top-empty": {"eagle_aux_hidden_state_layer_ids": []}, "dflash": {"dflash_config": {"target_layer_ids": [3, 7, 11]}}}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIGS), ids=str)
+def test_draft_config_is_read_as_the_engine_reads_it(case):
+    spec, model, raw = case
+    ids, fell_back, failure = CONFIGS[case]
+    got = read_ids(lookup(spec, model), RAW[raw])
+    assert got.ids == ids and bool(got.fallback) == fell_back
+    assert (got.failure is None) if failure is None else (failure in got.failure)
+
+
+# --- the registry --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,model,name", [
+    ("sglang@0.5.12", "deepseek_v3", "sglang@0.5.11:deepseek_v2"),
+    ("sglang@0.5.12.post1", "deepseek_v3", "sglang@0.5.11:deepseek_v2"),
+    ("sglang@v0.5.13", "deepseek_v3", "sglang@0.5.13:deepseek_v2"),
+    ("sglang@2026-06-20", "deepseek_v3", "sglang@0.5.13:deepseek_v2"),  # 0.5.13 out 2026-06-11, 0.5.14 06-26
+    ("sglang", "deepseek_v3", "sglang@0.5.14:deepseek_v2"),
+    ("sglang@latest:gpt_oss", "deepseek_v3", "sglang@0.5.17:gpt_oss"),
+    ("vllm@0.24.0", "deepseek_v3", "vllm@0.18.0:deepseek_v3"),
+    ("specforge@2026-07-13", "llama", "specforge@oldest:any"),
+    ("specforge@2026-07-14", "llama", "specforge@2026-07-14:any"),
+    ("hf", "llama", "transformers:any"),
+])
+def test_lookup(text, model, name):
+    assert lookup(text, model).name == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_profile_name_looks_up_itself(name):
+    assert lookup(name, "deepseek_v2").name == name
+
+
+@pytest.mark.parametrize("text,words", [
+    ("tgi", ["unknown profile 'tgi'", "sglang, vllm"]),
+    ("sglang@0.9.0", ["outside the known range", "0.4.0 .. 0.5.23"]),
+    ("sglang@0.5.2", ["profiled from 0.5.6"]),
+    ("vllm:mamba", ["no profile for model 'mamba'", "qwen3_moe"]),
+    ("sglang@yesterday", ["neither a release", "YYYY-MM-DD"]),
+    ("specforge@1.0", ["no numbered releases", "specforge@2026-07-01"]),
+])
+def test_bad_profiles_say_what_exists(text, words):
+    with pytest.raises(UsageError) as e:
+        lookup(text, "deepseek_v2")
+    for w in words:
+        assert w in str(e.value)
+
+
+# --- the CLI ---------------------------------------------------------------------------------------
+
+def test_profiles_json_lists_every_profile_with_sources():
+    r = run_cli("profiles", "--json")
+    assert r.returncode == 0, r
+    got = json.loads(r.stdout)
+    assert [p["name"] for p in got] == NAMES
+    for p in got:
+        assert {"name", "engine", "models", "versions", "sources"} <= set(p) and p["sources"]
+
+
+def test_resolve_server_reports_the_dropped_slot():
+    r = run_cli("resolve", "--server", "sglang@0.5.16:gpt_oss", "--num-layers", "36", "--layers", "24,30,36", "--json")
+    assert r.returncode == 1, r
+    got = json.loads(r.stdout)
+    assert got["positions"] == ["out(24)", "out(30)"] and [s["fate"] for s in got["slots"]][2] == "dropped"
+    assert "sglang@0.5.17:gpt_oss reaches it" in got["findings"][0]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["resolve", "--server", "nope", "--num-layers", "8"], ["unknown profile 'nope'"]),
+    (["resolve", "--num-layers", "8"], ["--convention NAME or --server PROFILE"]),
+    (["check", "--server", "sglang", "--convention", "vllm", "--tp", "1"], ["--server and --convention"]),
+    (["capture", "--server", "vllm@0.1.0", "--out", "/tmp/tpsim-never-written.safetensors"],
+     ["outside the known range"]),
+])
+def test_bad_server_input_is_one_line(argv, words):
+    assert_one_line_error(run_cli(*argv), words)
