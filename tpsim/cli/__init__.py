@@ -15,7 +15,7 @@ import sys
 import time
 
 from tpsim import __version__
-from tpsim.cli import align, capture, check, diagnose, explain, export, profiles, resolve, scenario, verify
+from tpsim.cli import align, capture, check, diagnose, explain, export, profiles, resolve, scenario, triage, verify
 from tpsim.cli.options import Parser
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
@@ -23,7 +23,7 @@ from tpsim.parallel.launch import check_torchrun_env, exit_torchrun_rank, under_
 from tpsim.run.ranks import is_reporting_process
 
 REPORT_GRACE_S = 5.0
-COMMANDS = (check, capture, export, explain, align, diagnose, scenario, verify, resolve, profiles)  # the order of --help
+COMMANDS = (triage, check, capture, export, explain, align, diagnose, scenario, verify, resolve, profiles)  # the order of --help
 
 
 def build_parser() -> Parser:

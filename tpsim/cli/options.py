@@ -208,13 +208,19 @@ def tp_degrees(args) -> list[int]:
     return sorted(set(tps))
 
 
-def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=None) -> tuple[RunSpec, Resolution]:
-    """Everything validated before any rank starts: config, degrees, capture, tokens, mode, memory."""
+def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=None,
+             mode: tuple[Mode, str] | None = None) -> tuple[RunSpec, Resolution]:
+    """Everything validated before any rank starts: config, degrees, capture, tokens, mode, memory
+    (`mode`: the mode and strategy when the caller decided them, else the --mode options)."""
     check_timeout(args.timeout)
     src = source or load_source(args, tps)
     res = resolution_for(args, src.cfg) if positions is None else None
     tokens = tokens_for(args, src.cfg)
-    mode, strategy = mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else (Mode(), "model-level")
+    if mode is not None:
+        for t in tps:
+            mode[0].check(src.cfg, t, len(tokens))
+    mode, strategy = mode or (mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else
+                              (Mode(), "model-level"))
     check_world(max(tps), args.device, args.force)
     dtype = dtype_for(args)
     check_memory(src.cfg, tps, dtype, args.device, args.force, str(args.model))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from tpsim.capture.conventions import Resolution
 from tpsim.capture.positions import Position
-from tpsim.profiles.profile import EmbedId, Numbering, Profile
-from tpsim.profiles.registry import LINES
+from tpsim.profiles.profile import EmbedId, Numbering
+from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import Replay, Slot, ids_for_position
 
 
@@ -33,7 +33,7 @@ def _dropped_fix(rep: Replay, s: Slot) -> str:
         j = meant.boundary - 1
     if j is not None:
         return f"id {j} captures {meant} in {p.name}"
-    later = [q for q in _newer(p) if ids_for_position(q, meant, L) is not None]
+    later = [q for q in later_profiles(p) if ids_for_position(q, meant, L) is not None]
     last = Position.at_boundary(L - 1)
     hint = f"; {later[0].name} reaches it (id {ids_for_position(later[0], meant, L)})" if later else ""
     return (f"{meant} is unreachable in {p.name}; the last position it reaches is {last} "
@@ -43,17 +43,10 @@ def _dropped_fix(rep: Replay, s: Slot) -> str:
 def _crash_fix(rep: Replay) -> str:
     p = rep.profile
     if rep.crashed:
-        later = [q for q in _newer(p) if q.behaviour.embed.value is EmbedId.CAPTURED]
+        later = [q for q in later_profiles(p) if q.behaviour.embed.value is EmbedId.CAPTURED]
         up = f", or serve with {later[0].name} or later, which captures the embedding" if later else ""
         return f"drop the id that lands on the embedding (the draft must not expect it){up}"
     return "give ids the engine accepts (tpsim resolve --server shows them)"
-
-
-def _newer(p: Profile) -> list[Profile]:
-    """The profiles of the same engine and model file after `p`, oldest first."""
-    line = next(ln for ln in LINES if ln.engine == p.engine and ln.family == p.family)
-    later = line.profiles()
-    return later[[q.name for q in later].index(p.name) + 1:]
 
 
 def resolution(rep: Replay, given: list[int] | None) -> Resolution:

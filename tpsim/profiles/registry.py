@@ -117,3 +117,10 @@ def lookup(text: str, model_type: str) -> Profile:
 
 def names() -> list[str]:
     return [p.name for p in all_profiles()]
+
+
+def later_profiles(p: Profile) -> list[Profile]:
+    """The profiles of the same engine and model file after `p`, oldest first."""
+    line = next(ln for ln in LINES if ln.engine == p.engine and ln.family == p.family)
+    every = line.profiles()
+    return every[[q.name for q in every].index(p.name) + 1:]

@@ -59,12 +59,20 @@ def profile_fix(train: Side, serve: Profile, L: int) -> Fix:
     if any(j is None for j in single):
         bad = want[single.index(None)]
         return Fix(None, f"{serve.name} cannot capture {bad}")
-    for ids in (single, [p.boundary - 1 for p in want if p.kind != "final"]):
-        if len(ids) == len(want) and _replays_to(serve, ids, L, want):
-            return Fix(ids, f"serve with ids {','.join(map(str, ids))} ({serve.name})",
-                       {p: j for p, j in zip(want, ids)})
+    ids = ids_capturing(serve, want, L)
+    if ids is not None:
+        return Fix(ids, f"serve with ids {','.join(map(str, ids))} ({serve.name})", {p: j for p, j in zip(want, ids)})
     return Fix(None, f"{serve.name} captures in ascending order, each position once: no ids give "
                      f"{', '.join(map(str, want))} in this order; retrain with ids in ascending order")
+
+
+def ids_capturing(profile: Profile, want: list[Position], L: int) -> list[int] | None:
+    """Ids that make `profile` capture exactly `want`, in that order (None: none do)."""
+    single = [ids_for_position(profile, p, L) for p in want]
+    for ids in (single, [p.boundary - 1 for p in want if p.kind != "final"]):
+        if None not in ids and len(ids) == len(want) and _replays_to(profile, ids, L, want):
+            return ids
+    return None
 
 
 def _replays_to(profile: Profile, ids: list[int], L: int, want: list[Position]) -> bool:

@@ -1,0 +1,125 @@
+"""`tpsim triage`: "my draft's acceptance dropped after a TP or engine change": read the draft
+config as the trainer and the server each read it, align the two captures, work out the mode the
+served flags and the engine's auto-enable rules put it in, run `check` in that mode on the target's
+shape, and print one verdict.
+
+Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
+"""
+
+from __future__ import annotations
+
+from tpsim.capture.align import read_draft_config
+from tpsim.cli.options import add_execution_options, add_json, add_server_option, emit_json, load_source, \
+    positive_int, run_spec
+from tpsim.errors import UsageError
+from tpsim.profiles.findings import resolution
+from tpsim.profiles.profile import Gpu, Served
+from tpsim.profiles.registry import lookup
+from tpsim.profiles.replay import replay
+from tpsim.profiles.served import served_mode
+from tpsim.profiles.sides import align_profiles, side_from_config
+from tpsim.run.jobs import check_job
+from tpsim.run.preflight import check_divides_world, check_timeout
+from tpsim.run.ranks import is_reporting_process, run_on_ranks
+from tpsim.run.report import summarize
+from tpsim.run.spec import DEFAULT_MODEL
+from tpsim.run.triage import Triage, assess
+from tpsim.ui import ProgressLine, stdout
+
+GPUS = [g.value for g in Gpu]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("triage", help="low acceptance after a TP or engine change? find out why, with the fix")
+    p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
+    add_server_option(p)
+    p.add_argument("--train", default="specforge", metavar="PROFILE",
+                   help="what trained the draft (default specforge: the current code)")
+    p.add_argument("--tp", default="1", help="TP degree served (default 1)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="the target: a checkpoint directory, a config, or a built-in (tiny, deepseek-v2-lite, "
+                        "deepseek-v3); --override num_hidden_layers=K runs a truncation")
+    served = p.add_argument_group("engine flags as served")
+    served.add_argument("--gpu", default="H200", choices=GPUS, help="the GPU served on (default H200)")
+    served.add_argument("--nnodes", default="1", help="nodes (default 1)")
+    served.add_argument("--enable-dp-attention", action="store_true")
+    served.add_argument("--moe-a2a-backend", default="none", choices=["none", "deepep"])
+    served.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
+    served.add_argument("--disable-cuda-graph", action="store_true")
+    add_execution_options(p)
+    add_json(p, cmd_triage)
+
+
+def cmd_triage(args) -> int:
+    if args.server is None:
+        raise UsageError("triage needs --server PROFILE, the engine as served, e.g. --server sglang@0.5.12 "
+                         "(tpsim profiles lists them)")
+    check_timeout(args.timeout)
+    tp = positive_int(args.tp, "--tp")
+    check_divides_world(tp)
+    tps = sorted({1, tp})
+    draft = read_draft_config(args.draft_config)
+    src = load_source(args, tps)
+    cfg, L = src.cfg, src.cfg.num_hidden_layers
+    serve_p, train_p = lookup(args.server, cfg.model_type), lookup(args.train, cfg.model_type)
+    served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
+                    args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
+                    not args.disable_cuda_graph, positive_int(args.seq_len or "16", "--seq-len"))
+    train, _ = side_from_config("train", train_p, draft, L)
+    serve, got = side_from_config("serve", serve_p, draft, L)
+    report = align_profiles(train, serve, serve_p)
+    rep = replay(serve_p, got.ids, L)
+    mode = served_mode(serve_p, served)
+    check = None
+    if rep.positions and not got.off and rep.failure is None:
+        spec, _ = run_spec(args, tps, source=src, positions=tuple(rep.positions), mode=(mode.mode, mode.strategy))
+        progress = ProgressLine(enabled=is_reporting_process())
+        try:
+            results = run_on_ranks(check_job, max(tps), device=spec.device, backend=spec.backend,
+                                   timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
+        finally:
+            progress.stop()
+        if results is None:
+            return 0
+        check = summarize(spec, resolution(rep, got.ids), tps, [r for per in results.values() for r in per])
+    t = Triage(train_p, serve_p, served, mode, report, rep, check)
+    assess(t, draft, cfg.hidden_size)
+    if args.json:
+        emit_json(to_dict(t, args))
+    else:
+        print_triage(t, args)
+    return 0 if t.ok else 1
+
+
+def to_dict(t: Triage, args) -> dict:
+    return {"ok": t.ok, "server": args.server, "serve_profile": t.serve.name, "train_profile": t.train.name,
+            "tp": t.served.tp, "gpu": t.served.gpu.value, "model": args.model, "num_layers": t.replay.num_layers,
+            "served_mode": {"mode": t.mode.mode.to_dict(), "capture_strategy": t.mode.strategy, "why": t.mode.why},
+            "align": t.align.to_dict(), "check": None if t.check is None else t.check.to_dict(),
+            "findings": [f.to_dict() for f in t.findings], "notes": t.notes}
+
+
+def print_triage(t: Triage, args) -> None:
+    def say(text: str = "") -> None:
+        stdout.print(text, soft_wrap=True, markup=False)
+    s = t.served
+    say(f"tpsim triage: {args.draft_config} served by {t.serve.name} ({t.serve.versions.text()}) at TP={s.tp} on "
+        f"{s.gpu.value}, trained by {t.train.name}; target {args.model} ({t.replay.num_layers} layers)")
+    say(f"served mode: {t.mode.mode.name}, capture strategy {t.mode.strategy} ({'; '.join(t.mode.why)})")
+    say(f"train captures {', '.join(map(str, (p for p in t.align.train.positions if p))) or 'nothing'}; "
+        f"serve captures {', '.join(map(str, t.replay.positions)) or 'nothing'}")
+    if t.check is not None:
+        held = all(r.ok for r in t.check.rows)
+        say(f"check in mode {t.mode.mode.name} at TP {', '.join(str(r.tp) for r in t.check.rows)} on "
+            f"{len(t.check.spec.tokens)} tokens: {'the capture holds' if held else 'the capture breaks'}")
+    for n in t.notes:
+        say(f"note: {n}")
+    for i, f in enumerate(t.findings, 1):
+        say()
+        say(f"FINDING {i}: {f.kind.value}")
+        say(f"  cause: {f.cause}")
+        for src in f.sources:
+            say(f"  source: {src}")
+        say(f"  fix: {f.fix}")
+    say()
+    say("VERDICT: nothing found" if t.ok else f"VERDICT: {len(t.findings)} finding{'s' * (len(t.findings) > 1)}")
