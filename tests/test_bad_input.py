@@ -253,7 +253,7 @@ CASES = [
     case("align-draft-png", f"align --draft-config {{png.json}} {DRAFT}", "png.json is not a text file"),
     case("align-draft-deep-json", f"align --draft-config {{deep.json}} {DRAFT}", "nested too deeply"),
     case("align-draft-empty-ids", "align --draft-config {draft_empty_ids.json} --server sglang --num-layers 61",
-         "eagle_config.eagle_aux_hidden_state_layer_ids is empty"),
+         "eagle_config.eagle_aux_hidden_state_layer_ids is an empty list", "remove the key"),
     case("align-draft-bool-ids", f"align --draft-config {{draft_bool_ids.json}} {DRAFT}",
          "not a list of integer layer ids"),
     case("align-ids-and-trainer", f"align {SIDES} --trainer specforge --num-layers 61", "not both"),

@@ -296,8 +296,11 @@ def _position_reasons(i: int, tp: Position, sp: Position, train: Side, serve: Si
                       fix: Fix) -> list[Reason]:
     if reordered:
         k = train.positions.index(sp)
+        since = (" (the specforge convention is SpecForge's HF-hook backend, removed in 7d1fbf08; current "
+                 "SpecForge captures through SGLang, ascending: --draft-config --train specforge replays it)"
+                 if train.convention == "specforge" else "")
         return [Reason("order", f"serve {sp} is train slot {k}: the same positions, {train.convention} "
-                                f"concatenates in {train.order}, {serve.convention} {serve.order}")]
+                                f"concatenates in {train.order}, {serve.convention} {serve.order}{since}")]
     out = []
     if sp.kind == "embed" and tp.kind != "embed":
         out.append(Reason("embed-never-trained", f"serve captures embed in slot {i}, where training saw {tp}"))

@@ -128,8 +128,11 @@ def resolve(convention: str, ids: list[int] | None, L: int) -> Resolution:
         for j in ids:
             _before_layer(convention, j, L, 0, hi, "layer id")
         if convention == "vllm" and L in ids:
-            notes.append(f"id {L} = out({L - 1}) needs vLLM's EagleModelMixin capture; DeepSeek's pre-mixin "
-                         "loop (vLLM PR #46788) never matches it")
+            notes.append(f"id {L} = out({L - 1}): vLLM's EagleModelMixin models capture it; its DeepSeek loop "
+                         "only from PR #46973 (v0.25.0), before that the slot is silently dropped")
+        if convention == "vllm" and 0 in ids:
+            notes.append("id 0 = embed: vLLM's EagleModelMixin models (Llama, Qwen, ...) capture it; its DeepSeek "
+                         "loop adds residual=None there and crashes (tpsim resolve --server vllm shows it)")
         positions = [Position.at_boundary(b) for b in sorted(set(ids))]
         name = "aux_hidden_state_layers" if convention == "vllm" else "capture_before"
         return _finish(convention, L, given, list(ids), name, positions, ids, notes)

@@ -140,8 +140,8 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
     p.add_argument("--fusion-max-tokens", help="ar-fusion: fuse the MLP all-reduce into the next layer's norm "
                                                "only for batches of at most this many tokens (default 2048)")
     p.add_argument("--ep-output", metavar="{" + ",".join(EP_OUTPUTS) + "}",
-                   help="ep: all-gather the MoE output (replicated, default) or keep the stream token-"
-                        "scattered (scattered, DeepEP-style)")
+                   help="ep: keep the stream token-scattered after MoE layers (scattered, default: SGLang's "
+                        "DeepEP path) or all-gather the MoE output (replicated, matches no SGLang path)")
 
 
 def dtype_for(args) -> str:
@@ -188,7 +188,7 @@ def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tup
             raise UsageError(f"{option} applies to --mode {owner} only, not --mode {args.mode}")
     fusion = DEFAULT_FUSION_MAX_TOKENS if args.fusion_max_tokens is None \
         else integer(args.fusion_max_tokens, "--fusion-max-tokens")
-    mode = Mode(args.mode, fusion, args.ep_output or "replicated")
+    mode = Mode(args.mode, fusion, args.ep_output or "scattered")
     strategy = mode.strategy(getattr(args, "strategy", None))
     for t in tps:
         mode.check(cfg, t, tokens)

@@ -9,7 +9,7 @@ layers and which collectives move it (L layers, M of them MoE, D = L - M dense, 
 | `tp`           | SGLang/vLLM `--tp N`                               | Replicate()                        | all_reduce 1 + 2L; all_gather 1 (logits) |
 | `ar-fusion`    | SGLang `--enable-flashinfer-allreduce-fusion`      | Partial(sum) hidden + Replicate() residual after layers 0..L-2 when T <= fusion_max_tokens | as `tp`, but layer k's MLP all-reduce runs in layer k+1's input_layernorm |
 | `sp`           | Megatron sequence parallelism                      | Shard(dim=0) (tokens padded to a multiple of tp) | reduce_scatter 1 + 2L; all_gather 2L + 2; no all_reduce |
-| `ep`           | SGLang `--moe-a2a-backend deepep` / `--ep N`       | Replicate(); with `ep_output="scattered"` Shard(dim=0) after the first MoE layer | all_to_all 3M; see `expected_collectives` |
+| `ep`           | SGLang `--moe-a2a-backend deepep` / `--ep N`       | Shard(dim=0) after the first MoE layer (ep_output="scattered", default); Replicate() with "replicated" | all_to_all 3M (emulating DeepEP dispatch/combine); see `expected_collectives` |
 | `dp-attention` | SGLang `--enable-dp-attention` (DeepSeek-V3 serving) | each rank its own sequence         | all_gather L + 1; reduce_scatter L; no all_reduce |
 
 Capture strategies (the first of each mode is the right one; the others are what a naive

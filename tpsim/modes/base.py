@@ -35,7 +35,7 @@ class Mode:
 
     name: str = "tp"
     fusion_max_tokens: int = DEFAULT_FUSION_MAX_TOKENS  # ar-fusion: fuse only when T <= this
-    ep_output: str = "replicated"  # ep: the MoE output all-gathered, or left token-scattered
+    ep_output: str = "scattered"  # ep: the stream left token-scattered (SGLang DeepEP), or the MoE output all-gathered
 
     strategies: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[str, ...]] = ()  # the option fields this mode reads

@@ -90,8 +90,10 @@ class SequenceParallel(Mode):
 @dataclass(frozen=True)
 class ExpertParallel(Mode):
     """SGLang `--moe-a2a-backend deepep` / `--ep N`: experts whole on their ranks; each rank routes
-    its token share through them with all_to_all, then the MoE output is all-gathered
-    (ep_output="replicated") or the stream stays token-scattered from the first MoE layer on."""
+    its token share through them with all_to_all (an emulation of DeepEP's dispatch/combine
+    kernels, same data movement), and the stream stays token-scattered from the first MoE layer on
+    (ep_output="scattered", SGLang's DeepEP path: communicator.py's SCATTERED layer output) or the
+    MoE output is all-gathered (ep_output="replicated", matches no SGLang path)."""
 
     name: str = "ep"
     strategies = ("gathered", "local")

@@ -56,7 +56,8 @@ def read_ids(profile: Profile, raw: dict) -> ConfigIds:
                 continue
             what = "refuses it (exactly three ids)" if read.empty is Empty.REFUSED else \
                 "turns capture on with no layers and the forward's unpack fails"
-            return ConfigIds(None, key, failure=f"{key} is an empty list: {who} {what}")
+            return ConfigIds(None, key, failure=f"{key} is an empty list: {who} {what}; write the ids (e.g. "
+                                                "[1, 29, 57]) or remove the key for the default")
         return ConfigIds([j + key.shift for j in v], key)
     elsewhere = [p for p in _ID_PLACES if value_at(raw, p) and p not in {k.path for k in read.keys}]
     reads = " then ".join(str(k) for k in read.keys)

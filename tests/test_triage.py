@@ -1,0 +1,102 @@
+"""`tpsim triage` end to end on the gloo pool: the README example finds both the served-mode capture
+bug at TP=8 and the train/serve key fallback, each with its fix; each other finding kind on a
+config built for it; a clean config passes; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+from clirun import ROOT, assert_one_line_error, run_cli
+
+NESTED_135 = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
+
+
+def readme_triage() -> list[str]:
+    """The triage command the README opens with, as written."""
+    block = re.search(r"```bash\n(tpsim triage [^\n]+)\n```", (ROOT / "README.md").read_text())
+    assert block, "the README has no ```bash block with a tpsim triage command"
+    return shlex.split(block.group(1))[1:]
+
+
+def triage_json(tmp_path, raw: dict | None, *argv: str) -> tuple[int, dict]:
+    args = list(argv)
+    if raw is not None:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(raw))
+        args = ["--draft-config", str(path), *args]
+    r = run_cli("triage", *args, "--json")
+    assert r.returncode in (0, 1), r
+    return r.returncode, json.loads(r.stdout)
+
+
+def kinds(report: dict) -> list[str]:
+    return [f["kind"] for f in report["findings"]]
+
+
+def test_readme_example_finds_the_served_mode_bug_and_the_key_fallback():
+    r = run_cli(*readme_triage())
+    assert r.returncode == 1, r
+    out = r.stdout
+    assert "FINDING 1: config key fallback" in out and "FINDING 2: the served mode breaks the capture" in out
+    assert 'fix: write "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}' in out
+    assert "Partial(sum): captured before a deferred all-reduce" in out and "TP=8" in out
+    assert "fix: sglang@0.5.14 or later (#28343, #28789)" in out
+    assert "source: sgl-project/sglang python/sglang/srt/server_args.py @v0.5.7" in out
+    assert "VERDICT: 2 findings" in out
+
+
+def test_the_fixed_version_and_the_fixed_config_find_nothing(tmp_path):
+    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang", "--tp", "2")
+    assert code == 0 and rep["ok"] and rep["findings"] == [], rep["findings"]
+    assert rep["served_mode"]["mode"]["name"] == "ar-fusion" and rep["served_mode"]["capture_strategy"] == "in-layer"
+    assert all(row["ok"] for row in rep["check"]["rows"])
+
+
+def test_fusion_is_not_auto_enabled_on_h20_before_0_5_13(tmp_path):
+    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.12", "--tp", "2", "--gpu", "H20")
+    assert code == 0 and rep["served_mode"]["mode"]["name"] == "tp", rep["served_mode"]
+
+
+def test_deepep_capture_is_token_local_before_0_5_7(tmp_path):
+    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.6", "--tp", "2",
+                            "--moe-a2a-backend", "deepep")
+    assert code == 1 and kinds(rep) == ["served-mode", "graph-ids"], rep["findings"]  # graphs: fixed in 0.5.11
+    assert rep["served_mode"]["capture_strategy"] == "local"
+    assert "0.5.7 or later" in rep["findings"][0]["fix"] and "Shard(dim=0)" in rep["findings"][0]["cause"]
+
+
+def test_an_embedding_id_crashes_the_engine_and_nothing_runs(tmp_path):
+    raw = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 3, 5]}}
+    code, rep = triage_json(tmp_path, raw, "--server", "sglang@0.5.12", "--tp", "2")
+    assert code == 1 and "engine-fails" in kinds(rep) and rep["check"] is None
+    f = rep["findings"][kinds(rep).index("engine-fails")]
+    assert "TypeError: unsupported operand type(s) for +" in f["cause"] and "sglang@0.5.14:deepseek_v2" in f["fix"]
+
+
+def test_graphed_batches_capture_the_default_before_22836(tmp_path):
+    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.10", "--tp", "2", "--gpu", "H20")
+    assert code == 1 and kinds(rep) == ["graph-ids"], rep["findings"]
+    assert "out(1), out(3), out(4)" in rep["findings"][0]["cause"] and "0.5.11" in rep["findings"][0]["fix"]
+
+
+def test_capture_turned_off(tmp_path):
+    raw = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "use_aux_hidden_state": False}}
+    code, rep = triage_json(tmp_path, raw, "--server", "vllm", "--tp", "1")
+    assert code == 1 and kinds(rep) == ["capture-off"] and rep["check"] is None
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["triage", "--draft-config", "configs/drafts/ids-at-top-level.json"], ["needs --server PROFILE"]),
+    (["triage", "--draft-config", "configs/drafts/ids-at-top-level.json", "--server", "tgi"], ["unknown profile 'tgi'"]),
+    (["triage", "--draft-config", "configs/drafts/nope.json", "--server", "sglang"], ["does not exist"]),
+    (["triage", "--draft-config", "configs/drafts/ids-at-top-level.json", "--server", "sglang", "--gpu", "V100"],
+     ["invalid choice: 'V100'"]),
+    (["triage", "--draft-config", "configs/drafts/ids-at-top-level.json", "--server", "sglang", "--tp", "3"],
+     ["3"]),
+])
+def test_bad_input_is_one_line(argv, words):
+    assert_one_line_error(run_cli(*argv), words)
