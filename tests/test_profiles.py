@@ -9,13 +9,14 @@ import json
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from safetensors import safe_open
 
 from clirun import assert_one_line_error, run_cli
 from tpsim.capture import Position
 from tpsim.errors import UsageError
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
-from tpsim.profiles.profile import EmbedId, Numbering, Order
+from tpsim.profiles.profile import EmbedId, Gpu, Numbering, Order, Served
 from tpsim.profiles.registry import all_profiles, lookup
 from tpsim.profiles.replay import Fate, ids_for_position, replay
 
@@ -267,3 +268,60 @@ def test_resolve_server_reports_the_dropped_slot():
 ])
 def test_bad_server_input_is_one_line(argv, words):
     assert_one_line_error(run_cli(*argv), words)
+
+
+# --- the auto-enable rule of all-reduce fusion, as server_args.py writes it per version ---------
+
+@pytest.mark.parametrize("spec,served,on", [
+    ("sglang@0.5.6", Served(8, Gpu.H200), False),  # SM100 only
+    ("sglang@0.5.6", Served(8, Gpu.B200), True),
+    ("sglang@0.5.12", Served(8, Gpu.H200), True),
+    ("sglang@0.5.12", Served(8, Gpu.H20), False),  # not H20 until 0.5.13
+    ("sglang@0.5.13", Served(8, Gpu.H20), True),
+    ("sglang@0.5.13", Served(8, Gpu.B200, nnodes=2), False),  # one node until 0.5.14
+    ("sglang@0.5.14", Served(8, Gpu.B200, nnodes=2), True),  # several nodes on SM100
+    ("sglang@0.5.14", Served(8, Gpu.H200, nnodes=2), False),
+    ("sglang@0.5.14", Served(8, Gpu.H200, dp_attention=True), False),
+    ("sglang@0.5.14", Served(8, Gpu.H200, deepep=True), False),  # moe_a2a_backend must be none
+    ("sglang@0.5.14", Served(1, Gpu.H200), False),
+    ("sglang@0.5.14", Served(8, Gpu.A100), False),
+    ("sglang:llama", Served(8, Gpu.H200), False),  # LlamaForCausalLM is on no auto-enable list
+])
+def test_fusion_auto_enable_follows_server_args(spec, served, on):
+    assert lookup(spec, "deepseek_v3").behaviour.fusion_auto.value.on(served) is on
+
+
+# --- --server on check and capture, end to end on real ranks -------------------------------------
+
+def test_check_server_fails_on_a_dropped_slot_and_names_it():
+    r = run_cli("check", "--server", "sglang@0.5.12", "--layers", "1,3,7", "--tp", "1,2")
+    assert r.returncode == 1, r
+    assert "capture is [T, 2 x 64]" in r.stdout  # the ranks agree on what the engine captures
+    assert "FAIL: slot 2: id 7 becomes internal id 8" in r.stdout and "2 x 64 = 128" in r.stdout
+
+
+def test_check_server_reads_the_draft_config_as_the_engine_does():
+    r = run_cli("check", "--server", "vllm@0.18.0:deepseek_v2", "--draft-config",
+                "configs/scenarios/align-default-fallback.json", "--tp", "1", "--override", "num_hidden_layers=61",
+                "--override", "n_routed_experts=2", "--override", "num_experts_per_tok=1", "--override", "n_group=1",
+                "--override", "topk_group=1", "--seq-len", "2", "--json")
+    assert r.returncode == 0, r
+    got = json.loads(r.stdout)["convention"]
+    assert got["positions"] == ["out(9)", "out(34)", "out(54)"]  # runner v1 reads the nested key: before layer j
+    assert any("ids [10, 35, 55] from eagle_config.eagle_aux_hidden_state_layer_ids" in n for n in got["notes"])
+
+
+def test_capture_server_writes_what_the_engine_captures(tmp_path):
+    out = tmp_path / "cap.safetensors"
+    r = run_cli("capture", "--server", "vllm@0.24.0", "--layers", "2,4,8", "--tp", "2", "--out", str(out))
+    assert r.returncode == 0, r
+    assert "aux_hidden_states [16, 128]" in r.stdout and "warning: slot 2: id 8" in r.stdout
+    with safe_open(str(out), "pt") as f:
+        assert f.get_tensor("aux_hidden_states").shape == (16, 128) and f.metadata()["server"] == "vllm@0.24.0"
+
+
+def test_capture_server_crash_writes_nothing(tmp_path):
+    out = tmp_path / "cap.safetensors"
+    r = run_cli("capture", "--server", "vllm", "--layers", "0,4,5", "--tp", "1", "--out", str(out))
+    assert r.returncode == 1 and not out.exists(), r
+    assert "TypeError: unsupported operand type(s) for +" in r.stderr and "nothing written" in r.stderr

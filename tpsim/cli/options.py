@@ -11,6 +11,8 @@ from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
+from tpsim.capture.align import read_draft_config
+from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings, resolution
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
@@ -94,27 +96,43 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                                     "(default: the convention's default ids)")
     p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}",
                    help="how the ids are numbered (default sglang)")
-    add_server_option(p)
+    add_server_option(p, draft=True)
     add_execution_options(p)
 
 
-def add_server_option(p: argparse.ArgumentParser) -> None:
+def add_server_option(p: argparse.ArgumentParser, draft: bool = False) -> None:
     p.add_argument("--server", metavar="PROFILE",
                    help="replay a named engine version: ENGINE[@VERSION][:MODEL], e.g. sglang@0.5.12:deepseek_v2 "
                         "or vllm (tpsim profiles lists them; default version: the latest known, model: --model's)")
+    if draft:
+        p.add_argument("--draft-config", metavar="PATH",
+                       help="with --server: take the ids from the draft's config.json as that engine reads it")
 
 
 def resolution_for(args, cfg: ModelConfig) -> Resolution:
     """--layers in --convention's numbering, or as the --server profile's engine handles them."""
     ids, L = layer_ids(args), cfg.num_hidden_layers
+    draft = getattr(args, "draft_config", None)
     if getattr(args, "server", None) is None:
+        if draft is not None:
+            raise UsageError("--draft-config is read as an engine reads it: give --server PROFILE too")
         return resolve(args.convention or "sglang", ids, L)
     if args.convention is not None:
         raise UsageError("--server and --convention both say how ids are numbered; give one of them")
     profile = lookup(args.server, cfg.model_type)
+    notes = [f"--server {args.server}: profile {profile.name} ({profile.versions.text()})"]
+    if draft is not None:
+        if ids is not None:
+            raise UsageError("--layers and --draft-config both give the ids; give one of them")
+        got = read_ids(profile, read_draft_config(draft).raw)
+        if got.failure:
+            return Resolution(profile.name, L, None, [], "internal_ids", [], notes, [got.failure], True)
+        ids = got.ids
+        notes.append(f"{draft}: falls back to the default: {got.fallback}" if got.fallback else
+                     f"{draft}: ids {ids} from {got.where}" if ids is not None else f"{draft}: no ids: the default")
     rep = replay(profile, ids, L)
     res = resolution(rep, ids)
-    res.notes.insert(0, f"--server {args.server}: profile {profile.name} ({profile.versions.text()})")
+    res.notes[:0] = notes
     res.findings, res.failed = findings(rep, cfg.hidden_size), rep.crashed or rep.refused
     return res
 
