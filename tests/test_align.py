@@ -22,7 +22,10 @@ from hypothesis import strategies as st
 
 from strategies import ID_RANGES
 from clirun import assert_one_line_error, run_cli
-from tpsim.capture.align import align, make_side, read_draft_config, side_from_config
+from tpsim.capture.align import align, make_side, read_draft_config
+from tpsim.profiles.registry import lookup
+from tpsim.profiles.replay import replay
+from tpsim.profiles.sides import align_profiles, side_from_config
 from tpsim.capture import Position, ids_for, resolve
 from tpsim.cli import run_command
 from tpsim.errors import UsageError
@@ -204,12 +207,19 @@ LAYOUTS = {"nested": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": N}},
            "top": {"eagle_aux_hidden_state_layer_ids": T},
            "both": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": N}, "eagle_aux_hidden_state_layer_ids": T},
            "neither": {"eagle_config": {"use_aux_hidden_state": True}}}
-# (layout, server) -> aligned. SpecForge and SGLang read only the nested key, vLLM only the top
-# level; sglang-boundary adds its +1 only when the first id is 1, so nested [10, ...] is off by one.
-ALIGNED = {("nested", "sglang"): True, ("nested", "sglang-boundary"): False, ("nested", "vllm"): False,
-           ("top", "sglang"): True, ("top", "sglang-boundary"): True, ("top", "vllm"): False,
-           ("both", "sglang"): True, ("both", "sglang-boundary"): False, ("both", "vllm"): True,
-           ("neither", "sglang"): True, ("neither", "sglang-boundary"): True, ("neither", "vllm"): True}
+# (layout, server) -> aligned, the draft trained by SpecForge's HF-hook backend (out(j), nested key).
+# SGLang reads only the nested key (+1 always in 0.5.12; from 0.5.13 only when the first id is 1, so
+# nested [10, ...] is off by one); vLLM runner v2 (DeepSeek-V2) reads only the top-level key, runner
+# v1 (DeepSeek-V3) the top-level key, then the nested one as before-layer ids.
+TRAIN = "specforge@2026-07-01"
+ALIGNED = {("nested", "sglang@0.5.12"): True, ("nested", "sglang"): False, ("nested", "vllm:deepseek_v2"): False,
+           ("nested", "vllm:deepseek_v3"): False,
+           ("top", "sglang@0.5.12"): True, ("top", "sglang"): True, ("top", "vllm:deepseek_v2"): False,
+           ("top", "vllm:deepseek_v3"): False,
+           ("both", "sglang@0.5.12"): True, ("both", "sglang"): False, ("both", "vllm:deepseek_v2"): True,
+           ("both", "vllm:deepseek_v3"): True,
+           ("neither", "sglang@0.5.12"): True, ("neither", "sglang"): True, ("neither", "vllm:deepseek_v2"): True,
+           ("neither", "vllm:deepseek_v3"): True}
 
 
 def write_draft(tmp_path: Path, raw) -> Path:
@@ -221,40 +231,41 @@ def write_draft(tmp_path: Path, raw) -> Path:
 @pytest.mark.parametrize("layout,server", sorted(ALIGNED))
 def test_draft_config_is_read_as_each_program_reads_it(tmp_path, layout, server):
     draft = read_draft_config(str(write_draft(tmp_path, LAYOUTS[layout])))
-    train, serve = side_from_config("train", "specforge", draft, 61), side_from_config("serve", server, draft, 61)
+    serve_p = lookup(server, "deepseek_v2")
+    train, _ = side_from_config("train", lookup(TRAIN, "deepseek_v2"), draft, 61)
+    serve, _ = side_from_config("serve", serve_p, draft, 61)
     nested, top = layout in ("nested", "both"), layout in ("top", "both")
     assert train.ids == (N if nested else [1, 29, 57]) and train.default == (not nested)
-    reads = top if server == "vllm" else nested
-    assert serve.ids == ((T if server == "vllm" else N) if reads else [2, 30, 58]) and serve.default == (not reads)
-    assert (train.fallback is None) == nested and (serve.fallback is None) == reads
-    if server == "vllm" and layout == "nested":
-        assert "vllm reads only the top-level key, this config has it nested under eagle_config" in serve.fallback
-    if server != "vllm" and layout == "top":
-        assert "nested under eagle_config, this config has it at the top level" in serve.fallback
-    if layout == "neither":
-        assert "this config has neither key" in serve.fallback
-    report = align(train, serve)
+    reads = {"sglang@0.5.12": nested, "sglang": nested, "vllm:deepseek_v2": top, "vllm:deepseek_v3": top or nested}[server]
+    assert serve.default == (not reads)
+    if top and "vllm" in server:
+        assert serve.ids == T
+    if nested and not top and server == "vllm:deepseek_v2":
+        assert "this config has ids only at eagle_config.eagle_aux_hidden_state_layer_ids" in serve.fallback
+    if top and not nested and "sglang" in server:
+        assert "this config has ids only at eagle_aux_hidden_state_layer_ids" in serve.fallback
+    report = align_profiles(train, serve, serve_p)
     assert report.aligned == ALIGNED[layout, server]
     if not report.aligned:
-        assert report.fix.ids == (T if nested else [2, 30, 58])  # the trained layers, as server ids
-        assert ("default-fallback" in codes(report)) == (train.default or serve.default)
-        if layout in ("nested", "both") and server == "sglang-boundary":
-            assert codes(report) == {"off-by-one"}
+        assert report.fix.ids is not None
+        assert replay(serve_p, report.fix.ids, 61).positions == train.positions  # the fix captures the trained
     elif train.default or serve.default:
-        assert any("works by coincidence" in n for n in report.notes)
+        assert any("works by coincidence" in n for n in report.notes) or not (train.fallback or serve.fallback)
 
 
 def test_draft_config_corner_cases(tmp_path):
     empty_top = read_draft_config(str(write_draft(tmp_path, {"eagle_aux_hidden_state_layer_ids": []})))
-    assert "skips an empty list" in side_from_config("serve", "vllm", empty_top, 61).fallback  # `if layer_ids`
+    serve, got = side_from_config("serve", lookup("vllm", "deepseek_v2"), empty_top, 61)
+    assert got.ids is None and serve.default  # `if layer_ids`: an empty list is not set
     write_draft(tmp_path, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": None}})
     null = read_draft_config(str(tmp_path))  # a directory holding config.json; a null key is an absent one
     assert null.nested is None and null.top is None
     shipped = read_draft_config(str(write_draft(tmp_path, {"eagle_config": {"eagle_aux_hidden_state_layer_ids":
                                                                              [1, 29, 57]}})))
-    for server in ("sglang", "sglang-boundary"):  # first id 1: sglang-boundary adds the +1 too
-        assert align(side_from_config("train", "specforge", shipped, 61),
-                     side_from_config("serve", server, shipped, 61)).aligned
+    for server in ("sglang@0.5.12", "sglang"):  # first id 1: 0.5.13's rule adds the +1 too
+        serve_p = lookup(server, "deepseek_v3")
+        train, _ = side_from_config("train", lookup("specforge", "deepseek_v3"), shipped, 61)
+        assert align_profiles(train, side_from_config("serve", serve_p, shipped, 61)[0], serve_p).aligned
 
 
 # --- the --model run: cosine per slot --------------------------------------------------------

@@ -2,8 +2,8 @@
 in the same slot order, as the server that runs it?
 
 Each side is a convention and its ids, given as `--train CONVENTION:IDS --serve CONVENTION:IDS`,
-or read from the draft's config.json the way each program reads it (`--draft-config PATH
---trainer specforge --server sglang|sglang-boundary|vllm`). Slot i of a side is the i-th feature
+or what a profiled engine reads from the draft's config.json (`--draft-config PATH --server
+PROFILE [--train PROFILE]`; tpsim.profiles.sides builds those sides). Slot i of a side is the i-th feature
 its capture concatenates (list order for specforge/hf, ascending and each position once for the
 loop-order engines). Aligned means every slot holds the same position and both sides have the
 same number of slots. With `--model` the model also runs once (at `--tp`) and each slot gets the
@@ -25,8 +25,6 @@ LOOP_ORDER = ("sglang", "sglang-boundary", "vllm", "eagle")  # `if i in layers`:
 KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED = f"eagle_config.{KEY}"
 TOP = f"top-level {KEY}"
-TRAINERS = ("specforge",)
-SERVERS = ("sglang", "sglang-boundary", "vllm")
 LABELS = {  # reason code -> the words the table uses
     "off-by-one": "off by one",
     "embed-never-trained": "embedding slot never seen in training",
@@ -398,29 +396,3 @@ def _ids_at(p: Path, where: str, value) -> list[int] | None:
         raise UsageError(f"--draft-config {p}: {where} is {json.dumps(value)}, not a list of integer "
                          "layer ids; write e.g. [1, 29, 57]")
     return value
-
-
-def side_from_config(role: str, program: str, draft: DraftConfig, L: int) -> Side:
-    """The ids `program` reads from the draft config: vLLM only the top-level key (skipping an empty
-    list), SpecForge and SGLang only the key nested under eagle_config; else its default."""
-    if program != "vllm" and draft.nested == []:
-        raise UsageError(f"--draft-config {draft.path}: {NESTED} is empty; SpecForge validates exactly three ids: "
-                         "write them (e.g. [1, 29, 57]) or remove the key for the default")
-    top = program == "vllm"
-    here, other = (draft.top, draft.nested) if top else (draft.nested, draft.top)
-    where = TOP if top else NESTED
-    if here:
-        return make_side(role, program, here, L, f"{draft.path}: {where}")
-    if here == []:
-        why = f"{program} reads only the top-level key and skips an empty list"
-    elif other and top:
-        why = f"{program} reads only the top-level key, this config has it nested under eagle_config"
-    elif other:
-        why = f"{program} reads only the key nested under eagle_config, this config has it at the top level"
-    else:
-        why = f"{program} reads only {where}, and this config has neither key"
-    ids = default_ids(program, L)
-    fallback = f"default fallback: {why}; {program} uses its default {ids}"
-    if program == "specforge":
-        fallback += " (unless the training run overrode the ids)"
-    return make_side(role, program, None, L, f"{draft.path}: default fallback", fallback)

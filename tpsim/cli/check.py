@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from tpsim.capture import Resolution
 from tpsim.cli.options import add_json, add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
 from tpsim.run.jobs import check_job
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
 from tpsim.run.report import TOLERANCE_METRIC, CheckReport, ops_text, summarize
+from tpsim.run.spec import RunSpec
 from tpsim.ui import ProgressLine, stdout, table
 
 
@@ -23,20 +25,27 @@ def cmd_check(args) -> int:
     spec, res = run_spec(args, tps)
     if res.failed:  # the engine fails before it captures anything
         return engine_failure(args, res)
+    report = run_check(spec, res, tps)
+    if report is None:  # a torchrun rank other than 0
+        return 0
+    if args.json:
+        emit_json(report.to_dict())
+    else:
+        print_report(report, tps)
+    return 0 if report.ok else 1
+
+
+def run_check(spec: RunSpec, res: Resolution, tps: list[int]) -> CheckReport | None:
+    """Run check_job at every degree in `tps` on real ranks (None on torchrun ranks other than 0)."""
     progress = ProgressLine(enabled=is_reporting_process())
     try:
         results = run_on_ranks(check_job, max(tps), device=spec.device, backend=spec.backend,
                                timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
     finally:
         progress.stop()
-    if results is None:  # a torchrun rank other than 0
-        return 0
-    report = summarize(spec, res, tps, [r for per_rank in results.values() for r in per_rank])
-    if args.json:
-        emit_json(report.to_dict())
-    else:
-        print_report(report, tps)
-    return 0 if report.ok else 1
+    if results is None:
+        return None
+    return summarize(spec, res, tps, [r for per_rank in results.values() for r in per_rank])
 
 
 def engine_failure(args, res) -> int:

@@ -9,6 +9,7 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 from tpsim.capture.align import read_draft_config
+from tpsim.cli.check import run_check
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, emit_json, load_source, \
     positive_int, run_spec
 from tpsim.errors import UsageError
@@ -18,13 +19,10 @@ from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.profiles.served import served_mode
 from tpsim.profiles.sides import align_profiles, side_from_config
-from tpsim.run.jobs import check_job
 from tpsim.run.preflight import check_divides_world, check_timeout
-from tpsim.run.ranks import is_reporting_process, run_on_ranks
-from tpsim.run.report import summarize
 from tpsim.run.spec import DEFAULT_MODEL
 from tpsim.run.triage import Triage, assess
-from tpsim.ui import ProgressLine, stdout
+from tpsim.ui import stdout
 
 GPUS = [g.value for g in Gpu]
 
@@ -73,15 +71,9 @@ def cmd_triage(args) -> int:
     check = None
     if rep.positions and not got.off and rep.failure is None:
         spec, _ = run_spec(args, tps, source=src, positions=tuple(rep.positions), mode=(mode.mode, mode.strategy))
-        progress = ProgressLine(enabled=is_reporting_process())
-        try:
-            results = run_on_ranks(check_job, max(tps), device=spec.device, backend=spec.backend,
-                                   timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
-        finally:
-            progress.stop()
-        if results is None:
+        check = run_check(spec, resolution(rep, got.ids), tps)
+        if check is None:  # a torchrun rank other than 0
             return 0
-        check = summarize(spec, resolution(rep, got.ids), tps, [r for per in results.values() for r in per])
     t = Triage(train_p, serve_p, served, mode, report, rep, check)
     assess(t, draft, cfg.hidden_size)
     if args.json:

@@ -144,6 +144,15 @@ QWEN = Line(
     notes=("Qwen3Model subclasses Qwen2Model: the same capture",),
 )
 
+# the fusion auto-enable history of a model that joined the list in 0.5.7, and #22836 between
+FUSION_HISTORY = (
+    Change(("1ab9b8e0a",), "fusion auto-enabled on SM90/SM100", None, "0.5.7", {"fusion_auto": FUSION_057}),
+    GRAPHS_FIXED,
+    Change((), "H20 no longer excluded from fusion", None, "0.5.13", {"fusion_auto": FUSION_0513}),
+    Change(("#28789",), "fusion backend auto; SM100 across nodes", date(2026, 6, 20), "0.5.14",
+           {"fusion_auto": FUSION_0514}),
+)
+
 _COMM = src("layers/communicator.py", "v0.5.6",
             "prepare_attn_and_capture_last_layer_outputs: the residual after prepare_attn (fused all-reduce + add "
             "+ norm), residual.clone() when no gather ran (\"Clone to avoid modifying the original residual by "
@@ -158,15 +167,7 @@ QWEN3_MOE = Line(
               duplicates=Cited(Duplicates.CAPTURED_ONCE, _QSET), site=Cited(Site.AFTER_FUSED_ADD, _COMM),
               cloned=Cited(True, _COMM), last_boundary=Cited(False, _QSET), config=CONFIG, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.6", "Qwen3Moe joins the list in 0.5.7"))),
-    starts=OLDEST,
-    changes=(
-        Change(("1ab9b8e0a",), "fusion auto-enabled on SM90/SM100", None, "0.5.7",
-               {"fusion_auto": FUSION_057}),
-        GRAPHS_FIXED,
-        Change((), "H20 no longer excluded from fusion", None, "0.5.13", {"fusion_auto": FUSION_0513}),
-        Change(("#28789",), "fusion backend auto; SM100 across nodes", date(2026, 6, 20), "0.5.14",
-               {"fusion_auto": FUSION_0514}),
-    ),
+    starts=OLDEST, changes=FUSION_HISTORY,
 )
 
 GO = "models/gpt_oss.py"
@@ -176,12 +177,7 @@ GPT_OSS = Line(
               fusion_auto=Cited(FusionAuto.SM100, src(SERVER_ARGS, "v0.5.6", "GptOss: is_blackwell_supported()"))),
     starts=OLDEST,
     changes=(
-        Change(("1ab9b8e0a",), "fusion auto-enabled on SM90/SM100", None, "0.5.7",
-               {"fusion_auto": FUSION_057}),
-        GRAPHS_FIXED,
-        Change((), "H20 no longer excluded from fusion", None, "0.5.13", {"fusion_auto": FUSION_0513}),
-        Change(("#28789",), "fusion backend auto; SM100 across nodes", date(2026, 6, 20), "0.5.14",
-               {"fusion_auto": FUSION_0514}),
+        *FUSION_HISTORY,
         Change(("#32334",), "boundary ids with the final boundary (fixes #32226)", None, "0.5.17",
                {"numbering": Cited(Numbering.PLUS_ONE_UNLESS_MAX_IS_L, g := src(GO, "v0.5.17",
                               "`if layer_ids and max(layer_ids) == num_layers: list(layer_ids)` else [val + 1]; "

@@ -60,16 +60,20 @@ SPECFORGE_DEEPSEEK = Line(
            "layer j', one layer earlier than the same ids on a Llama target",),
 )
 
+def _fixed(source: Source, **values) -> Behaviour:
+    """A behaviour read from one place: every field cites `source`."""
+    return Behaviour(**{k: Cited(v, source) for k, v in values.items()})
+
+
 _EAGLE = Source("SafeAILab/EAGLE", "eagle/traineagle3/modeling_llama_kv.py", "cb7e0841",
                 "`if idx==len(self.layers)-3 or idx==len(self.layers)//2 or idx==2: all_hidden_states += "
                 "(hidden_states,)` before layer idx; concatenated in that (layer) order (commit f2f23664, 'EAGLE3')")
 EAGLE = Line(
     "eagle", "any", (),
-    Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _EAGLE), defaults=Cited(Defaults.BEFORE_2_MID_LAST3, _EAGLE),
-              embed=Cited(EmbedId.UNREACHABLE, _EAGLE), out_of_range=Cited(OutOfRange.REFUSED, _EAGLE),
-              order=Cited(Order.ASCENDING, _EAGLE), duplicates=Cited(Duplicates.CAPTURED_ONCE, _EAGLE),
-              config=Cited(HARD_CODED, _EAGLE), site=Cited(Site.BETWEEN_LAYERS, _EAGLE), cloned=Cited(False, _EAGLE),
-              last_boundary=Cited(False, _EAGLE)),
+    _fixed(_EAGLE, numbering=Numbering.BEFORE_LAYER, defaults=Defaults.BEFORE_2_MID_LAST3,
+           embed=EmbedId.UNREACHABLE, out_of_range=OutOfRange.REFUSED, order=Order.ASCENDING,
+           duplicates=Duplicates.CAPTURED_ONCE, config=HARD_CODED, site=Site.BETWEEN_LAYERS, cloned=False,
+           last_boundary=False),
     notes=("the layers are hard-coded: ids in a config are not read", "the repository has no release tags"),
 )
 
@@ -78,11 +82,9 @@ _HF = Source("huggingface/transformers", "src/transformers/models/llama/modeling
              "output (index L); v5.24.0's capture_outputs keeps the same indexing")
 TRANSFORMERS = Line(
     "transformers", "any", (),
-    Behaviour(numbering=Cited(Numbering.HIDDEN_STATES_INDEX, _HF), defaults=Cited(Defaults.NONE, _HF),
-              embed=Cited(EmbedId.CAPTURED, _HF), out_of_range=Cited(OutOfRange.REFUSED, _HF),
-              order=Cited(Order.LIST, _HF), duplicates=Cited(Duplicates.CAPTURED_TWICE, _HF),
-              config=Cited(NO_CONFIG, _HF), site=Cited(Site.BETWEEN_LAYERS, _HF), cloned=Cited(False, _HF),
-              last_boundary=Cited(True, _HF)),
+    _fixed(_HF, numbering=Numbering.HIDDEN_STATES_INDEX, defaults=Defaults.NONE, embed=EmbedId.CAPTURED,
+           out_of_range=OutOfRange.REFUSED, order=Order.LIST, duplicates=Duplicates.CAPTURED_TWICE, config=NO_CONFIG,
+           site=Site.BETWEEN_LAYERS, cloned=False, last_boundary=True),
     notes=("a negative index counts from the end in Python (-1 is the final-norm output); tpsim refuses it",),
 )
 
