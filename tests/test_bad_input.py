@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -524,16 +525,47 @@ ENV_CASES = {  # the environment, checked before anything starts: one line from 
 }
 
 
-@pytest.mark.parametrize("command", [["check", "--tp", "1"], ["export", "--out", "ck"]])
+ENV_COMMANDS = {"check": ["check", "--tp", "1"], "export": ["export", "--out", "ck"]}
+
+
+@pytest.fixture(scope="module")
+def env_runs(tmp_path_factory):
+    """Every (environment case, command) run once, two at a time, each in its own empty directory."""
+    def run(key):
+        name, command = key
+        cwd = tmp_path_factory.mktemp(f"env-{name}-{command}")
+        r = subprocess.run([sys.executable, "-m", "tpsim", *ENV_COMMANDS[command]], cwd=cwd,
+                           env={**cli_env(), **ENV_CASES[name][0]}, capture_output=True, text=True, timeout=120)
+        return r, cwd
+    keys = [(n, c) for n in ENV_CASES for c in ENV_COMMANDS]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(keys, pool.map(run, keys)))
+
+
+@pytest.mark.parametrize("command", list(ENV_COMMANDS))
 @pytest.mark.parametrize("name", list(ENV_CASES))
-def test_a_broken_environment_is_one_line_exit_2(tmp_path, name, command):
+def test_a_broken_environment_is_one_line_exit_2(env_runs, name, command):
     """Each was a traceback (torchrun variables without a rendezvous, WORLD_SIZE=abc, TPSIM_FAULT=garbage
     on export), a silent exit 2 (RANK=1 alone), or blamed on "rank 0 failed while starting"."""
-    extra, expect = ENV_CASES[name]
-    r = subprocess.run([sys.executable, "-m", "tpsim", *command], cwd=tmp_path, env={**cli_env(), **extra},
-                       capture_output=True, text=True, timeout=120)
+    expect = ENV_CASES[name][1]
+    r, cwd = env_runs[name, command]
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("tpsim: error: "), r.stderr
     assert all(e in lines[0] for e in expect), lines[0]
-    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert list(cwd.iterdir()) == []  # nothing written
+
+
+def test_the_memory_guard_counts_the_address_space_limit(tmp_path):
+    """Weights that fit the host's memory but not `ulimit -v` were allocated inside a rank and died
+    there (exit 3); the guard now refuses them before any rank starts."""
+    limit = 4 << 30  # Python with torch maps about 0.7 GB; V2-Lite at 3 layers needs 6.68 GB of float32 weights
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    r = subprocess.run([sys.executable, "-m", "tpsim", "check", "--model", "deepseek-v2-lite", "--override",
+                        "num_hidden_layers=3", "--tp", "1"], cwd=tmp_path, env=cli_env(), capture_output=True,
+                       text=True, timeout=120, preexec_fn=cap)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in ("ulimit -v", "6.68 GB", "address-space limit")), r.stderr

@@ -4,6 +4,7 @@ weights need, the collective timeout, the torchrun world."""
 from __future__ import annotations
 
 import os
+import resource
 
 import torch
 
@@ -53,6 +54,20 @@ def check_world(world: int, device: str, force: bool) -> None:
                          f"the limit is {limit}: pass --force to run it anyway")
 
 
+def address_space_left() -> int | None:
+    """What RLIMIT_AS (ulimit -v) leaves a process like this one, which a rank inherits (None: no
+    limit). A rank maps what this process maps (Python, torch) before its weights."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration):
+        size = 0
+    return max(0, soft - size)
+
+
 def available_memory(device: str) -> tuple[int, str]:
     """(bytes, what they are): host MemAvailable, or the least free memory of the visible GPUs."""
     if device == "cuda":
@@ -76,6 +91,12 @@ def check_memory(cfg, tps: list[int], dtype: str, device: str, force: bool, sour
     else:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         per = {t: local if under_torchrun() else t for t in tps}
+    largest = max(shard.values())  # each rank is a process: its shard must fit under ulimit -v
+    left = address_space_left()
+    if device == "cpu" and left is not None and largest > left:
+        raise UsageError(f"{source} needs {human_bytes(largest)} of {dtype} weights in one rank at TP={min(tps)} and "
+                         f"the address-space limit (ulimit -v) leaves each process {human_bytes(left)}; raise "
+                         "ulimit -v, use a larger --tp, --override num_hidden_layers=N to truncate, or --force")
     t = max(tps, key=lambda t: per[t] * shard[t])
     need = per[t] * shard[t]
     have, where = available_memory(device)
