@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,11 @@ def _bad_checkpoints(root: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]
     shutil.copytree(good, d)
     (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + data[24:])
     case("corrupt-header", ["capture", "--model", d], "not a safetensors file")
+    for name, (corrupt, words) in HEADER_CORRUPTIONS.items():
+        d = root / name
+        shutil.copytree(good, d)
+        corrupt(d / "model.safetensors")
+        case(name, ["capture", "--model", d], "model.safetensors is corrupt", *words)
     d = root / "empty_file"
     shutil.copytree(good, d)
     (d / "model.safetensors").write_bytes(b"")
@@ -272,7 +278,50 @@ def bad_runs(tmp_path_factory):
         return root, {name: (f.result(), expect) for name, (f, expect) in futures.items()}
 
 
-BAD_NAMES = ["no-config-json", "no-safetensors", "missing-tensor", "wrong-shape", "unsupported-model-type",
+def split_file(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_file(path: Path, header_text: str, data: bytes) -> None:
+    head = header_text.encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data)
+
+
+def _shifted(path: Path, by: int, pad: bytes) -> None:
+    """Every tensor but the first `by` bytes later (a gap, or with by < 0 an overlap)."""
+    header, data = split_file(path)
+    first = min((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    for k, v in header.items():
+        if k not in ("__metadata__", first):
+            v["data_offsets"] = [v["data_offsets"][0] + by, v["data_offsets"][1] + by]
+    write_file(path, json.dumps(header), data + pad)
+
+
+def _metadata_list(path: Path) -> None:
+    header, data = split_file(path)
+    write_file(path, json.dumps({**header, "__metadata__": [1, 2]}), data)
+
+
+def _duplicate_key(path: Path) -> None:
+    header, data = split_file(path)
+    name = next(k for k in header if k != "__metadata__")
+    text = json.dumps(header)
+    write_file(path, text[:-1] + f", {json.dumps(name)}: {json.dumps(header[name])}" + "}", data)
+
+
+HEADER_CORRUPTIONS = {  # each was exit 3 after the ranks started ("rank N failed ... SafetensorError")
+    "header-overlap": (lambda p: _shifted(p, -4, b""), ["overlaps"]),
+    "header-gap": (lambda p: _shifted(p, 4, b"\0" * 4), ["4 unclaimed bytes", "contiguous"]),
+    "header-trailing-bytes": (lambda p: p.write_bytes(p.read_bytes() + b"\0" * 8), ["8 bytes after the last tensor"]),
+    "header-metadata-not-a-map": (_metadata_list, ["__metadata__ is not a map"]),
+    "header-duplicate-key": (_duplicate_key, ["twice"]),
+}
+
+
+BAD_NAMES = [*HEADER_CORRUPTIONS, "no-config-json", "no-safetensors", "missing-tensor", "wrong-shape", "unsupported-model-type",
              "unsupported-quantization", "per-tensor-fp8", "truncated-file", "corrupt-header", "empty-safetensors",
              "index-lists-missing-shard", "fp8-without-scale", "tp-does-not-divide", "override-unknown-field",
              "override-not-key-value", "override-bad-value", "export-into-non-empty", "export-out-is-a-file",
@@ -291,6 +340,18 @@ def test_bad_checkpoint_input(bad_runs, name):
 
 def test_bad_cases_are_all_listed(bad_runs):
     assert sorted(bad_runs[1]) == sorted(BAD_NAMES)
+
+
+@pytest.mark.parametrize("name", list(HEADER_CORRUPTIONS))
+def test_verify_gives_a_verdict_on_a_corrupt_header(tmp_path, name):
+    """`tpsim verify` on a corrupt file said nothing but a traceback; now it is a FAIL line, exit 1."""
+    export_checkpoint(with_overrides(TINY, ["num_hidden_layers=1"]), 0, tmp_path / "ck", "bfloat16", 1 << 30)
+    shard = tmp_path / "ck" / "model.safetensors"
+    corrupt, words = HEADER_CORRUPTIONS[name]
+    corrupt(shard)
+    r = run_cli("verify", shard)
+    assert r.returncode == 1 and f"FAIL {shard}: is corrupt" in r.stdout and "Traceback" not in r.stderr, r
+    assert all(w in r.stdout for w in words), r.stdout
 
 
 def test_checkpoint_api_errors_are_usage_errors(tmp_path):

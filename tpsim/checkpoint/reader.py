@@ -50,7 +50,7 @@ def read_header(path: Path) -> dict[str, dict]:
             if n > size - 8:
                 raise UsageError(f"{path} is not a complete safetensors file (its header claims {n} bytes, "
                                  f"the file holds {size}); {fix}")
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_no_duplicates(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         if isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, PermissionError)):
             raise UsageError(f"cannot read {path}: {e.strerror or e}; {fix}")
@@ -59,7 +59,9 @@ def read_header(path: Path) -> dict[str, dict]:
         raise UsageError(f"{path} is not a safetensors file (its header is not JSON); {fix}")
     if not isinstance(header, dict):
         raise UsageError(f"{path} is not a safetensors file (its header is not a table); {fix}")
-    header.pop("__metadata__", None)
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise UsageError(f"{path} is corrupt: its __metadata__ is not a map of strings; {fix}")
     data = size - 8 - n
     for name, info in header.items():
         try:
@@ -74,7 +76,36 @@ def read_header(path: Path) -> dict[str, dict]:
         if end > data:
             raise UsageError(f"{path} is truncated: tensor {name} ends at byte {end} of the data, the file "
                              f"holds {data}; {fix}")
+    _check_layout(path, header, data, fix)
     return header
+
+
+def _no_duplicates(path: Path):
+    """A json object hook that refuses a key given twice (json.loads would keep the last)."""
+    def pairs(items):
+        out = {}
+        for k, v in items:
+            if k in out:
+                raise UsageError(f"{path} is corrupt: its header names {k!r} twice; re-download or re-export it")
+            out[k] = v
+        return out
+    return pairs
+
+
+def _check_layout(path: Path, header: dict, data: int, fix: str) -> None:
+    """The tensors tile the data section exactly: in order from byte 0, no overlap, no gap, nothing
+    after the last (what the safetensors format requires, and what a rank's slice reads rely on)."""
+    at, prev = 0, None
+    for name, info in sorted(header.items(), key=lambda kv: tuple(kv[1]["data_offsets"])):
+        begin, end = info["data_offsets"]
+        if begin < at:
+            raise UsageError(f"{path} is corrupt: tensor {name} (bytes {begin}..{end}) overlaps {prev}; {fix}")
+        if begin > at:
+            raise UsageError(f"{path} is corrupt: {begin - at} unclaimed bytes before tensor {name} "
+                             f"(the tensors must be contiguous); {fix}")
+        at, prev = end, name
+    if at != data:
+        raise UsageError(f"{path} is corrupt: {data - at} bytes after the last tensor; {fix}")
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")

@@ -20,8 +20,14 @@ from tpsim.files.safetensors import tensor_sha256
 
 
 def verify_file(path: Path) -> list[str]:
-    """Problems with one file (empty: whole and unchanged)."""
-    names = list(read_header(path))  # a truncated or corrupt file is a UsageError here
+    """Problems with one file (empty: whole and unchanged). A truncated or corrupt file is a
+    verdict (its header's problem), not bad input: that is what verify is asked."""
+    if not path.is_file():
+        raise UsageError(f"{path} is not a regular file; pass a file or directory tpsim wrote")
+    try:
+        names = list(read_header(path))
+    except UsageError as e:
+        return [str(e).replace(f"{path} ", "", 1)]
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
         missing = [n for n in names if f"sha256.{n}" not in meta]
