@@ -151,3 +151,26 @@ def test_the_next_run_removes_a_killed_launchers_rendezvous(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert _rendezvous(tmp_path) == [live.name]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_launcher_killed_while_its_ranks_start_leaves_no_process(tmp_path, sig):
+    """The launcher killed while its spawned ranks still import torch: they were re-parented to
+    PID 1 and lived on, blocked on a pipe, because the die-with-parent guard came only with the
+    worker function. It now comes with `import tpsim`, before torch."""
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    env.update(TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
+    env.pop("TPSIM_FAULT", None)
+    p = subprocess.Popen([sys.executable, "-m", "tpsim", "capture", "--tp", "4", "--out", str(tmp_path / "c.safetensors")],
+                         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(marked_processes(marker)) < 5 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # the launcher and its 4 ranks (plus, soon, the resource tracker)
+    assert p.poll() is None and len(marked_processes(marker)) >= 5, "the ranks never started"
+    p.send_signal(sig)
+    p.wait(timeout=60)
+    deadline = time.monotonic() + 15
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marked_processes(marker) == [], "processes outlived their launcher"

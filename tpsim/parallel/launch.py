@@ -12,7 +12,6 @@ picklable.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import shutil
@@ -31,6 +30,7 @@ import torch.distributed as dist
 
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
+from tpsim.parallel.deathsig import die_with_launcher
 from tpsim.parallel.group import TPGroup
 
 
@@ -167,17 +167,8 @@ def gather_to_rank0(obj):
 
 # --- self-spawned pool ------------------------------------------------------------------
 
-def _die_with_parent() -> None:
-    """Linux: deliver SIGKILL to this worker when the launching process dies."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, slot):
-    _die_with_parent()
+    die_with_launcher(int(os.environ.get("TPSIM_LAUNCHER_PID", "0")) or None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and kills us
     torch.set_num_threads(1)
     faults.install(slot)
@@ -272,7 +263,7 @@ class RankPool:
         self._results = mp.Queue()
         self._tasks = [mp.Queue() for _ in range(world)]
         self._slots = [mp.Array("c", faults.SLOT_BYTES) for _ in range(world)]  # what each rank is doing
-        child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
+        child_env = {"OMP_NUM_THREADS": "1", "TPSIM_LAUNCHER_PID": str(os.getpid()), **(env or {})}
         if sys.platform.startswith("linux"):
             child_env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
         saved = {k: os.environ.get(k) for k in child_env}
