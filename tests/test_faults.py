@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tpsim.parallel.launch import STALL_GRACE_S
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 5  # --timeout: the collective timeout the stalls run into
 BOUND_S = TIMEOUT_S + 30  # start-up of the ranks on a busy 2-core machine + the watchdog's grace
@@ -174,3 +176,34 @@ def test_a_launcher_killed_while_its_ranks_start_leaves_no_process(tmp_path, sig
     while marked_processes(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert marked_processes(marker) == [], "processes outlived their launcher"
+
+
+def test_a_silent_rank_at_tp_1_is_named_within_the_timeout(tmp_path):
+    """TP=1 runs no collective, so only the launcher's silence limit can catch a stopped rank: it
+    was timeout + 30 s (43 s at --timeout 10); now timeout + STALL_GRACE_S."""
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    env.update(TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
+    env.pop("TPSIM_FAULT", None)
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "tpsim", "check", "--tp", "1", "--timeout", "5", "--model",
+                              "deepseek-v2-lite", "--override", "num_hidden_layers=2", "--layers", "0", "--seq-len", "4"],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 120
+    while "TP=1" not in log.read_text() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the rank is building its weights
+    rank = [pid for pid in marked_processes(marker) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert p.poll() is None and rank, log.read_text()
+    for pid in rank:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    code = p.wait(timeout=120)
+    waited = time.monotonic() - t0
+    assert code == 3 and "rank 0 stalled" in log.read_text(), log.read_text()
+    assert waited < 5 + STALL_GRACE_S + 5, f"named after {waited:.1f} s"
+    deadline = time.monotonic() + 10
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in marked_processes(marker)}
+    assert left == {}

@@ -244,6 +244,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# A rank silent this long past the collective timeout is named stalled: long enough for its peers'
+# own collective timeouts (which name the root cause) to arrive first, short enough that at TP=1,
+# where no collective can time out, --timeout still bounds the wait.
+STALL_GRACE_S = 5.0
+
+
 class RankPool:
     """`world` local ranks over gloo (CPU) with a file rendezvous, reused for many jobs.
 
@@ -253,7 +259,7 @@ class RankPool:
     """
 
     def __init__(self, world: int, backend: str = "gloo", device: str = "cpu", timeout_s: float = 60.0,
-                 env: dict | None = None, on_progress=None, stall_grace_s: float = 30.0):
+                 env: dict | None = None, on_progress=None, stall_grace_s: float = STALL_GRACE_S):
         self.world, self.backend, self.device, self.timeout_s = world, backend, device, timeout_s
         self.stall_grace_s = stall_grace_s
         self.on_progress = on_progress
