@@ -46,3 +46,17 @@ def test_tp_not_dividing_the_world_is_a_usage_error():
     # torchrun prints its own ChildFailedError traceback; no frame of it may be in tpsim's own modules
     # (not "/tpsim/" anywhere: a clone's path may hold it, and torchrun's frames then do too)
     assert f'File "{PACKAGE}{os.sep}' not in r.stderr
+
+
+def test_a_killed_rank_is_blamed_not_the_rank_that_lost_its_connection():
+    """torchrun's rank 1 SIGKILLed in the embedding's all-reduce: tpsim's rank 0 said "rank 0 failed
+    ... Connection reset"; it now names rank 1, as the self-spawned pool does."""
+    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    if exe is None:
+        pytest.skip("torchrun is not on PATH")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TPSIM_FAULT": "1:model.embed_tokens:kill"}
+    r = subprocess.run([exe, "--standalone", "--nproc-per-node=2", "-m", "tpsim", "check", "--tp", "2", "--seq-len",
+                        "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    lines = [x for x in r.stderr.splitlines() if x.startswith("tpsim: error:")]
+    assert len(lines) == 1 and lines[0].startswith("tpsim: error: rank 1 died"), r.stderr[-3000:]

@@ -217,7 +217,7 @@ def _timed_out(report: str) -> bool:
     return _says(report, "timed out", "timeout")
 
 
-def _peer_symptom(report: str) -> bool:
+def peer_symptom(report: str) -> bool:
     """Whether a rank's error is what a peer's death or stall looks like from outside (a lost
     connection or a collective timeout) rather than a fault of its own."""
     return _timed_out(report) or _says(report, "connection", "remote worker", "peer")
@@ -348,13 +348,13 @@ class RankPool:
         report), so the reports of the next few seconds are read before choosing."""
         errors = {rank: payload} | self._drain_errors(grace_s=3.0, done=set(got) | {rank})
         dead = self._dead(exclude=set(got) | set(errors), grace_s=1.0)  # reporters exit with code 0
-        own = [r for r, p in errors.items() if not _peer_symptom(p)]
+        own = [r for r, p in errors.items() if not peer_symptom(p)]
         silent = [r for r in range(self.world) if r not in errors and r not in got and self._procs[r].is_alive()]
         culprit = {r: self._what(r) for r in [dead, *own[:1], *silent[:1]] if r is not None}
         self.kill()
         if dead is not None:
             last = _last_line(payload)
-            lost = _peer_symptom(payload)
+            lost = peer_symptom(payload)
             then = "lost the connection to it" if lost else f"failed: {last}"
             return RankError(f"rank {dead} {self._death(dead)} while {doing}{culprit[dead]}; "
                              f"rank {rank} then {then}\n{payload}")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from tpsim.errors import RankError, UsageError
-from tpsim.parallel.launch import RankPool, default_backend, gather_to_rank0, init_from_env, under_torchrun
+from tpsim.parallel.launch import (RankPool, default_backend, gather_to_rank0, init_from_env, peer_symptom,
+                                   under_torchrun)
 
 _TORCHRUN_CTX = None
 
@@ -32,6 +35,29 @@ def pick_backend(device: str, backend: str | None, world: int) -> str:
     return default_backend(device)
 
 
+def dead_local_peers() -> list[int]:
+    """The global ranks of this torchrun node whose processes are gone (torchrun's agent is the
+    parent of every local rank: a sibling missing, or a zombie, has died)."""
+    try:
+        me, local, size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return []
+    parent, alive = os.getppid(), set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdecimal():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            if int(stat.rpartition(")")[2].split()[1]) != parent or stat.rpartition(")")[2].split()[0] == "Z":
+                continue
+            env = dict(kv.split("=", 1) for kv in (d / "environ").read_text().split("\0") if "=" in kv)
+            alive.add(int(env.get("RANK", "-1")))
+        except (OSError, ValueError):
+            continue
+    first = me - local
+    return [r for r in range(first, first + size) if r != me and r not in alive]
+
+
 def run_on_ranks(job: Callable, world: int, *, device: str, backend: str | None, timeout_s: float,
                  progress=None, **kwargs) -> dict | None:
     """{global rank: job result} on the reporting process; None on other torchrun ranks."""
@@ -44,8 +70,18 @@ def run_on_ranks(job: Callable, world: int, *, device: str, backend: str | None,
         except (UsageError, RankError):
             raise
         except Exception as e:
-            raise RankError(f"rank {_TORCHRUN_CTX.rank} failed while running {job.__name__}: "
-                            f"{e.__class__.__name__}: {e}\n{traceback.format_exc()}") from e
+            me, report = _TORCHRUN_CTX.rank, traceback.format_exc()
+            gone = []
+            for _ in range(10 if peer_symptom(report) else 0):  # the dead peer's exit may lag its socket's close
+                gone = dead_local_peers()
+                if gone:
+                    break
+                time.sleep(0.1)
+            if gone:  # the root cause, as the self-spawned pool names it, not this rank's lost connection
+                raise RankError(f"rank {gone[0]} died (its process is gone) while running {job.__name__}; rank {me} "
+                                f"then failed: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}\n{report}") from e
+            raise RankError(f"rank {me} failed while running {job.__name__}: "
+                            f"{e.__class__.__name__}: {e}\n{report}") from e
         return gather_to_rank0(result)
     backend = pick_backend(device, backend, world)
     if progress:
