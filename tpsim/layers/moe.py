@@ -27,6 +27,16 @@ from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
 
 
+def _margin(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """`[T]`: the k-th largest score minus the (k+1)-th (inf when nothing competes): how much a
+    perturbation must move the scores to change the top-k."""
+    if scores.shape[-1] <= k or scores.shape[0] == 0:
+        return torch.full(scores.shape[:1], float("inf"), device=scores.device)
+    top = scores.topk(k + 1, dim=-1).values
+    gap = top[:, k - 1] - top[:, k]
+    return torch.where(torch.isfinite(gap), gap, torch.full_like(gap, float("inf")))
+
+
 class MoEGate(Tapped, nn.Module):
     """Replicated router: `[T, hidden]` → (weights `[T, k]` float32, expert ids `[T, k]`). Its
     point is named under the MoE's."""
@@ -46,6 +56,7 @@ class MoEGate(Tapped, nn.Module):
         self.e_score_correction_bias = None
         self.placement = R  # of its input tokens: Shard(dim=0) under EP
         self.last_ids: torch.Tensor | None = None  # the experts the last forward picked, for tests and traces
+        self.last_margin: torch.Tensor | None = None  # [T]: how far each token's pick was from another pick
         if self.method == "noaux_tc":  # used for selection only, kept in float32
             self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=torch.float32, device=group.device),
                                                         requires_grad=False)
@@ -67,8 +78,13 @@ class MoEGate(Tapped, nn.Module):
                 else grouped.topk(2, dim=-1).values.sum(-1)
             keep = torch.zeros_like(group_scores, dtype=torch.bool)
             keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
+            group_margin = _margin(group_scores, self.topk_group)
             choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        else:
+            group_margin = None
         ids = choice.topk(self.top_k, dim=-1).indices
+        margin = _margin(choice, self.top_k)
+        self.last_margin = margin if group_margin is None else torch.minimum(margin, group_margin)
         weights = scores.gather(1, ids)  # from the un-biased scores
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)

@@ -6,6 +6,8 @@ in a self-spawned pool or under torchrun; it returns a typed result (tpsim.run.r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -119,22 +121,27 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
             parts, logits = run_captured_parts(model, mine, pos, strategy if tp > 1 else "model-level")
         records = list(group.tracer.records)
         route = routing_rows(model, m if tp > 1 else Mode(), group, len(input_ids))
+        margins = routing_margins(model, m if tp > 1 else Mode(), group, len(input_ids))
         del model
         mixed = len({t.shape[0] for t in parts}) > 1  # a local capture of scattered and replicated positions
         cap = parts[0].new_zeros((0, 0)) if mixed else torch.cat(parts, dim=-1)
         if tp == 1:
-            reference = {"capture": cap, "logits": logits, "routing": route,
+            reference = {"capture": cap, "logits": logits, "routing": route, "margins": margins,
                          "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()}}
         ref = reference
         if m.rank_local and tp > 1:  # this rank's own sequence through a TP=1 replica
             if replica is None:
                 replica = build_model(config, TPGroup(device=group.device), seed, dtype, checkpoint)
             c1, l1 = run_captured(replica, mine, pos)
-            ref = {"capture": c1, "logits": l1, "residual": {}, "routing": routing_rows(replica)}
-        # entries a routing near-tie flipped (bf16 rounding picks another expert) are not compared
-        mask = comparable_rows(pos, config.hidden_size, route, ref["routing"], cap.shape[0]) \
+            ref = {"capture": c1, "logits": l1, "residual": {}, "routing": routing_rows(replica),
+                   "margins": routing_margins(replica)}
+        # entries a routing near-tie flipped (rounding picks another expert) are not compared; a
+        # flip across a wide router margin is a real difference and stays in the comparison
+        excused, real = judge_flips(route, ref["routing"], margins, ref["margins"], NEAR_TIE[dtype]) \
+            if ref is not None else ([], [])
+        mask = comparable_rows(pos, config.hidden_size, route, ref["routing"], cap.shape[0], excused) \
             if ref is not None and not mixed and cap.shape == ref["capture"].shape else None
-        flipped = _first_flip(route, ref["routing"]) if ref is not None else None
+        flipped = min((f.token for f in excused), default=None)
         identical, verdicts = _compare_ranks(group, parts, m, same_run or ref, pos)
         rows.append(RankCheck(
             tp=tp, rank=ctx.rank, group_rank=group.rank, group=list(group.ranks),
@@ -146,6 +153,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
             compared=None if mask is None else float(mask.float().mean()),
             logits_rel_err=_rel_or_none(logits[:flipped], ref and ref["logits"][:flipped]) if flipped != 0 else None,
             routing_flip=flipped,
+            real_flip=(real[0].layer, real[0].token, real[0].margin) if real else None,
             all_reduces=sum(r.op == "all_reduce" for r in records),
             all_reduce_bytes=sum(r.bytes for r in records if r.op == "all_reduce"),
             collectives=[(r.op, r.caller, r.bytes) for r in records]))
@@ -168,28 +176,68 @@ def routing_rows(model: DeepseekForCausalLM, mode: Mode = Mode(), group: TPGroup
     return out
 
 
-def comparable_rows(positions: list[Position], hidden: int, routing_a: dict, routing_b: dict, T: int) -> torch.Tensor:
+def routing_margins(model: DeepseekForCausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
+                    T: int = 0) -> dict[int, torch.Tensor]:
+    """{MoE layer k: `[T_own]` router margin of each token in the last forward} (rows as routing_rows)."""
+    out = {}
+    for k, layer in enumerate(model.model.layers):
+        if not hasattr(layer.mlp, "gate"):
+            continue
+        m = layer.mlp.gate.last_margin.unsqueeze(-1)
+        if group is not None and group.size > 1:
+            m = mode.routing_rows(m, group, T)
+        out[k] = m.squeeze(-1)
+    return out
+
+
+# A flip is rounding only when the router's margin for that token (k-th pick minus the next
+# score, in score units) is below this in one of the two runs: float32 moves scores by ~1e-7,
+# bf16 by ~1e-3; a flip across a wider margin is a real difference, not noise.
+NEAR_TIE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
+
+
+@dataclass(frozen=True)
+class Flip:
+    layer: int
+    token: int
+    margin: float  # the smaller of the two runs' margins for this token at this layer
+
+
+def judge_flips(routing_a: dict, routing_b: dict, margins_a: dict, margins_b: dict,
+                bound: float) -> tuple[list[Flip], list[Flip]]:
+    """(excused, real): every token whose experts differ between two runs, in causal order. A flip
+    that an earlier excused flip explains (an earlier layer, the same or an earlier token: causal
+    attention carries it) is dropped; of the rest, a margin below `bound` in either run is a
+    near-tie rounding tipped (excused), anything else is a real difference."""
+    excused: list[Flip] = []
+    real: list[Flip] = []
+    for k in sorted(routing_a):
+        for t in (routing_a[k].cpu() != routing_b[k].cpu()).any(-1).nonzero().flatten().tolist():
+            if any(f.layer < k and f.token <= t for f in excused):
+                continue
+            margin = min(float(margins_a[k][t]), float(margins_b[k][t]))
+            (excused if margin < bound else real).append(Flip(k, t, margin))
+    return excused, real
+
+
+def comparable_rows(positions: list[Position], hidden: int, routing_a: dict, routing_b: dict, T: int,
+                    excused: list[Flip] | None = None) -> torch.Tensor:
     """`[T, n * hidden]` mask of the capture entries that must agree across TP degrees.
 
     When rounding flips a near-tie in MoE layer k's top-k for token t, that token takes other
     experts (an O(1) change, as in any engine), and through causal attention so may every later
-    token in later layers. Entries at positions after layer k, for tokens >= t, are excluded.
+    token in later layers. Entries at positions after layer k, for tokens >= t, are excluded:
+    for the `excused` flips only when given (check), else for the first flip of every layer.
     """
     mask = torch.ones(T, len(positions) * hidden, dtype=torch.bool)
-    for k in routing_a:
-        flipped = (routing_a[k].cpu() != routing_b[k].cpu()).any(-1).nonzero()
-        if len(flipped):
-            t = int(flipped[0])
-            for i, p in enumerate(positions):
-                if p.kind == "final" or p.boundary > k:
-                    mask[t:, i * hidden:(i + 1) * hidden] = False
+    if excused is None:
+        excused = [Flip(k, int(f[0]), 0.0) for k in routing_a
+                   if len(f := (routing_a[k].cpu() != routing_b[k].cpu()).any(-1).nonzero())]
+    for flip in excused:
+        for i, p in enumerate(positions):
+            if p.kind == "final" or p.boundary > flip.layer:
+                mask[flip.token:, i * hidden:(i + 1) * hidden] = False
     return mask
-
-
-def _first_flip(a: dict, b: dict) -> int | None:
-    """The first token whose experts differ between two runs' routings in any MoE layer (None: none)."""
-    firsts = [int(d[0]) for k in a if len(d := (a[k].cpu() != b[k].cpu()).any(-1).nonzero())]
-    return min(firsts) if firsts else None
 
 
 def _rel_or_none(x: torch.Tensor, ref: torch.Tensor | None) -> float | None:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from tpsim import __version__
 from tpsim.capture import Resolution
 from tpsim.modes import expected_collectives
+from tpsim.run.jobs import NEAR_TIE
 from tpsim.run.results import RankCheck, SlotVerdict
 from tpsim.run.spec import TOLERANCE, RunSpec
 
@@ -122,6 +123,12 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         got = next(t for t in traced if t != expected)
         failures.append(f"collectives per forward {ops_text(got)}, expected {ops_text(expected)} "
                         f"({mode.name} at TP={tp}; tpsim.modes.expected_collectives)")
+    real = next((r.real_flip for r in mine if r.real_flip is not None), None)
+    if real is not None:
+        k, t, margin = real
+        failures.append(f"token {t} picked other experts than at TP=1 in MoE layer {k} across a router margin of "
+                        f"{margin:.2e}, above the near-tie bound {NEAR_TIE[spec.dtype]:.0e} of {spec.dtype}: a real "
+                        "difference, not rounding")
     counts = sorted({r.all_reduces for r in mine})
     flips = [r.routing_flip for r in mine if r.routing_flip is not None]
     compared = min((r.compared for r in mine if r.compared is not None), default=1.0)

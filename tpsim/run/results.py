@@ -35,7 +35,8 @@ class RankCheck:
     rel_err: float | None
     compared: float | None           # share of the capture compared (routing near-ties left out)
     logits_rel_err: float | None
-    routing_flip: int | None         # first token whose experts differ from TP=1
+    routing_flip: int | None         # first token whose experts a near-tie flipped against TP=1
+    real_flip: tuple[int, int, float] | None  # (MoE layer, token, margin) of a flip no near-tie explains
     all_reduces: int
     all_reduce_bytes: int
     collectives: list[tuple[str, str, int]] = field(default_factory=list)  # (op, caller, bytes)
