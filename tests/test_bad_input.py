@@ -283,10 +283,7 @@ CASES = [
     # --- verify --------------------------------------------------------------------------------------
     case("verify-missing", "verify nope.safetensors", "nope.safetensors does not exist"),
     case("verify-fifo", "verify {fifo}", "fifo is not a regular file"),
-    case("verify-png", "verify {png.safetensors}", "not a complete safetensors file"),
-    case("verify-empty", "verify {empty.safetensors}", "too short for a header"),
     case("verify-empty-directory", "verify {dir}", "holds no *.safetensors"),
-    case("verify-header-bad-shape", "verify {ckpt_bad_entry}", "bad entry for x"),
     # --- resolve -------------------------------------------------------------------------------------
     case("resolve-layers-malformed", "resolve --convention vllm --layers 1..3 --num-layers 8", "--layers '1..3'"),
     case("resolve-unknown-convention", "resolve --convention vLLM --num-layers 8", "unknown convention 'vLLM'",
@@ -336,6 +333,17 @@ def test_bad_input_is_one_line_exit_2(case: Case, runs, inputs):
     r = futures[case.id].result()
     assert_one_line_error(r, case.expect)
     assert sorted(p.name for p in r.cwd.iterdir()) == [], f"{r}\nwrote into its working directory"
+
+
+@pytest.mark.parametrize("target,words", [("{png.safetensors}", "not a complete safetensors file"),
+                                          ("{empty.safetensors}", "too short for a header"),
+                                          ("{ckpt_bad_entry}", "bad entry for x")])
+def test_verify_gives_a_verdict_on_a_file_that_is_not_whole(inputs, tmp_path, target, words):
+    """A file that is not a whole safetensors file is what verify is asked about: a FAIL line and
+    exit 1 (it was exit 2, as if the question were wrong)."""
+    r = run_cli("verify", *expand((target,), inputs), cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r
+    assert [x for x in r.stdout.splitlines() if x.startswith("FAIL ")] and words in r.stdout, r
 
 
 def test_no_case_wrote_into_the_inputs(runs, inputs):

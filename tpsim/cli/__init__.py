@@ -20,7 +20,7 @@ from tpsim.cli.options import Parser
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
 from tpsim.parallel.launch import check_torchrun_env, exit_torchrun_rank, under_torchrun
-from tpsim.run.ranks import is_reporting_process
+from tpsim.run.ranks import dead_local_peers, is_reporting_process
 
 REPORT_GRACE_S = 5.0
 COMMANDS = (triage, check, capture, export, explain, align, diagnose, scenario, verify, resolve, profiles)  # the order of --help
@@ -37,11 +37,22 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the rank pool's cleanup runs (ranks stopped, rendezvous removed)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, on_sigterm)
     code = run_command(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the report is out
     if under_torchrun():
         exit_torchrun_rank(code)
     return code
+
+
+def on_sigterm(signum, frame) -> None:
+    """Unwind with exit 128 + SIGTERM. Under torchrun the agent sends SIGTERM because a local rank
+    failed: when one is gone, that is the error to report, not the signal."""
+    if under_torchrun():
+        gone = dead_local_peers()
+        if gone:
+            raise RankError(f"rank {gone[0]} died (its process is gone); torchrun stopped the other ranks")
+    sys.exit(128 + signum)
 
 
 def run_command(argv: list[str] | None) -> int:
