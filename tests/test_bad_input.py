@@ -284,6 +284,8 @@ CASES = [
     case("verify-missing", "verify nope.safetensors", "nope.safetensors does not exist"),
     case("verify-fifo", "verify {fifo}", "fifo is not a regular file"),
     case("verify-empty-directory", "verify {dir}", "holds no *.safetensors"),
+    case("verify-no-path", "verify", "the following arguments are required"),
+    case("verify-missing-in-dir", "verify {dir}/nope.safetensors", "nope.safetensors does not exist"),
     # --- resolve -------------------------------------------------------------------------------------
     case("resolve-layers-malformed", "resolve --convention vllm --layers 1..3 --num-layers 8", "--layers '1..3'"),
     case("resolve-unknown-convention", "resolve --convention vLLM --num-layers 8", "unknown convention 'vLLM'",

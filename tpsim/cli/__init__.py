@@ -48,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
 def on_sigterm(signum, frame) -> None:
     """Unwind with exit 128 + SIGTERM. Under torchrun the agent sends SIGTERM because a local rank
     failed: when one is gone, that is the error to report, not the signal."""
-    if under_torchrun():
+    if under_torchrun() and _running_job and is_reporting_process():
         gone = dead_local_peers()
         if gone:
             raise RankError(f"rank {gone[0]} died (its process is gone); torchrun stopped the other ranks")
     sys.exit(128 + signum)
+
+
+_running_job = False  # on_sigterm may name a dead peer only while the command runs, not while it reports
 
 
 def run_command(argv: list[str] | None) -> int:
@@ -62,9 +65,14 @@ def run_command(argv: list[str] | None) -> int:
     except UsageError as e:
         print(f"tpsim: error: {e}", file=sys.stderr)
         return 2
+    global _running_job
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        _running_job = True
+        try:
+            return args.func(args)
+        finally:
+            _running_job = False
     except UsageError as e:
         if is_reporting_process():  # one line, even when a user-given name holds a line break
             one_line = "\\n".join(str(e).splitlines())
