@@ -7,8 +7,8 @@ __version__ = "0.1.0"
 # A self-spawned rank (RankPool sets TPSIM_LAUNCHER_PID to the launcher's pid in its environment)
 # dies with the launcher from its first instruction: the spawn child imports tpsim before torch,
 # and a launcher SIGKILLed while its ranks still import torch left them orphaned, blocked on a
-# pipe. (parallel.launch installs the same guard again in the worker; the check here must stay
-# free of imports that take time.)
+# pipe. Every spawned rank imports tpsim before it runs its worker, so this is the one place the
+# guard is installed; it must stay free of imports that take time.
 if _os.environ.get("TPSIM_LAUNCHER_PID", "") not in ("", str(_os.getpid())):
     from tpsim.parallel.deathsig import die_with_launcher as _die
 

@@ -94,12 +94,10 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
             stdout.print(f"note TP={r.tp}: {r.routing_note}")
     degrees = ", ".join(map(str, tps))
     word = "PASS" if report.ok else "the ranks agree, but the engine breaks the capture (below)"
-    if not all(r.ok for r in report.rows):
-        pass
-    elif mode.rank_local:
+    if all(r.ok for r in report.rows) and mode.rank_local:
         stdout.print(f"{word}: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
                      f"on that rank's sequence at TP {degrees}")
-    else:
+    elif all(r.ok for r in report.rows):
         stdout.print(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
                      f"at TP {degrees}" + ("" if plain else f" (mode {mode.name}, strategy {spec.strategy})")
                      + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows)

@@ -74,8 +74,8 @@ def cmd_triage(args) -> int:
         check = run_check(spec, resolution(rep, got.ids), tps)
         if check is None:  # a torchrun rank other than 0
             return 0
-    t = Triage(train_p, serve_p, served, mode, report, rep, check)
-    assess(t, draft, cfg.hidden_size)
+    t = Triage(train_p, serve_p, served, mode, report, got, rep, check)
+    assess(t, cfg.hidden_size)
     if args.json:
         emit_json(to_dict(t, args))
     else:

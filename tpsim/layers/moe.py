@@ -27,14 +27,15 @@ from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
 
 
-def _margin(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """`[T]`: the k-th largest score minus the (k+1)-th (inf when nothing competes): how much a
-    perturbation must move the scores to change the top-k."""
-    if scores.shape[-1] <= k or scores.shape[0] == 0:
-        return torch.full(scores.shape[:1], float("inf"), device=scores.device)
-    top = scores.topk(k + 1, dim=-1).values
-    gap = top[:, k - 1] - top[:, k]
-    return torch.where(torch.isfinite(gap), gap, torch.full_like(gap, float("inf")))
+def _top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the indices of the k largest scores `[T, k]`, the margin `[T]`: the k-th largest minus the
+    (k+1)-th, inf when nothing competes), from one topk: how much a perturbation must move the
+    scores to change the pick."""
+    if scores.shape[-1] <= k:
+        return scores.topk(k, dim=-1).indices, torch.full(scores.shape[:1], float("inf"), device=scores.device)
+    top = scores.topk(k + 1, dim=-1)
+    gap = top.values[:, k - 1] - top.values[:, k]
+    return top.indices[:, :k], torch.where(torch.isfinite(gap), gap, torch.full_like(gap, float("inf")))
 
 
 class MoEGate(Tapped, nn.Module):
@@ -77,13 +78,12 @@ class MoEGate(Tapped, nn.Module):
             group_scores = grouped.max(-1).values if self.method == "group_limited_greedy" \
                 else grouped.topk(2, dim=-1).values.sum(-1)
             keep = torch.zeros_like(group_scores, dtype=torch.bool)
-            keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
-            group_margin = _margin(group_scores, self.topk_group)
+            picked, group_margin = _top(group_scores, self.topk_group)
+            keep.scatter_(1, picked, True)
             choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
         else:
             group_margin = None
-        ids = choice.topk(self.top_k, dim=-1).indices
-        margin = _margin(choice, self.top_k)
+        ids, margin = _top(choice, self.top_k)
         self.last_margin = margin if group_margin is None else torch.minimum(margin, group_margin)
         weights = scores.gather(1, ids)  # from the un-biased scores
         if self.renormalize:

@@ -30,7 +30,6 @@ import torch.distributed as dist
 
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
-from tpsim.parallel.deathsig import die_with_launcher
 from tpsim.parallel.group import TPGroup
 
 
@@ -168,7 +167,6 @@ def gather_to_rank0(obj):
 # --- self-spawned pool ------------------------------------------------------------------
 
 def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, slot):
-    die_with_launcher(int(os.environ.get("TPSIM_LAUNCHER_PID", "0")) or None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and kills us
     torch.set_num_threads(1)
     faults.install(slot)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tpsim.profiles.profile import ConfigKey, Empty, Profile
+from tpsim.profiles.profile import NESTED, TOP, ConfigKey, Empty, Profile
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,7 @@ class ConfigIds:
     ids: list[int] | None
     key: ConfigKey | None
     fallback: str | None = None  # why the default is used although the config names ids
+    ignored: list[int] | None = None  # those ids, at a key this engine never reads
     off: bool = False  # the config turns capture off
     failure: str | None = None  # the engine fails on this config (e.g. an empty list)
 
@@ -59,14 +60,13 @@ def read_ids(profile: Profile, raw: dict) -> ConfigIds:
             return ConfigIds(None, key, failure=f"{key} is an empty list: {who} {what}; write the ids (e.g. "
                                                 "[1, 29, 57]) or remove the key for the default")
         return ConfigIds([j + key.shift for j in v], key)
-    elsewhere = [p for p in _ID_PLACES if value_at(raw, p) and p not in {k.path for k in read.keys}]
+    elsewhere = next((p for p in _ID_PLACES if value_at(raw, p) and p not in {k.path for k in read.keys}), None)
+    if elsewhere is None:
+        return ConfigIds(None, None)
+    ignored = value_at(raw, elsewhere)
     reads = " then ".join(str(k) for k in read.keys)
-    if elsewhere:
-        why = (f"{who} reads {reads}; this config has ids only at {'.'.join(elsewhere[0])} "
-               f"({value_at(raw, elsewhere[0])}), which it never reads")
-    else:
-        why = None
-    return ConfigIds(None, None, fallback=why)
+    return ConfigIds(None, None, fallback=f"{who} reads {reads}; this config has ids only at {'.'.join(elsewhere)} "
+                                          f"({ignored}), which it never reads", ignored=ignored)
 
 
 def write_ids_hint(profile: Profile, ids: list[int]) -> str:
@@ -84,5 +84,4 @@ def write_ids_hint(profile: Profile, ids: list[int]) -> str:
 
 
 # every place some program reads ids from, to say where a config's ids sit when a reader misses them
-_ID_PLACES = (("eagle_config", "eagle_aux_hidden_state_layer_ids"), ("eagle_aux_hidden_state_layer_ids",),
-              ("dflash_config", "target_layer_ids"))
+_ID_PLACES = (NESTED, TOP, ("dflash_config", "target_layer_ids"))

@@ -66,10 +66,11 @@ def profile_fix(train: Side, serve: Profile, L: int) -> Fix:
                      f"{', '.join(map(str, want))} in this order; retrain with ids in ascending order")
 
 
-def ids_capturing(profile: Profile, want: list[Position], L: int) -> list[int] | None:
-    """Ids that make `profile` capture exactly `want`, in that order (None: none do)."""
+def ids_capturing(profile: Profile, want: list[Position], L: int, prefer: list[int] | None = None) -> list[int] | None:
+    """Ids that make `profile` capture exactly `want`, in that order (None: none do); `prefer`
+    (e.g. the ids a config already holds) first, when they do."""
     single = [ids_for_position(profile, p, L) for p in want]
-    for ids in (single, [p.boundary - 1 for p in want if p.kind != "final"]):
+    for ids in ([prefer] if prefer else []) + [single, [p.boundary - 1 for p in want if p.kind != "final"]]:
         if None not in ids and len(ids) == len(want) and _replays_to(profile, ids, L, want):
             return ids
     return None

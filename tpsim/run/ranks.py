@@ -47,8 +47,8 @@ def dead_local_peers() -> list[int]:
         if not d.name.isdecimal():
             continue
         try:
-            stat = (d / "stat").read_text()
-            if int(stat.rpartition(")")[2].split()[1]) != parent or stat.rpartition(")")[2].split()[0] == "Z":
+            state, ppid = (d / "stat").read_text().rpartition(")")[2].split()[:2]  # after "(comm)"
+            if int(ppid) != parent or state == "Z":
                 continue
             env = dict(kv.split("=", 1) for kv in (d / "environ").read_text().split("\0") if "=" in kv)
             alive.add(int(env.get("RANK", "-1")))

@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tpsim.capture.align import DraftConfig, Report
-from tpsim.profiles.draft import read_ids, write_ids_hint
+from tpsim.capture.align import Report
+from tpsim.profiles.draft import ConfigIds, write_ids_hint
 from tpsim.profiles.findings import findings
-from tpsim.profiles.profile import GraphIds, Profile, Served, Source
+from tpsim.profiles.profile import GraphIds, Profile, Served
 from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import Replay, replay
 from tpsim.profiles.served import ServedMode, fixed_in
@@ -49,6 +49,7 @@ class Triage:
     served: Served
     mode: ServedMode
     align: Report
+    config: ConfigIds  # what the server read from the draft config
     replay: Replay
     check: CheckReport | None  # None: nothing to run (the engine captures nothing)
     findings: list[Finding] = field(default_factory=list)
@@ -59,10 +60,9 @@ class Triage:
         return not self.findings
 
 
-def assess(t: Triage, draft: DraftConfig, hidden: int) -> None:
+def assess(t: Triage, hidden: int) -> None:
     """Fill t.findings (in the order a user should fix them) and t.notes."""
-    serve, rep = t.serve, t.replay
-    got = read_ids(serve, draft.raw)
+    serve, rep, got = t.serve, t.replay, t.config
     if got.off:
         t.findings.append(Finding(Kind.CAPTURE_OFF, got.failure, [str(serve.behaviour.config.source)],
                                   "remove use_aux_hidden_state: false from eagle_config (an EAGLE-3 draft needs "
@@ -73,18 +73,17 @@ def assess(t: Triage, draft: DraftConfig, hidden: int) -> None:
         kind = Kind.ENGINE_FAILS if rep.failure else Kind.DROPPED_SLOT
         src = serve.behaviour.embed.source if rep.crashed else serve.behaviour.out_of_range.source
         t.findings.append(Finding(kind, cause, [str(src)], fix))
-    t.findings += _fallbacks(t, draft)
+    t.findings += _fallbacks(t)
     t.findings += _misaligned(t)
     t.findings += _served_mode(t)
     t.findings += _graphs(t)
 
 
-def _fallbacks(t: Triage, draft: DraftConfig) -> list[Finding]:
+def _fallbacks(t: Triage) -> list[Finding]:
     """The server ignores ids the config holds at a key it does not read, and what that changes."""
-    got = read_ids(t.serve, draft.raw)
+    got, ignored = t.config, t.config.ignored
     if got.fallback is None:
         return []
-    ignored = next(ids for ids in _ids_anywhere(draft.raw) if ids)
     meant = replay(t.train, ignored, t.replay.num_layers)  # what those ids capture read as the trainer reads them
     if meant.failure or meant.positions == t.replay.positions:
         t.notes.append(f"{got.fallback}; its default captures what those ids would, so this works by coincidence")
@@ -96,16 +95,9 @@ def _fallbacks(t: Triage, draft: DraftConfig) -> list[Finding]:
                     _fix_ids(t, meant, ignored) or "move the ids to the key the server reads")]
 
 
-def _ids_anywhere(raw: dict) -> list[list[int] | None]:
-    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
-    return [eagle.get("eagle_aux_hidden_state_layer_ids"), raw.get("eagle_aux_hidden_state_layer_ids")]
-
-
 def _fix_ids(t: Triage, want: Replay, written: list[int]) -> str | None:
     """Where to write ids the server reads that capture `want` (the written ids, when they do)."""
-    moved = replay(t.serve, written, want.num_layers)
-    ok = moved.failure is None and not moved.dropped and moved.positions == want.positions
-    ids = written if ok else ids_capturing(t.serve, want.positions, want.num_layers)
+    ids = ids_capturing(t.serve, want.positions, want.num_layers, prefer=written)
     return None if ids is None else write_ids_hint(t.serve, ids) + f" (captures {_pos(want)})"
 
 
@@ -126,8 +118,8 @@ def _served_mode(t: Triage) -> list[Finding]:
         return []
     fails = "; ".join(f"TP={r.tp}: {f}" for r in t.check.rows for f in _grouped(r.failures))
     later = fixed_in(t.serve, later_profiles(t.serve), t.mode)
-    fix = (f"{later.name.split(':')[0]} or later ({later.versions.since.label}) captures the whole reduced stream "
-           "in this mode" if later else "no version tpsim knows captures the whole stream in this mode")
+    fix = (f"{_upgrade(later)} captures the whole reduced stream in this mode" if later else
+           "no version tpsim knows captures the whole stream in this mode")
     return [Finding(Kind.SERVED_MODE,
                     f"{'; '.join(t.mode.why)}; replayed as mode {t.mode.mode.name}, capture strategy "
                     f"{t.mode.strategy}: {fails}", [str(c.source) for c in t.mode.decided_by], fix)]
@@ -158,13 +150,13 @@ def _graphs(t: Triage) -> list[Finding]:
                   q.behaviour.graphs.value is GraphIds.CONFIG), None)
     return [Finding(Kind.GRAPH_IDS, f"CUDA-graphed (decode) batches capture {got}, not the configured "
                                     f"{_pos(t.replay)}: {g.value.value}", [str(g.source)],
-                    f"{later.name.split(':')[0]} or later ({later.versions.since.label})" if later else
-                    "no fixed version known")]
+                    _upgrade(later) if later else "no fixed version known")]
+
+
+def _upgrade(q: Profile) -> str:
+    """`sglang@0.5.14 or later (#28343, #28789)`: the engine version that has the fix."""
+    return f"{q.name.split(':')[0]} or later ({q.versions.since.label})"
 
 
 def _pos(rep: Replay) -> str:
     return ", ".join(map(str, rep.positions)) or "nothing"
-
-
-def source_text(s: Source) -> str:
-    return f"{s} ({s.note})" if s.note else str(s)
