@@ -9,19 +9,24 @@ export OMP_NUM_THREADS ?= 1
 
 .PHONY: check test bench clean
 
-$(VENV)/.installed: pyproject.toml
+# make check installs what the main job needs; make test adds the test extra.
+$(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q "$(TORCH)"
+	$(VENV)/bin/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
 check: $(VENV)/.installed
 	$(VENV)/bin/tpsim check
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(PY) benchmarks/capture_overhead.py
 
 clean:

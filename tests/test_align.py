@@ -28,6 +28,7 @@ from tpsim.profiles.replay import replay
 from tpsim.profiles.sides import align_profiles, side_from_config
 from tpsim.capture import Position, ids_for, resolve
 from tpsim.cli import run_command
+from tpsim.cli.scenario import load
 from tpsim.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -369,13 +370,14 @@ def test_the_three_align_scenarios_exist():
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
-def test_scenario(path, monkeypatch):
+def test_scenario(path, monkeypatch, tmp_path):
     s = yaml.safe_load(path.read_text())
     assert set(s) == {"description", "argv", "expect_exit", "expect"} and s["argv"][0] == "align"
-    monkeypatch.chdir(ROOT)  # argv paths are relative to the repo root
+    monkeypatch.chdir(tmp_path)  # the commands run from anywhere
+    scenario = load(path.stem)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = run_command([str(a) for a in s["argv"]])
+        code = run_command(scenario.commands(str(tmp_path))[0])
     assert code == s["expect_exit"], out.getvalue()
-    for want in s["expect"]:
+    for want in scenario.expected():
         assert want in out.getvalue(), f"{want!r} not in:\n{out.getvalue()}"

@@ -105,9 +105,11 @@ def test_cli_capture_from_export_matches_seeded(tmp_path):
     # the checkpoint is an input of the run: a capture (or rank dump) written over its files is refused
     shard = sorted(d.glob("model-*-of-*.safetensors"))[0]
     before = {f.name: f.read_bytes() for f in d.iterdir()}
-    for argv in (["--out", shard], ["--out", d / "model.safetensors.index.json"], ["--out", d / "config.json"]):
-        r = run_cli("capture", "--model", d, "--tp", "1", *argv)
-        assert_one_line_error(r, ["is a file this run reads", "write the capture somewhere else"])
+    r = run_cli("capture", "--model", d, "--tp", "1", "--out", shard, "--force")  # --force: still not an input
+    assert_one_line_error(r, ["is a file this run reads", "write the capture somewhere else"])
+    for name in ("model.safetensors.index.json", "config.json"):  # not a capture's name in the first place
+        r = run_cli("capture", "--model", d, "--tp", "1", "--out", d / name)
+        assert_one_line_error(r, ["tpsim writes safetensors here"])
     assert {f.name: f.read_bytes() for f in d.iterdir()} == before
     # more layers than the checkpoint holds is refused from the header, before 10**9 layers' shapes are built
     # (it printed nothing for minutes; a hang guard, not a speed test)

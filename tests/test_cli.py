@@ -26,6 +26,7 @@ from safetensors import safe_open
 import tpsim
 from clirun import RUN_TIMEOUT_S, ROOT, Run, assert_one_line_error, run_cli
 from tpsim.capture import CONVENTIONS
+from tpsim.cli.options import DEFAULT_TP
 from tpsim.files.safetensors import tensor_sha256
 from tpsim.config import load_config
 
@@ -98,7 +99,7 @@ BAD = [
     Bad("config-empty", ("check", "--model", "{cfg:empty}"), ("empty.yaml", "is empty")),
     Bad("config-does-not-exist", ("check", "--model", "{cfg:empty}.missing"), ("does not exist",)),
     Bad("config-invalid-yaml", ("check", "--model", "{cfg:invalid}"), ("invalid.yaml", "not valid YAML")),
-    Bad("tp-over-spawn-limit", ("check", "--tp", "64", "--model", "{cfg:heads64}"), ("--tp 64", "--force")),
+    Bad("tp-over-spawn-limit", ("check", "--tp", "64", "--model", "{cfg:heads64}"), ("--tp 64", "--ignore-limits")),
     Bad("tp-not-a-list", ("check", "--tp", "1,x"), ("--tp", "'1,x'")),
     Bad("layers-not-a-list", ("check", "--layers", "a,b"), ("--layers", "'a,b'")),
     Bad("seq-len-zero", ("check", "--seq-len", "0"), ("--seq-len 0", "at least 1")),
@@ -318,7 +319,7 @@ def test_capture_seq_len(runs: Runs):
     assert all(0 <= t < 1000 for t in tensors["input_ids"].tolist())
     assert meta["layers"] == "default"
     assert meta["positions"] == "out(1),out(3),out(4)"
-    assert meta["tp"] == "1"
+    assert meta["tp"] == str(DEFAULT_TP)  # capture runs one degree: the default rule's
 
 
 def test_capture_leaves_no_temporary(runs: Runs):

@@ -7,6 +7,10 @@
    reduce-scatter shards, column-parallel shards, all-reduced and all-gathered results).
 3. The readers: tpsim rank dumps, the three SGLang dumper layouts, capture / rank-dump /
    feature references; the CLI end to end in subprocesses, every bad input exit 2 with one line.
+4. vLLM's hidden-states connector files (tpsim captures written in vLLM's layout): the gathered
+   copy against vLLM-file and capture references, any slot mix-up named (Hypothesis), bad input.
+5. `--layer-ids`: a vLLM file's slots named by vLLM's layer ids, so a capture in another convention
+   (SGLang's) names them; drawn ids right and off by one (Hypothesis), bad input.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import pytest
 import torch
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
-from safetensors.torch import save_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 import diagnose_jobs
 from clirun import assert_one_line_error, run_cli
 from tpsim.files.safetensors import tensor_sha256
 from tpsim.capture.diagnosis import UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors, match_threshold
-from tpsim.files.dumps import read_rank_files, read_reference
+from tpsim.files.dumps import DumpKind, read_rank_files, read_reference
 from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.errors import UsageError
 
@@ -491,7 +496,8 @@ def test_cli_every_failure_named(cli, files):
     text = cli["bad_vs_ref1_text"]
     assert text.returncode == 1, text
     for s in ("captured before an all-reduce (per-rank partial sums)", "each rank holds only its share of the tokens",
-              "this is layers.1.out, you asked for layers.2.out", "Replicate() (disagrees)", "FAIL: 4 of 4"):
+              "this is layers.1.out, you asked for layers.2.out", "Shard(dim=0) (declared Replicate())",
+              "FAIL: 4 of 4"):
         assert s in text.stdout, (s, text)
 
 
@@ -500,9 +506,343 @@ def test_cli_sglang_dumps(cli):
     assert old.returncode == 1 and new.returncode == 1, (old, new)
     key = "layer_start__hidden_states[layer_id={}]".format
     cells = [re.split(r"\s{2,}", line.strip()) for line in old.stdout.splitlines()]
-    rows = {c[0]: c[3:7] for c in cells if c[0].startswith("layer_start__hidden_states[")}
+    rows = {c[0]: c[2:6] for c in cells if c[0].startswith("layer_start__hidden_states[")}
     assert rows == {key(0): [R, "embed", "0.00e+00", "yes"], key(2): [R, "out(1)", "0.00e+00", "yes"],
                     key(3): [P, "out(2)", rows[key(3)][2], "NO"]}, old
     assert "note: the dumps carry no world size" in old.stdout and "FAIL: 1 of 3" in old.stdout, old
     assert verdicts(json.loads(new.stdout)) == {key(0): (R, "embed", True), key(2): (S0, "out(1)", False),
                                                 key(3): (R, "out(1)", False)}
+
+
+# --- 4. vLLM's hidden-states connector ---------------------------------------------------------
+# vllm-project/vllm, vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py
+# (releases 0.17.0 to 0.33.0): `save_file({"hidden_states": [T, n, H], "token_ids": [T]}, filename)`,
+# no metadata, one `{req_id}.safetensors` per request, one gathered copy for the TP group.
+# The content here is tpsim's own: captures at TP=1 and TP=2 with vLLM's convention, rewritten
+# in that layout.
+
+VLLM_IDS = [1, 2, 3, 4]  # eagle_aux_hidden_state_layer_ids; vLLM captures before layer j: out(j-1)
+
+
+def vllm_file(path: Path, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> Path:
+    save_file({"hidden_states": hidden_states.contiguous(), "token_ids": token_ids.contiguous()}, str(path))
+    return path
+
+
+def as_vllm(capture: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tpsim capture's `aux_hidden_states` `[T, n*H]` as vLLM's `[T, n, H]`, and its token ids."""
+    t = load_file(str(capture))
+    aux, ids = t["aux_hidden_states"], t["input_ids"]
+    return aux.reshape(len(ids), len(VLLM_IDS), -1), ids
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("vllm")
+    layers = ",".join(map(str, VLLM_IDS))
+    argv = {tp: ["capture", "--tp", tp, "--convention", "vllm", "--layers", layers, "--seq-len", T,
+                 "--out", d / f"cap_tp{tp}.safetensors"] for tp in (1, 2)}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for r in list(pool.map(lambda a: run_cli(*a), argv.values())):
+            assert r.returncode == 0, r
+    f = {"dir": d, "cap": d / "cap_tp1.safetensors"}
+    hs1, ids = as_vllm(f["cap"])
+    hs2, ids2 = as_vllm(d / "cap_tp2.safetensors")
+    assert torch.equal(ids, ids2)
+    slots = list(hs1.unbind(1))
+    assert min(calc_diff(a, b) for i, a in enumerate(slots) for b in slots[i + 1:]) > 1e-2  # distinct slots
+    f["ref"] = vllm_file(d / "ref.safetensors", hs1, ids)
+    f["run"] = vllm_file(d / "run.safetensors", hs2, ids)
+    f["swap"] = vllm_file(d / "swap.safetensors", hs2[:, [0, 2, 1, 3]], ids)
+    f["run_bf16"] = vllm_file(d / "run_bf16.safetensors", hs2.bfloat16(), ids)
+    meta = load_meta(f["cap"])
+    f["cap_sglang"] = save(d / "cap_sglang.safetensors", load_file(str(f["cap"])), {**meta, "convention": "sglang"})
+    return f
+
+
+def load_meta(path: Path) -> dict[str, str]:
+    with safe_open(str(path), "pt") as fh:
+        return {k: v for k, v in (fh.metadata() or {}).items() if not k.startswith("sha256.")}
+
+
+SLOTS = [f"slot{i}" for i in range(len(VLLM_IDS))]
+
+
+def test_read_vllm_file(vllm):
+    rs = read_rank_files([str(vllm["run"])])
+    assert (rs.kind, rs.kind.gathered, rs.tp, rs.files, rs.available) == (
+        DumpKind.VLLM, True, 1, [str(vllm["run"])], SLOTS)
+    hs, ids = as_vllm(vllm["dir"] / "cap_tp2.safetensors")
+    assert rs.input_ids.tolist() == ids.tolist()
+    assert all(torch.equal(rs.points[s][0], hs[:, i]) for i, s in enumerate(SLOTS))
+    assert rs.notes[0].startswith("gathered: vLLM's hidden-states connector writes one copy")
+    assert list(read_rank_files([str(vllm["run"])], points=["slot2"]).points) == ["slot2"]
+    ref = read_reference(str(vllm["ref"]), None, None)
+    assert (ref.kind, list(ref.candidates)) == ("vLLM hidden-states file", SLOTS)
+    named = read_reference(str(vllm["ref"]), ["out(0)", "out(1)", "out(2)", "out(3)"], None).candidates
+    assert list(named) == ["out(0)", "out(1)", "out(2)", "out(3)", *SLOTS] and named["slot1"] is named["out(1)"]
+    cap = read_reference(str(vllm["cap"]), None, None).candidates  # vLLM's convention: also answers to slot{i}
+    assert list(cap) == ["out(0)", "out(1)", "out(2)", "out(3)", *SLOTS]
+    assert list(read_reference(str(vllm["cap_sglang"]), None, None).candidates) == ["out(0)", "out(1)", "out(2)",
+                                                                                  "out(3)"]
+
+
+def test_vllm_gathered_copy_against_references(vllm):
+    for ref in ("ref", "cap"):
+        rep = diagnose_files([str(vllm["run"])], str(vllm[ref])).to_dict()
+        assert rep["ok"] and (rep["kind"], rep["tp"], rep["tokens"]) == (DumpKind.VLLM, 1, T), rep
+        assert verdicts(rep) == {s: (R, s, True) for s in SLOTS}, rep
+        assert max(p["diff"] for p in rep["points"]) < 1e-10  # TP=2 round-off only
+    rep = diagnose_files([str(vllm["run_bf16"])], str(vllm["cap"])).to_dict()  # vLLM writes the model dtype
+    assert rep["ok"] and {p["threshold"] for p in rep["points"]} == {1e-3}, rep
+    rep = diagnose_files([str(vllm["swap"])], str(vllm["cap"])).to_dict()
+    assert verdicts(rep) == {"slot0": (R, "slot0", True), "slot1": (R, "out(2)", False),
+                             "slot2": (R, "out(1)", False), "slot3": (R, "slot3", True)}, rep
+    reasons = {p["point"]: p["reason"] for p in rep["points"]}
+    assert reasons["slot1"].startswith("replicated, but this is out(2), you asked for slot1"), reasons
+    rep = diagnose_files([str(vllm["run"])], str(vllm["cap_sglang"])).to_dict()  # slots unnamed in the reference
+    assert verdicts(rep) == {s: (R, f"out({i})", False) for i, s in enumerate(SLOTS)}, rep
+    assert "the reference has nothing named like 4 of the points (slot0, slot1, slot2, slot3)" in rep["notes"][1]
+
+
+SHIFT, SWAP = [1, 2, 3], [1, 0]  # an off-by-one layer, a permutation
+
+
+@example(src=SHIFT, dtype="float32")
+@example(src=SWAP, dtype="bfloat16")
+@given(src=st.lists(st.integers(0, len(VLLM_IDS) - 1), min_size=1, max_size=len(VLLM_IDS)),
+       dtype=st.sampled_from(sorted(DT)))
+def test_vllm_any_slot_mixup_is_named(vllm, tmp_path_factory, src, dtype):
+    """Whatever reference slot each written slot holds, diagnose names it (slot i holding slot j:
+    correct only when i == j), against a vLLM file and a capture in vLLM's convention."""
+    hs, ids = as_vllm(vllm["dir"] / "cap_tp2.safetensors")
+    run = vllm_file(tmp_path_factory.mktemp("mixup") / "req.safetensors", hs[:, src].to(DT[dtype]), ids)
+    for ref in ("ref", "cap"):
+        rep = diagnose_files([str(run)], str(vllm[ref])).to_dict()
+        for i, j in enumerate(src):
+            named = f"slot{j}" if ref == "ref" or i == j else f"out({j})"
+            assert verdicts(rep)[f"slot{i}"] == (R, named, i == j), (ref, src, rep)
+        assert rep["ok"] == (src == list(range(len(src))))
+
+
+def write_bad_vllm(v: dict[str, Path]) -> None:
+    """Files a bad input case below names: vLLM's layout broken one way each, a tpsim rank dump."""
+    d, (hs, ids) = v["dir"], as_vllm(v["dir"] / "cap_tp2.safetensors")
+    save_file({"hidden_states": hs.contiguous()}, str(d / "no_tokens.safetensors"))
+    save_file({"token_ids": ids}, str(d / "no_hidden.safetensors"))
+    vllm_file(d / "flat.safetensors", hs.flatten(1), ids)
+    vllm_file(d / "short_ids.safetensors", hs, ids[:-1])
+    vllm_file(d / "other_ids.safetensors", hs, ids.flip(0))
+    rank_dump(d, "tpsim", 1, {"layers.0.out": ([hs[:, 0]], R)}, ids=ids.tolist())
+
+
+REF = lambda v: ["--reference", v["ref"]]  # noqa: E731
+VLLM_BAD = {  # id -> (argv from the files, substrings of the one error line)
+    "two-requests": (lambda v: [v["run"], v["swap"], *REF(v)], ("2 vLLM hidden-states files", "one per request")),
+    "mixed-formats": (lambda v: [v["run"], v["dir"] / "tpsim.rank0.safetensors", *REF(v)],
+                      ("mix of tpsim rank dump and vLLM hidden-states connector",)),
+    "missing-token-ids": (lambda v: [v["dir"] / "no_tokens.safetensors", *REF(v)],
+                          ("has no token_ids tensor", "{req_id}")),
+    "missing-hidden-states": (lambda v: [v["dir"] / "no_hidden.safetensors", *REF(v)], ("has no hidden_states",)),
+    "not-3d": (lambda v: [v["dir"] / "flat.safetensors", *REF(v)], ("[12, 256]", "[tokens, aux layers, hidden]")),
+    "token-count": (lambda v: [v["dir"] / "short_ids.safetensors", *REF(v)],
+                    ("token_ids is int64 [11] for 12 tokens",)),
+    "other-tokens": (lambda v: [v["dir"] / "other_ids.safetensors", *REF(v)], ("other input_ids",)),
+    "unknown-slot": (lambda v: [v["run"], *REF(v), "--point", "slot9"], ("--point slot9", "slot0, slot1")),
+    "reference-hidden-size": (lambda v: [v["run"], *REF(v), "--hidden-size", "32"],
+                              ("--hidden-size 32", "hidden size 64")),
+    "reference-positions": (lambda v: [v["run"], *REF(v), "--positions", "out(1),out(2)"],
+                            ("--positions names 2 slots",)),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_cli(vllm) -> dict:
+    """Every vLLM CLI run of this module, two at a time."""
+    write_bad_vllm(vllm)
+    argv = {"text": [vllm["run"], "--reference", vllm["ref"]],
+            "swap_json": [vllm["swap"], "--reference", vllm["cap"], "--json"],
+            **{f"bad:{k}": make(vllm) for k, (make, _) in VLLM_BAD.items()}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {k: pool.submit(run_cli, "diagnose", *a) for k, a in argv.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
+def test_cli_vllm_says_gathered(vllm_cli):
+    r = vllm_cli["text"]
+    assert r.returncode == 0, r
+    for s in ("tpsim diagnose: 1 file (vLLM hidden-states connector: gathered, one copy for every TP rank, "
+              "12 tokens)", "note: gathered: vLLM's hidden-states connector writes one copy per request",
+              "PASS: every slot of the gathered copy is the asked tensor"):
+        assert s in r.stdout, (s, r)
+    r = vllm_cli["swap_json"]
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and rep["kind"] == "vLLM hidden-states connector" and rep["tp"] == 1, r
+    assert [p["point"] for p in rep["points"] if not p["correct"]] == ["slot1", "slot2"], rep
+
+
+@pytest.mark.parametrize("case", sorted(VLLM_BAD))
+def test_cli_vllm_bad_input_is_one_line_exit_2(vllm_cli, case):
+    assert_one_line_error(vllm_cli[f"bad:{case}"], VLLM_BAD[case][1])
+
+
+# --- 5. --layer-ids: a vLLM file's slots named by the ids the server ran with ------------------
+# vLLM's eagle_aux_hidden_state_layer_ids: id k is the residual stream entering layer k (embed for
+# k = 0, else out(k-1)); SGLang's id j is out(j) (-1: embed). The file records neither, so by slot
+# index a capture in SGLang's convention names none of its slots. Real captures of the tiny model
+# (8 layers): every vLLM id at TP=2 in vLLM's convention, every position SGLang reaches at TP=1 in
+# SGLang's, and out(0..3) (the `vllm` fixture's vLLM ids 1..4) at TP=1 in SGLang's.
+
+TINY_LAYERS = 8
+EVERY_VLLM_ID = list(range(TINY_LAYERS + 1))         # embed, out(0) .. out(7)
+EVERY_SGLANG_ID = list(range(-1, TINY_LAYERS - 1))   # embed, out(0) .. out(6): SGLang's loop never reaches out(7)
+
+
+def vllm_position(k: int) -> str:
+    """What vLLM's id k captures, written out here rather than taken from tpsim."""
+    return "embed" if k == 0 else f"out({k - 1})"
+
+
+def csv(ids) -> str:
+    return ",".join(map(str, ids))
+
+
+@pytest.fixture(scope="module")
+def layer_ids(vllm) -> dict:
+    d = vllm["dir"]
+    argv = {"every_vllm": ["--tp", 2, "--convention", "vllm", f"--layers={csv(EVERY_VLLM_ID)}"],
+            "every_sglang": ["--tp", 1, "--convention", "sglang", "--layers", csv(EVERY_SGLANG_ID)],
+            "sglang": ["--tp", 1, "--convention", "sglang", "--layers", csv(k - 1 for k in VLLM_IDS)]}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda k: run_cli("capture", *argv[k], "--seq-len", T, "--out", d / f"{k}.safetensors"),
+                             argv))
+    assert all(r.returncode == 0 for r in runs), runs
+    f = {k: d / f"{k}.safetensors" for k in argv}
+    assert load_meta(f["sglang"])["positions"] == csv(vllm_position(k) for k in VLLM_IDS)
+    assert load_meta(f["every_sglang"])["positions"] == csv(vllm_position(k) for k in EVERY_VLLM_ID[:-1])
+    t = load_file(str(f["every_vllm"]))
+    f["hs"], f["ids"] = t["aux_hidden_states"].reshape(T, len(EVERY_VLLM_ID), -1), t["input_ids"]
+    slots = list(f["hs"].unbind(1))
+    assert min(calc_diff(a, b) for i, a in enumerate(slots) for b in slots[i + 1:]) > 1e-2  # distinct positions
+    return f
+
+
+@example(ids=[4, 1, 3, 2], shift=1, dtype="float32", num_layers=None)   # the `vllm` fixture's ids, listed unsorted
+@example(ids=[0, 7], shift=1, dtype="bfloat16", num_layers=TINY_LAYERS)  # shifted onto out(7): not in the reference
+@example(ids=[1], shift=-1, dtype="float32", num_layers=TINY_LAYERS)     # shifted onto embed
+@given(ids=st.lists(st.integers(0, TINY_LAYERS - 1), min_size=1, max_size=4, unique=True),
+       shift=st.sampled_from([-1, 1]), dtype=st.sampled_from(sorted(DT)),
+       num_layers=st.sampled_from([None, TINY_LAYERS]))
+def test_layer_ids_name_each_slot(layer_ids, tmp_path_factory, ids, shift, dtype, num_layers):
+    """A vLLM file holding the drawn ids' slots (ascending, as vLLM writes them) against a capture of
+    every position in SGLang's convention: with the ids it was written with every slot is the asked
+    tensor; with every id off by one each slot is named as the position it really holds."""
+    assume(min(ids) + shift >= 0)
+    run = vllm_file(tmp_path_factory.mktemp("layer_ids") / "req.safetensors",
+                    layer_ids["hs"][:, sorted(ids)].to(DT[dtype]), layer_ids["ids"])
+    ref = str(layer_ids["every_sglang"])
+    rep = diagnose_files([str(run)], ref, layer_ids=ids, num_layers=num_layers).to_dict()
+    assert rep["ok"] and verdicts(rep) == {vllm_position(k): (R, vllm_position(k), True) for k in sorted(ids)}, rep
+    rep = diagnose_files([str(run)], ref, layer_ids=[k + shift for k in ids], num_layers=num_layers).to_dict()
+    assert verdicts(rep) == {vllm_position(k + shift): (R, vllm_position(k), False) for k in ids}, rep
+    assert [p["point"] for p in rep["points"]] == [vllm_position(k + shift) for k in sorted(ids)]
+    for p in rep["points"]:
+        asked = p["point"]
+        assert (f"this is {p['matches']}, you asked for {asked}" if asked != "out(7)"
+                else "(the reference has no out(7))") in p["reason"], p
+
+
+def test_layer_ids_against_a_capture_in_sglang_convention(layer_ids, vllm):
+    """The `vllm` fixture's TP=2 file (vLLM ids 1..4) against a TP=1 capture of the same positions in
+    SGLang's convention: by slot index nothing is named; by --layer-ids every slot is the asked tensor."""
+    run, ref = str(vllm["run"]), str(layer_ids["sglang"])
+    assert verdicts(diagnose_files([run], ref).to_dict()) == {s: (R, f"out({i})", False) for i, s in enumerate(SLOTS)}
+    rep = diagnose_files([run], ref, layer_ids=VLLM_IDS).to_dict()
+    want = [vllm_position(k) for k in VLLM_IDS]
+    assert rep["ok"] and verdicts(rep) == {p: (R, p, True) for p in want}, rep
+    assert max(p["diff"] for p in rep["points"]) < 1e-10  # TP=2 round-off only
+    assert "slot0 = out(0)" in rep["notes"][0], rep["notes"]
+    rs = read_rank_files([run], layer_ids=[4, 3, 2, 1])  # any order: vLLM writes its slots ascending
+    assert (list(rs.points), rs.available, rs.position) == (want, want, {p: p for p in want})
+    assert rs.aliases == {s: p for s, p in zip(SLOTS, want)}
+    sel = diagnose_files([run], ref, points=["slot1", "out(3)"], layer_ids=VLLM_IDS).to_dict()  # slot{i}: an alias
+    assert verdicts(sel) == {"out(1)": (R, "out(1)", True), "out(3)": (R, "out(3)", True)}, sel
+    for other in ("ref", "cap", "cap_sglang"):  # a vLLM file, captures in vLLM's and (relabelled) SGLang's convention
+        rep = diagnose_files([run], str(vllm[other]), layer_ids=VLLM_IDS).to_dict()
+        assert rep["ok"] and [p["point"] for p in rep["points"]] == want, (other, rep)
+    with pytest.raises(UsageError, match=re.escape("--point names a point twice")):
+        diagnose_files([run], ref, points=["slot0", "out(0)"], layer_ids=VLLM_IDS)
+    # a position the reference lacks is asked by its position, not by a slot index the reference happens to have
+    two = vllm_file(vllm["dir"] / "embed_out0.safetensors", layer_ids["hs"][:, [0, 1]], layer_ids["ids"])
+    rep = diagnose_files([str(two)], str(vllm["cap"]), layer_ids=[0, 1]).to_dict()  # cap: out(0..3), slot0..3
+    rows = {p["point"]: p for p in rep["points"]}
+    assert verdicts(rep) == {"embed": (UNEXPLAINED, None, False), "out(0)": (R, "out(0)", True)}, rep
+    assert rows["embed"]["asked"] == "embed" and "(the reference has no embed)" in rows["embed"]["reason"], rep
+
+
+def test_layer_ids_num_layers_from_the_reference(layer_ids, vllm):
+    """The range check takes num_layers from the reference capture's metadata when it has one."""
+    run = str(vllm["run"])
+    cap = save(vllm["dir"] / "sglang_L3.safetensors", load_file(str(layer_ids["sglang"])),
+               {**load_meta(layer_ids["sglang"]), "num_layers": "3"})
+    with pytest.raises(UsageError, match=re.escape("layer id 4 is out of range for vllm with num_layers=3")):
+        diagnose_files([run], str(cap), layer_ids=VLLM_IDS)
+    with pytest.raises(UsageError, match=re.escape("--num-layers 8 differs from the reference's num_layers=3")):
+        diagnose_files([run], str(cap), layer_ids=VLLM_IDS, num_layers=8)
+    assert diagnose_files([run], str(layer_ids["sglang"]), layer_ids=VLLM_IDS, num_layers=4).ok  # out(3) is layer 3's
+
+
+RUN = lambda v, li, f: [v["run"], "--reference", li["sglang"]]  # noqa: E731
+LAYER_IDS_BAD = {  # id -> (argv from the files, substrings of the one error line)
+    "fewer-ids": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,3"],
+                  ("--layer-ids 1,2,3 names 3 layers (out(0),out(1),out(2))", "holds 4 slots", "[12, 4, 64]")),
+    "repeated-id": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,2,3"], ("names 3 distinct layers",)),
+    "more-ids": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "0,1,2,3,4"], ("names 5 layers", "4 slots")),
+    "negative-spaced": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "-1,2,3,4"],
+                        ("--layer-ids -1,2,3,4", "layer id -1 is negative")),
+    "negative-equals": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids=-1,2,3,4", "--num-layers", "8"],
+                        ("--layer-ids -1,2,3,4", "layer id -1 is out of range for vllm with num_layers=8")),
+    "out-of-range": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,3,9", "--num-layers", "8"],
+                     ("layer id 9 is out of range for vllm with num_layers=8", "valid 0..8")),
+    "not-integers": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "out(0)"],
+                     ("--layer-ids 'out(0)' is not a comma-separated list of integers",)),
+    "num-layers-alone": (lambda v, li, f: [*RUN(v, li, f), "--num-layers", "8"], ("--num-layers", "--layer-ids")),
+    "unknown-point": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,3,4", "--point", "slot9"],
+                      ("--point slot9", "out(0), out(1)")),
+    "tpsim-rank-dumps": (lambda v, li, f: [*f["good"], "--reference", f["cap"], "--layer-ids", "1,2,3"],
+                         ("--layer-ids", "vLLM hidden-states file", "tpsim rank dump")),
+    "sglang-dumps": (lambda v, li, f: [f["dir"] / "sgl_old", "--reference", f["cap"], "--layer-ids", "1,2,3"],
+                     ("--layer-ids", "vLLM hidden-states file", "SGLang dumper")),
+}
+
+
+@pytest.fixture(scope="module")
+def layer_ids_cli(vllm, layer_ids, files) -> dict:
+    """Every --layer-ids CLI run of this module, two at a time."""
+    argv = {"text": [*RUN(vllm, layer_ids, files), "--layer-ids", "1,2,3,4"],
+            "json": [*RUN(vllm, layer_ids, files), "--layer-ids=4,3,2,1", "--num-layers", "8", "--json"],
+            "by_index": [*RUN(vllm, layer_ids, files)],
+            **{f"bad:{k}": make(vllm, layer_ids, files) for k, (make, _) in LAYER_IDS_BAD.items()}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {k: pool.submit(run_cli, "diagnose", *a) for k, a in argv.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
+def test_cli_layer_ids(layer_ids_cli):
+    r = layer_ids_cli["text"]
+    assert r.returncode == 0, r
+    cells = [line.split() for line in r.stdout.splitlines()]
+    rows = {c[0]: c[1:] for c in cells if c and re.fullmatch(r"out\(\d\)", c[0])}
+    assert list(rows) == ["out(0)", "out(1)", "out(2)", "out(3)"] and all("yes" in c for c in rows.values()), r
+    for s in ("slot0 = out(0)", "PASS: every slot of the gathered copy is the asked tensor"):
+        assert s in r.stdout, (s, r)
+    r = layer_ids_cli["json"]
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and verdicts(rep) == {f"out({i})": (R, f"out({i})", True) for i in range(4)}, r
+    r = layer_ids_cli["by_index"]  # what --layer-ids fixes: by slot index every row says NO
+    assert r.returncode == 1 and "FAIL: 4 of 4" in r.stdout, r
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_IDS_BAD))
+def test_cli_layer_ids_bad_input_is_one_line_exit_2(layer_ids_cli, case):
+    assert_one_line_error(layer_ids_cli[f"bad:{case}"], LAYER_IDS_BAD[case][1])

@@ -97,7 +97,7 @@ def test_weights_that_do_not_fit_are_refused_before_any_rank_starts(tmp_path):
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "deepseek-v3 needs 2.69 TB of float32 weights at TP=2 (2 ranks x 1.34 TB)" in lines[0]
-    assert "available memory on this machine" in lines[0] and "--force" in lines[0]
+    assert "available memory on this machine" in lines[0] and "--ignore-limits" in lines[0]
     assert list(tmp_path.iterdir()) == []
 
 

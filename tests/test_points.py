@@ -119,7 +119,7 @@ def test_explain_tiny_lists_every_point_and_collective(tmp_path):
 def test_explain_describes_the_collectives_each_mode_ran(mode):
     """The point descriptions follow the run, not pure TP: a description names only reductions
     that ran in that mode, "before" only a partial sum, a rank's heads only a head shard."""
-    r = run_cli("explain", "--mode", mode, "--tp", "2", "--seq-len", "6", "--json", "--no-svg")
+    r = run_cli("explain", "--mode", mode, "--tp", "2", "--seq-len", "6", "--json")
     assert r.returncode == 0, r
     rows = json.loads(r.stdout)["rows"]
     ran = {row["name"].split()[0] for row in rows if row["kind"] == "collective"}
@@ -139,7 +139,7 @@ def test_explain_describes_the_collectives_each_mode_ran(mode):
 
 def test_explain_v3_shapes_at_tp8():
     """V3's first MoE layer at TP=8 on a laptop: uninitialised weights, real shapes and bytes."""
-    r = run_cli("explain", "--model", "deepseek-v3", "--tp", "8", "--seq-len", "4", "--json", "--no-svg")
+    r = run_cli("explain", "--model", "deepseek-v3", "--tp", "8", "--seq-len", "4", "--json")
     assert r.returncode == 0, r
     rep = json.loads(r.stdout)
     assert rep["layer"] == 3 and rep["kind"] == "MoE" and rep["same_on_every_rank"]

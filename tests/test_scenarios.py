@@ -22,7 +22,7 @@ def test_scenario_is_caught(name):
     r = run_cli("scenario", name)
     assert r.returncode == 0, r
     assert f"scenario {name}: caught as expected" in r.stdout, r
-    for e in spec.get("expect", []):
+    for e in spec.expected():
         assert e in r.stdout
 
 

@@ -10,6 +10,9 @@ __version__ = "0.1.0"
 # pipe. Every spawned rank imports tpsim before it runs its worker, so this is the one place the
 # guard is installed; it must stay free of imports that take time.
 if _os.environ.get("TPSIM_LAUNCHER_PID", "") not in ("", str(_os.getpid())):
+    import signal as _signal
+
     from tpsim.parallel.deathsig import die_with_launcher as _die
 
     _die(int(_os.environ["TPSIM_LAUNCHER_PID"]))
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops the ranks

@@ -1,4 +1,23 @@
-from tpsim.cli import main
+"""`python -m tpsim` and the `tpsim` script. Ctrl-C while torch is still importing (seconds) ends
+as Ctrl-C does later, with one line and exit 130, not a traceback from inside an import."""
+
+import os
+import signal
+import sys
+
+
+def _interrupted_while_starting(signum, frame) -> None:
+    print("tpsim: interrupted", file=sys.stderr)
+    os._exit(130)
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from tpsim.cli import main as run_cli
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here the command unwinds (ranks stopped)
+    return run_cli()
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -17,6 +17,10 @@ from tpsim.errors import UsageError, read_text
 VOCAB_PADDING = 64  # SGLang / vLLM DEFAULT_VOCAB_PADDING_SIZE
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+# The built-in configs and scenarios: packaged as tpsim/builtin in a wheel (setup.py maps it to the
+# repository's configs/, their one source), the repository's configs/ in a checkout.
+_PACKAGED = Path(__file__).resolve().parent / "builtin"
+BUILTIN_CONFIGS = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parent.parent / "configs"
 SCORING_FUNCS = ("softmax", "sigmoid")
 # rope_scaling fields the YaRN maths reads (the first four must be positive)
 YARN_NUMBERS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
@@ -151,6 +155,9 @@ def config_from_dict(raw: dict, source: str = "config") -> ModelConfig:
     """Validate a parsed config.json / YAML mapping; every error names the field."""
     if not isinstance(raw, dict):
         raise UsageError(f"{source} must be a mapping of HF config fields, got {type(raw).__name__}")
+    if "model_type" in raw and raw["model_type"] not in MODEL_TYPES:  # before its fields: a Llama config lacks ours
+        raise UsageError(f"{source}: model_type={raw['model_type']!r} is not supported; tpsim models "
+                         f"{', '.join(MODEL_TYPES)} (DeepSeek-V2/V3 architectures)")
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise UsageError(f"{source} is missing required field {missing[0]}; "
@@ -347,7 +354,7 @@ def load_config(path: str | Path) -> ModelConfig:
                              "its *.safetensors")
         p = p / "config.json"
     if not p.exists():
-        builtin = sorted(c.stem for c in (Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+        builtin = sorted(c.stem for c in BUILTIN_CONFIGS.glob("*.yaml"))
         raise UsageError(f"config file {p} does not exist; pass a YAML/JSON config, an HF model directory"
                          + (f" or a built-in name ({', '.join(builtin)})" if builtin else ""))
     if not p.is_file():  # a FIFO or a device would block or never end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 
@@ -9,10 +10,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 _probe = Console()
-# Not a terminal (a pipe, CI): wide enough that the check table never wraps.
-stdout = Console(highlight=False, width=None if _probe.is_terminal else 200)
+WIDTH = 100  # what a table may take (a pipe gets this width too)
+stdout = Console(highlight=False, width=min(_probe.width, WIDTH) if _probe.is_terminal else WIDTH)
 stderr = Console(stderr=True, highlight=False)
 
 
@@ -41,13 +43,75 @@ class ProgressLine:
             self._status = None
 
 
-def table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
-    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD)
-    for c in columns:
-        t.add_column(c, overflow="fold")
+class PipeSafe:
+    """stdout that a closed pipe (`tpsim ... | head`) does not break: the rest of the output is
+    dropped and the command still ends with its own exit status, not a write error."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop_the_rest()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop_the_rest()
+
+    def _drop_the_rest(self) -> None:  # the interpreter's own flush at exit must not fail either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+VERDICTS = {"PASS": "bold green", "ALIGNED": "bold green", "ok": "green", "yes": "green",
+            "FAIL": "bold red", "NO": "bold red", "NOT ALIGNED": "bold red"}
+NOTE_AT = 28  # a cell of a notes column longer than this becomes a numbered note under the table
+
+
+def verdict(text: str) -> Text:
+    """`text` with its leading verdict word coloured (rich drops colour on a pipe and under NO_COLOR)."""
+    out = Text(text)
+    word = next((w for w in sorted(VERDICTS, key=len, reverse=True)
+                 if text == w or text.startswith((w + ":", w + " "))), None)
+    if word is not None:
+        out.stylize(VERDICTS[word], 0, len(word))
+    return out
+
+
+def say(text: str = "") -> None:
+    """One line of a report, however long (so it can be grepped), its verdict word coloured."""
+    stdout.print(verdict(text), soft_wrap=True)
+
+
+def table(columns: list[str], rows: list[list], notes: tuple[str, ...] = (), whole: tuple[str, ...] = ()) -> None:
+    """Print a table that fits WIDTH: cells of the `notes` columns longer than NOTE_AT go under it
+    as numbered notes, each text once however many rows share it (a cell there may be a list of
+    texts: each its own note); the first column and the `whole` ones never wrap. Cells are text,
+    not markup."""
+    t = Table(box=box.SIMPLE_HEAD)
+    for i, c in enumerate(columns):
+        t.add_column(c, overflow="fold", no_wrap=i == 0 or c in whole)
+    said: dict[str, int] = {}
     for r in rows:
-        t.add_row(*r)
-    return t
+        cells = []
+        for c, text in zip(columns, r):
+            if c in notes:
+                parts = text if isinstance(text, list) else [text]
+                text = " ".join(f"[{said.setdefault(p, len(said) + 1)}]" if len(p) > NOTE_AT else p for p in parts)
+            cells.append(verdict(text))
+        t.add_row(*cells)
+    stdout.print(t)
+    for text, n in said.items():
+        say(f"[{n}] {text}")
 
 
 @contextmanager

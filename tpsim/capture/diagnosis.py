@@ -31,8 +31,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
-from tpsim.files.dumps import RankSet, Reference, read_rank_files, read_reference, unknown_point
+from tpsim.files.dumps import (RankSet, Reference, read_rank_files, read_reference, reference_num_layers,
+                               unknown_point)
 from tpsim.parallel.placement import P, R, S0, S1, Placement
 
 UNEXPLAINED = "unexplained"
@@ -295,20 +297,36 @@ def check_tokens(rs: RankSet, ref: Reference) -> None:
 
 
 def asked_name(rs: RankSet, ref: Reference, point: str) -> str:
-    """The reference candidate the point means: its own name, else its position."""
-    if point in ref.candidates:
-        return point
-    return rs.position.get(point, point)
+    """The reference candidate the point means: its own name, else its position, else, when the
+    reference names no position (its slots only by index: a vLLM file, a split by --hidden-size),
+    an alias of it (a vLLM slot named by --layer-ids is still `slot{i}`)."""
+    by_index = not any(_is_position(n) for n in ref.candidates)
+    aliases = [a for a, p in rs.aliases.items() if p == point] if by_index else []
+    return next((n for n in (point, rs.position.get(point), *aliases) if n in ref.candidates),
+                rs.position.get(point, point))
+
+
+def _is_position(name: str) -> bool:
+    try:
+        Position.parse(name, 1 << 62)
+    except UsageError:
+        return False
+    return True
 
 
 def diagnose_files(files: list[str], reference: str, points: list[str] | None = None,
                    positions: list[str] | None = None, hidden: int | None = None,
-                   step: int | None = None) -> DiagnoseReport:
-    """Read, validate and diagnose: the report `tpsim diagnose` prints."""
-    rs = read_rank_files(files, step, points)
+                   step: int | None = None, layer_ids: list[int] | None = None,
+                   num_layers: int | None = None) -> DiagnoseReport:
+    """Read, validate and diagnose: the report `tpsim diagnose` prints. `layer_ids`: vLLM's
+    `eagle_aux_hidden_state_layer_ids`, naming a vLLM file's slots by position (`num_layers`, or the
+    reference's metadata, only bounds them)."""
+    L = reference_num_layers(reference, num_layers) if layer_ids is not None else None
+    rs = read_rank_files(files, step, points, layer_ids, L)
     ref = read_reference(reference, positions, hidden)
     check_tokens(rs, ref)
     if points:
+        points = [rs.aliases.get(p, p) for p in points]
         if len(set(points)) != len(points):
             raise UsageError("--point names a point twice; name each once")
         for p in points:

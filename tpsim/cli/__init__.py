@@ -21,13 +21,26 @@ from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
 from tpsim.parallel.launch import check_torchrun_env, exit_torchrun_rank, under_torchrun
 from tpsim.run.ranks import dead_local_peers, is_reporting_process
+from tpsim.ui import PipeSafe
 
+DESCRIPTION = """\
+tpsim: which tensor a tensor-parallel engine captures for an EAGLE-3 draft model. It runs a TP
+reimplementation of the target over real collectives (gloo on CPU, NCCL on GPUs), replays each
+engine's capture (named versions: tpsim profiles) and checks it holds what the draft trained on."""
+EPILOG = """\
+start here:
+  tpsim triage --draft-config DRAFT/config.json --server sglang@0.5.6 --tp 8 --model deepseek-v3
+  tpsim check                      the built-in tiny model at TP 1,2,4,8
+  tpsim COMMAND --help             each command's options and examples
+
+exit codes: 0 every property holds; 1 a property failed; 2 bad input; 3 a rank failed or stalled;
+4 an output could not be written (the previous file, if any, is untouched); 130 interrupted"""
 REPORT_GRACE_S = 5.0
 COMMANDS = (triage, check, capture, export, explain, align, diagnose, scenario, verify, resolve, profiles)  # the order of --help
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="tpsim", description=__doc__.splitlines()[0])
+    parser = Parser(prog="tpsim", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"tpsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
@@ -38,6 +51,8 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the rank pool's cleanup runs (ranks stopped, rendezvous removed)
     signal.signal(signal.SIGTERM, on_sigterm)
+    if not isinstance(sys.stdout, PipeSafe):
+        sys.stdout = PipeSafe(sys.stdout)
     code = run_command(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the report is out
     if under_torchrun():

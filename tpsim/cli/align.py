@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 
 import torch.nn.functional as F
-from rich.markup import escape
 
 from tpsim.capture import Position, check_convention
 from tpsim.capture.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
                                  read_draft_config)
 from tpsim.cli.capture import on_ranks
-from tpsim.cli.options import (add_json, add_execution_options, add_server_option, emit_json, load_source, positive_int,
-                               run_spec)
+from tpsim.cli.options import (EXECUTION_OPTIONS, add_execution_options, add_json, add_server_option, add_tp, emit_json,
+                               load_source, one_tp, positive_int, refuse_without, run_spec)
 from tpsim.config import DEFAULT_MODEL_TYPE
 from tpsim.errors import UsageError
 from tpsim.run.jobs import capture_job
@@ -28,7 +27,7 @@ from tpsim.profiles.profile import Profile
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.sides import align_profiles, side_from_config
 from tpsim.run.spec import ModelSource
-from tpsim.ui import stdout, table
+from tpsim.ui import say, table
 
 
 def parse_spec(text: str, option: str) -> tuple[str, list[int] | None]:
@@ -112,7 +111,8 @@ def fix_hint(report: Report, serve: Profile | None) -> str:
 
 def cmd_align(args) -> int:
     check_inputs(args)
-    src, tp = None, positive_int(args.tp, "--tp")
+    refuse_without(args, "--model", args.model is not None, {"tp": "--tp", **EXECUTION_OPTIONS})
+    src, tp = None, one_tp(args) if args.model is not None else None
     if args.model is not None:
         check_timeout(args.timeout)
         src = load_source(args, [tp])
@@ -170,8 +170,6 @@ def set_cosines(slots: list[Slot], cap, union: list[Position], H: int) -> None:
 # --- output -------------------------------------------------------------------------------
 
 def print_report(report: Report, args) -> None:
-    def say(text: str) -> None:  # one line however long, so it can be grepped
-        stdout.print(text, soft_wrap=True, markup=False)
     train, serve = report.train, report.serve
     say(f"tpsim align: train {train.convention} vs serve {serve.convention} on {train.num_layers} layers")
     for side in (train, serve):
@@ -187,8 +185,7 @@ def print_report(report: Report, args) -> None:
             say(f"note: {n}")
     run = report.run is not None
     columns = ["slot", "train id", "train position", "serve id", "serve position", "match"]
-    stdout.print(table("", columns + (["cosine"] if run else []) + ["reason"],
-                       [[escape(c) for c in _row(s, run)] for s in report.slots]))
+    table(columns + (["cosine"] if run else []) + ["reason"], [_row(s, run) for s in report.slots], notes=("reason",))
     for n in report.notes:
         say(f"note: {n}")
     if report.aligned:
@@ -208,11 +205,13 @@ def _row(s: Slot, run: bool) -> list[str]:
            cell(v and v.id), cell(v and (v.position or "unreachable")), "yes" if s.match else "NO"]
     if run:
         row.append("-" if s.cosine is None else f"{s.cosine:.6f}")
-    return row + ["; ".join(map(str, s.reasons))]
+    return row + [list(map(str, s.reasons))]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("align", help="do trainer and server capture the same positions in the same slot order?")
+    p = sub.add_parser("align", help="do trainer and server capture the same positions in the same slot order?",
+                       description="Compare what the trainer captured with what the server captures, slot by slot: the same positions in the same order, or which slot differs and the ids that fix it. With --model the target also runs and each slot gets its cosine.",
+                       epilog="examples:\n  tpsim align --train specforge:1,29,57 --serve sglang:-1,2,30 --num-layers 61\n  tpsim align --draft-config config.json --server vllm@0.25.0 --model deepseek-v3")
     p.add_argument("--train", metavar="CONVENTION:IDS|PROFILE",
                    help="training side: specforge:1,29,57 or specforge:default; with --draft-config a profile "
                         "(default specforge), e.g. specforge@2026-07-01")
@@ -223,7 +222,7 @@ def add_parser(sub) -> None:
     p.add_argument("--num-layers", help="num_hidden_layers of the target model")
     p.add_argument("--model", help="or the target model (config or HF directory): also runs it and reports the "
                                    "cosine per slot")
-    p.add_argument("--tp", default="1", help="TP degree of the --model run (default 1)")
+    add_tp(p, "TP degree of the --model run")
     add_execution_options(p)
     p.set_defaults(seq_len="16")
     add_json(p, cmd_align)

@@ -3,7 +3,6 @@ each rank's local tensor of each named point, one file per rank)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -11,48 +10,31 @@ import torch
 
 from tpsim import __version__
 from tpsim.capture.points import check_points
-from tpsim.cli.options import add_mode_options, add_run_options, load_source, positive_int, run_spec
+from tpsim.cli.options import add_force, add_mode_options, add_run_options, add_tp, check_output, load_source, one_tp, \
+    run_spec
 from tpsim.errors import UsageError
-from tpsim.files.atomic import temporary_name
-from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dumps
+from tpsim.files.capture import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
-from tpsim.run.preflight import check_divides_world
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.ui import ProgressLine
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("capture", help="capture on real ranks and write a safetensors file")
+    p = sub.add_parser("capture", help="capture on real ranks and write a safetensors file",
+                       description="Capture the EAGLE-3 aux hidden states on real ranks and write them, with the token ids and how they were made, to a .safetensors file; with --points, each rank's local tensor of each named point, one file per rank.",
+                       epilog="examples:\n  tpsim capture --layers -1,2,30 --model deepseek-v3 --override num_hidden_layers=31 --out aux.safetensors\n  tpsim capture --tp 2 --points layers.1.attn.o_proj.partial --out dump.safetensors")
     add_run_options(p)
     add_mode_options(p)
-    p.add_argument("--tp", default="1", help="TP degree (default 1)")
+    add_tp(p)
     p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
     p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "
                                                 "OUT.rank0.safetensors ...)")
     p.add_argument("--points", help="named points to capture per rank instead of --layers, e.g. "
                                     "layers.3.attn.o_proj.partial,layers.3.mlp.in (tpsim explain lists them)")
+    add_force(p)
     p.set_defaults(func=cmd_capture)
-
-
-def check_out(out: Path) -> None:
-    """An --out tpsim may replace: a regular file or a new name, in a writable directory."""
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: directory {out.parent} does not exist; create it first")
-    if out.is_symlink():  # replacing it would replace the link, not what it points to: say which is meant
-        raise UsageError(f"--out {out} is a symbolic link; give the path it points to ({out.resolve()}) or a new name")
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a directory; give a file name like {out / 'capture.safetensors'}")
-    if out.exists() and not out.is_file():
-        raise UsageError(f"--out {out} is not a regular file (a FIFO, a device or a socket); give a file name")
-    if not os.access(out.parent, os.W_OK):
-        raise UsageError(f"--out {out}: directory {out.parent} is not writable")
-    need, limit = len(temporary_name(out).encode()), os.pathconf(out.parent, "PC_NAME_MAX")
-    if need > limit:
-        raise UsageError(f"--out {out.name[:40]}...: the name is too long for the temporary file written beside it "
-                         f"({need} of {limit} bytes); use a name of at most {limit - (need - len(out.name.encode()))} "
-                         "bytes")
 
 
 def check_not_an_input(outs: list[Path], source: ModelSource) -> None:
@@ -74,10 +56,9 @@ def on_ranks(job, spec: RunSpec, tp: int, **kwargs) -> dict | None:
 
 
 def cmd_capture(args) -> int:
-    tp = positive_int(args.tp, "--tp")
-    check_divides_world(tp)
+    tp = one_tp(args)
     out = Path(args.out)
-    check_out(out)
+    check_output(out, "--out", "capture.safetensors", args.force or args.points is not None)  # --points: per rank below
     if args.points is not None:
         return capture_points(args, tp, out)
     spec, res = run_spec(args, [tp])
@@ -103,6 +84,7 @@ def cmd_capture(args) -> int:
     meta = {"layers": "default" if res.ids is None else ",".join(map(str, res.ids)),
             "convention": res.convention, "positions": res.positions_text, "tp": str(tp), "dtype": spec.dtype,
             "seed": str(spec.seed), "config_sha256": spec.cfg.sha256(), "placement": placement,
+            "num_layers": str(spec.cfg.num_hidden_layers),
             "mode": mode.name, "capture_strategy": strategy,
             "weights": spec.source.weights, "tpsim_version": __version__}
     if spec.source.fingerprint:
@@ -126,7 +108,11 @@ def capture_points(args, tp: int, out: Path) -> int:
         raise UsageError("--points and --layers both name what to capture; give one of them")
     src = load_source(args, [tp])
     for r in range(tp):
-        check_out(rank_dump_path(out, r))
+        check_output(rank_dump_path(out, r), "--out", "capture.safetensors", args.force)
+    stale = [path for r, path in rank_dumps_present(out).items() if r >= tp]
+    if stale and not args.force:
+        raise UsageError(f"--out {out}: {stale[0].name} is left from an earlier run at a larger TP; pass --force to "
+                         "replace that run's files, or give a new name")
     check_not_an_input([rank_dump_path(out, r) for r in range(tp)], src)
     points = check_points(src.cfg, [p.strip() for p in args.points.split(",") if p.strip()])
     if not points:
@@ -142,6 +128,8 @@ def capture_points(args, tp: int, out: Path) -> int:
             "hidden_size": str(src.cfg.hidden_size), "weights": src.weights, "tpsim_version": __version__}
     ranks = sorted((r for r in results.values() if r is not None), key=lambda r: r.rank)
     write_rank_dumps(out, tp, {r.rank: r.taps for r in ranks}, list(spec.tokens), meta)
+    for path in stale:  # one run's files only: a reader would take a wider run's ranks for this one's
+        path.unlink()
     first = ranks[0].taps
     print(f"wrote {rank_dump_path(out, 0)} .. {rank_dump_path(out, tp - 1).name}: "
           + ", ".join(f"{n} {list(first[n].shape)} {first[n].placement}" for n in points))

@@ -8,15 +8,17 @@ from tpsim.run.jobs import check_job
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
 from tpsim.run.report import TOLERANCE_METRIC, CheckReport, ops_text, summarize
 from tpsim.run.spec import RunSpec
-from tpsim.ui import ProgressLine, stdout, table
+from tpsim.ui import ProgressLine, say, table
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("check", help="run the model at each TP degree on real ranks and check the capture")
+    p = sub.add_parser("check", help="run the model at each TP degree on real ranks and check the capture",
+                       description="Run the model at each TP degree on real ranks (gloo on CPU, NCCL on GPUs) and check the capture: identical on every rank, equal to TP=1, and the shape the draft expects. Exit 0 PASS, 1 FAIL with the reason.",
+                       epilog="examples:\n  tpsim check --model deepseek-v3 --override num_hidden_layers=4 --layers -1,2,3\n  tpsim check --mode ar-fusion --strategy model-level --tp 1,2\n  tpsim check --server sglang@0.5.6 --layers 0,1,2")
     add_run_options(p)
     add_mode_options(p)
-    p.add_argument("--tp", help="TP degrees, e.g. 1,2,4,8 (default 1,2,4,8; under torchrun every divisor "
-                                "of the world size)")
+    p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "
+                                "torchrun every divisor of the world size)")
     add_json(p, cmd_check)
 
 
@@ -52,10 +54,10 @@ def engine_failure(args, res) -> int:
     if args.json:
         emit_json({"ok": False, "convention": res.to_dict(), "rows": []})
     else:
-        stdout.print(f"tpsim check: {res.convention} on {res.num_layers} layers, ids "
-                     f"{'default' if res.ids is None else res.ids}", soft_wrap=True, markup=False)
+        say(f"tpsim check: {res.convention} on {res.num_layers} layers, ids "
+                     f"{'default' if res.ids is None else res.ids}")
         for f in res.findings:
-            stdout.print(f"FAIL: {f}", soft_wrap=True, markup=False)
+            say(f"FAIL: {f}")
     return 1
 
 
@@ -64,21 +66,21 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     cfg, mode, dtype = spec.cfg, spec.mode, spec.dtype
     H, L, n = cfg.hidden_size, cfg.num_hidden_layers, len(spec.positions)
     ids = "default " + str(res.internal) if res.ids is None else str(res.ids)
-    stdout.print(f"tpsim check: {spec.source.name} (L={L}, hidden={H}), {dtype}, {len(spec.tokens)} tokens, "
+    say(f"tpsim check: {spec.source.name} (L={L}, hidden={H}), {dtype}, {len(spec.tokens)} tokens, "
                  f"seed {spec.seed}, {spec.source.weights} weights")
     for note in spec.source.notes:
-        stdout.print(f"note: {note}")
-    stdout.print(f"capture: {res.convention} ids {ids} -> {res.positions_text} (width {n} x {H} = {n * H})")
+        say(f"note: {note}")
+    say(f"capture: {res.convention} ids {ids} -> {res.positions_text} (width {n} x {H} = {n * H})")
     for note in res.notes:
-        stdout.print(f"note: {note}")
+        say(f"note: {note}")
     note = mode.note(spec.strategy, len(spec.tokens), L)
     if note:
-        stdout.print(f"note: {note}")
-    stdout.print(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}); "
+        say(f"note: {note}")
+    say(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}); "
                  "ranks identical means bitwise equal to the group's rank 0")
     plain = mode.plain
-    stdout.print(table(
-        "", ["TP", "ranks", "capture shape per rank", "expected", "ranks identical", "rel err vs TP=1",
+    table(
+        ["TP", "ranks", "capture shape per rank", "expected", "ranks identical", "rel err vs TP=1",
              "logits rel err", "all-reduces (expected)" if plain else "collectives (expected)", "ok"],
         [[str(r.tp), str(r.ranks), r.shapes, " ".join(map(str, r.expected_shape))
           if isinstance(r.expected_shape[0], str) else str(r.expected_shape),
@@ -88,22 +90,22 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
           f"{r.all_reduces} ({r.expected_all_reduces})" if plain
           else f"{ops_text(r.collectives)} ({ops_text(r.expected_collectives)})",
           "ok" if r.ok else "FAIL"]
-         for r in report.rows]))
+         for r in report.rows], notes=("capture shape per rank", "expected", "collectives (expected)"))
     for r in report.rows:
         if r.routing_note:
-            stdout.print(f"note TP={r.tp}: {r.routing_note}")
+            say(f"note TP={r.tp}: {r.routing_note}")
     degrees = ", ".join(map(str, tps))
     word = "PASS" if report.ok else "the ranks agree, but the engine breaks the capture (below)"
     if all(r.ok for r in report.rows) and mode.rank_local:
-        stdout.print(f"{word}: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
+        say(f"{word}: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
                      f"on that rank's sequence at TP {degrees}")
     elif all(r.ok for r in report.rows):
-        stdout.print(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
+        say(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
                      f"at TP {degrees}" + ("" if plain else f" (mode {mode.name}, strategy {spec.strategy})")
                      + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows)
                         else ""))
     for r in report.rows:
         for why in r.failures:
-            stdout.print(f"FAIL TP={r.tp}: {why}")
+            say(f"FAIL TP={r.tp}: {why}")
     for f in res.findings:
-        stdout.print(f"FAIL: {f}", soft_wrap=True, markup=False)
+        say(f"FAIL: {f}")

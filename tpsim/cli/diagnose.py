@@ -3,35 +3,54 @@ infers it; tpsim.files.dumps reads the files; this module takes the options and 
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.markup import escape
-
 from tpsim.capture.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
-from tpsim.cli.options import add_json, emit_json, optional_int
-from tpsim.files.dumps import parse_positions
-from tpsim.ui import stdout, table
+from tpsim.cli.options import add_json, emit_json, int_list, optional_int
+from tpsim.errors import UsageError
+from tpsim.files.dumps import DumpKind, parse_positions
+from tpsim.ui import say, table
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("diagnose", help="infer what each rank captured (replicated, partial sums, token/hidden "
-                                        "shards, the wrong layer) against a reference")
+                                        "shards, the wrong layer) against a reference",
+                       description="Read one run's per-rank hidden states (tpsim rank dumps, SGLang dumper files, "
+                                   "or a vLLM hidden-states file) and say, point by point, what each rank holds: "
+                                   "the asked tensor replicated, partial sums, token or hidden shards, or the wrong "
+                                   "layer, against a reference (a TP=1 capture or training features). "
+                                   "docs/dumps.md says how to get the files out of each engine.",
+                       epilog="examples:\n  tpsim diagnose run/d.rank*.safetensors --reference ref.safetensors\n"
+                              "  tpsim diagnose sglang_dump_1733000000/ --reference features.pt --step 0")
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="one run's per-rank files: tpsim rank dumps ({stem}.rank{r}.safetensors) or SGLang "
-                        "dumper .pt files (or a directory of them)")
+                        "dumper .pt files (or a directory of them), or one vLLM hidden-states file "
+                        "({req_id}.safetensors, gathered); docs/dumps.md says how to get them")
     p.add_argument("--reference", required=True,
-                   help="a tpsim capture file, a TP=1 rank dump, or training features (.pt/.safetensors)")
+                   help="a tpsim capture file, a TP=1 rank dump, training features (.pt/.safetensors), or a vLLM "
+                        "hidden-states file")
     p.add_argument("--point", action="append", help="diagnose only this point (repeatable; default: every point "
                                                     "present on every rank)")
     p.add_argument("--positions", help="names of the reference's slots, e.g. embed,out(1),out(3)")
     p.add_argument("--hidden-size", help="split the reference's slots by this width")
     p.add_argument("--step", help="SGLang dumps: the step (forward pass) to diagnose")
+    p.add_argument("--layer-ids", metavar="IDS",
+                   help="a vLLM file: the eagle_aux_hidden_state_layer_ids the server ran with (vLLM's numbering: "
+                        "id k is the residual stream entering layer k, 0 = embed), e.g. 2,16,29; slot i is then "
+                        "named by its position (out(1), ...; slot{i} stays an alias) and compared with the "
+                        "reference's tensor at that position, whatever convention the reference was captured in")
+    p.add_argument("--num-layers", metavar="N",
+                   help="with --layer-ids: the model's decoder layers, to check the ids against (0..N) (default: "
+                        "the reference's num_layers metadata, else unchecked)")
     add_json(p, cmd_diagnose)
 
 
 def cmd_diagnose(args) -> int:
     positions = parse_positions(args.positions) if args.positions else None
+    layer_ids = None if args.layer_ids is None else int_list(args.layer_ids, "--layer-ids")
+    if args.num_layers is not None and layer_ids is None:
+        raise UsageError("--num-layers checks --layer-ids, which is not given; add --layer-ids or drop --num-layers")
     report = diagnose_files(args.files, args.reference, args.point, positions,
-                            optional_int(args.hidden_size, "--hidden-size", 1), optional_int(args.step, "--step", 0))
+                            optional_int(args.hidden_size, "--hidden-size", 1), optional_int(args.step, "--step", 0),
+                            layer_ids, optional_int(args.num_layers, "--num-layers", 1))
     if args.json:
         emit_json(report.to_dict())
     else:
@@ -40,29 +59,28 @@ def cmd_diagnose(args) -> int:
 
 
 def print_report(rep: DiagnoseReport) -> None:
-    out = stdout if stdout.is_terminal else Console(highlight=False, width=1000)  # a pipe: one line per row
-    say = lambda text: out.print(escape(text))  # noqa: E731  (names like x[layer_id=3] are not markup)
     toks = "" if rep.tokens is None else f", {rep.tokens} tokens"
-    say(f"tpsim diagnose: {len(rep.files)} rank files ({rep.kind}, tp={rep.tp}{toks})")
+    gathered = isinstance(rep.kind, DumpKind) and rep.kind.gathered
+    if gathered:
+        say(f"tpsim diagnose: {len(rep.files)} file ({rep.kind}: gathered, one copy for every TP rank{toks})")
+    else:
+        say(f"tpsim diagnose: {len(rep.files)} rank files ({rep.kind}, tp={rep.tp}{toks})")
     ref = rep.reference
     say(f"reference: {ref['path']} ({ref['kind']}): {', '.join(ref['candidates'])}")
     say(f"similarity: {SIMILARITY}; a match needs <= {THRESHOLDS['exact']:.0e} (float32/float64 on both "
         f"sides) or <= {THRESHOLDS['low_precision']:.0e} (bfloat16/float16 on either side)")
     for n in rep.notes:
         say(f"note: {n}")
-    show_declared = any(r.declared for r in rep.points)
-    cols = ["point", "ranks", "shape per rank", "placement", *(["declared"] if show_declared else []),
-            "matches", "diff", "correct", "reason"]
-    rows = []
-    for r in rep.points:
-        decl = [] if not show_declared else [
-            "-" if r.declared is None else r.declared + (" (disagrees)" if r.declared_agrees is False else "")]
-        rows.append([escape(c) for c in (
-            r.point, str(r.ranks), shapes_text(r.shapes), r.placement, *decl, r.matches or "-",
-            "-" if r.diff is None else f"{r.diff:.2e}", "yes" if r.correct else "NO", r.reason)])
-    out.print(table("", cols, rows))
+    rows = [[r.point, shapes_text(r.shapes),  # "[8, 64] x2": the shape and how many ranks hold it
+             r.placement + (f" (declared {r.declared})" if r.declared_agrees is False else ""),
+             "itself" if r.matches == r.point else r.matches or "-", "-" if r.diff is None else f"{r.diff:.2e}",
+             "yes" if r.correct else "NO", r.reason] for r in rep.points]
+    table(["point", "shape per rank", "placement", "matches", "diff", "ok", "reason"], rows,
+          notes=("reason", "matches"), whole=("placement", "diff"))
     bad = [r.point for r in rep.points if not r.correct]
-    if not bad:
+    if not bad and gathered:
+        say("PASS: every slot of the gathered copy is the asked tensor")
+    elif not bad:
         say(f"PASS: every point is Replicate() and the asked tensor on all {rep.tp} ranks")
     else:
         say(f"FAIL: {len(bad)} of {len(rep.points)} points are not Replicate() of the asked tensor: "

@@ -11,26 +11,25 @@ truncated to layers 0..k (the explained layer is the last one run).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 
 from tpsim.capture import CONVENTIONS, ids_for
 from tpsim.capture.points import catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.cli.capture import on_ranks
-from tpsim.cli.options import (add_json, add_mode_options, add_run_options, dtype_for, emit_json, integer, load_source,
-                               mode_from, positive_int, tokens_for)
+from tpsim.cli.diagram import Step, draw
+from tpsim.cli.options import (add_execution_options, add_force, add_json, add_mode_options, add_model_option, add_tp,
+                               check_output, dtype_for, emit_json, integer, load_source, mode_from, one_tp, tokens_for)
 from tpsim.config import with_overrides
 from tpsim.errors import UsageError
 from tpsim.files.atomic import write_text
-from tpsim.parallel.placement import P, R, S0, S1
+from tpsim.parallel.placement import P, R, S0
 from tpsim.run.jobs import points_job
 from tpsim.run.preflight import check_timeout, check_world
 from tpsim.run.results import PointsResult
 from tpsim.run.spec import ModelSource, RunSpec
-from tpsim.ui import human_bytes, stdout, table
+from tpsim.ui import human_bytes, say, table
 
-PLACEMENT_COLOURS = {R: "#d8f0d8", S1: "#d8e4f8", P: "#fde3c8", S0: "#efe0f7"}
 CAPTURE_CONVENTIONS = [c for c in CONVENTIONS if c != "output-of"]
 
 
@@ -114,55 +113,42 @@ def build_rows(result: PointsResult, cfg, k: int, L_full: int) -> list[Row]:
     return rows
 
 
-def svg(rows: list[Row], title: str) -> str:
-    """A column of boxes, one per point (coloured by placement), with each collective drawn
-    as a labelled arrow between them."""
-    w, box_h, gap = 1000, 34, 10
-    y, parts = 50, []
-    for r in rows:
-        if r.kind == "collective":
-            parts.append(f'<line x1="180" y1="{y - gap}" x2="180" y2="{y + 18}" stroke="#c0392b" stroke-width="3" '
-                         f'marker-end="url(#arrow)"/><text x="195" y="{y + 8}" fill="#c0392b" font-size="12">'
-                         f'{escape(r.name)}: {escape(r.detail)}</text>')
-            y += 28
-            continue
-        fill = PLACEMENT_COLOURS.get(r.placement, "#eeeeee")
-        parts.append(f'<rect x="10" y="{y}" width="{w - 20}" height="{box_h}" rx="5" fill="{fill}" stroke="#555"/>'
-                     f'<text x="20" y="{y + 14}" font-size="13" font-weight="bold">{escape(r.name)}</text>'
-                     f'<text x="20" y="{y + 28}" font-size="11">[{escape(r.shape)}] {escape(r.placement)}'
-                     f'{"   capture " + escape(r.capture) if r.capture else ""}</text>'
-                     f'<text x="{w - 20}" y="{y + 14}" font-size="11" text-anchor="end" fill="#444">'
-                     f'{escape(r.detail[:95])}</text>')
-        y += box_h + gap
-    legend = "".join(f'<rect x="{10 + i * 170}" y="{y + 5}" width="14" height="14" fill="{c}" stroke="#555"/>'
-                     f'<text x="{30 + i * 170}" y="{y + 17}" font-size="12">{p}</text>'
-                     for i, (p, c) in enumerate(PLACEMENT_COLOURS.items()))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{y + 40}" font-family="monospace">'
-            '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="4" refY="4" orient="auto">'
-            '<path d="M0,0 L8,4 L0,8 z" fill="#c0392b"/></marker></defs>'
-            f'<text x="10" y="25" font-size="15" font-weight="bold">{escape(title)}</text>'
-            + "".join(parts) + legend + "</svg>\n")
+def steps(per_rank: list[PointsResult], cfg, k: int, L_full: int) -> list[Step]:
+    """Every rank's rows side by side for the diagram (each rank ran the same points and
+    collectives; only the shapes may differ)."""
+    by_rank = [build_rows(r, cfg, k, L_full) for r in per_rank]
+    return [Step(rows[0].kind, rows[0].name, rows[0].placement, rows[0].detail, rows[0].capture,
+                 tuple(tuple(int(d) for d in row.shape.split("x") if d) for row in rows))
+            for rows in zip(*by_rank, strict=True)]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("explain", help="where every activation of one layer lives at a TP degree, "
-                                       "and which collectives move it")
-    add_run_options(p)
+                                       "and which collectives move it",
+                       description="Run one decoder layer (and the embedding and head) on real ranks and show every "
+                                   "named point with its per-rank shape and placement, every collective with its "
+                                   "bytes, and which id of each convention captures each point. Also drawn as an SVG "
+                                   "with one lane per rank.",
+                       epilog="examples:\n  tpsim explain --model deepseek-v3 --tp 8 --layer 3\n"
+                              "  tpsim explain --tp 4 --mode ar-fusion --svg ar-fusion.svg")
+    add_model_option(p)
+    add_execution_options(p)
     add_mode_options(p, strategy=False)
     p.set_defaults(seq_len="16", dtype="bfloat16")
-    p.add_argument("--tp", default="2", help="TP degree (default 2)")
+    add_tp(p)
     p.add_argument("--layer", help="decoder layer to explain (default: the first MoE layer, else 0)")
-    p.add_argument("--svg", help="write the diagram here (default explain_<model>_tp<N>_layer<k>.svg)")
-    p.add_argument("--no-svg", action="store_true", help="do not write the diagram")
+    p.add_argument("--svg", metavar="PATH", help="also draw it, one lane per rank, into this .svg file")
+    add_force(p)
     add_json(p, cmd_explain)
 
 
 def cmd_explain(args) -> int:
-    tp = positive_int(args.tp, "--tp")
-    if args.svg is not None and args.no_svg:
-        raise UsageError("--svg and --no-svg contradict each other; give one of them")
+    tp = one_tp(args)
     if args.svg is not None and not args.svg.strip():
-        raise UsageError("--svg is empty; give a file name such as --svg explain.svg, or --no-svg")
+        raise UsageError("--svg is empty; give a file name such as --svg explain.svg")
+    out = None if args.svg is None else Path(args.svg)
+    if out is not None:
+        check_output(out, "--svg", "explain.svg", args.force)
     check_timeout(args.timeout)
     src = load_source(args, [tp])
     L, c = src.cfg.num_hidden_layers, src.cfg
@@ -174,12 +160,7 @@ def cmd_explain(args) -> int:
     cfg = with_overrides(src.cfg, [f"num_hidden_layers={mode.layers_to_explain(k, L)}"])
     tokens = tokens_for(args, cfg)
     mode.check(cfg, tp, len(tokens))
-    check_world(tp, args.device, args.force)
-    out = None if args.no_svg else Path(args.svg or f"explain_{Path(str(args.model)).stem}_tp{tp}_layer{k}.svg")
-    if out is not None and not out.parent.is_dir():
-        raise UsageError(f"--svg {out}: directory {out.parent} does not exist; create it first")
-    if out is not None and out.is_dir():
-        raise UsageError(f"--svg {out} is a directory; give a file name like {out / 'explain.svg'}")
+    check_world(tp, args.device, args.ignore_limits)
     dtype = dtype_for(args)
     spec = RunSpec(ModelSource(src.name, cfg), args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy,
                    args.device, args.backend, args.timeout)
@@ -198,20 +179,21 @@ def cmd_explain(args) -> int:
                    "tokens": len(tokens), "dtype": dtype,
                    "same_on_every_rank": same, "rows": [r.__dict__ for r in rows]})
     else:
-        stdout.print(title)
+        say(title)
         note = mode.note(mode.right_strategy, len(tokens), L)
         if note:
-            stdout.print(f"note: {note}")
-        stdout.print(table("", ["point / collective", "shape per rank", "placement", "what", "captured by"],
-                           [[("-> " if r.kind == "collective" else "") + r.name, r.shape, r.placement, r.detail,
-                             r.capture] for r in rows]))
-        stdout.print("Placements: Replicate() = every rank holds the whole tensor; Shard(dim=-1) = each rank "
-                     "a contiguous 1/tp of the last dim; Shard(dim=0) = each rank its own tokens; Partial(sum) = "
-                     "each rank a summand (before its all-reduce or reduce-scatter).")
-        stdout.print(f"Captured by: the id each convention writes for that position (L={L}); engines compute "
-                     "hidden + residual at the start of the next layer, after every all-reduce.")
+            say(f"note: {note}")
+        table(["point / collective", "shape", "placement", "what", "captured by"],
+              [[f"-> {r.name.split()[0]}" if r.kind == "collective" else r.name, r.shape, r.placement,
+                f"{r.name.split(maxsplit=1)[1][1:-1]}: {r.detail}" if r.kind == "collective" else r.detail,
+                r.capture] for r in rows], notes=("captured by",), whole=("placement",))
+        say("Placements: Replicate() = every rank holds the whole tensor; Shard(dim=-1) = each rank "
+            "a contiguous 1/tp of the last dim; Shard(dim=0) = each rank its own tokens; Partial(sum) = "
+            "each rank a summand (before its all-reduce or reduce-scatter).")
+        say(f"Captured by: the id each convention writes for that position (L={L}); engines compute "
+            "hidden + residual at the start of the next layer, after every all-reduce.")
     if out is not None:
-        write_text(out, svg(rows, title))
+        write_text(out, draw(steps(per_rank, cfg, k, L), title))
         if not args.json:
-            stdout.print(f"diagram: {out}")
+            say(f"diagram: {out}")
     return 0

@@ -11,7 +11,7 @@ import torch
 from tpsim.checkpoint import expected_tensors
 from tpsim.checkpoint.export import export_checkpoint, total_bytes
 from tpsim.config import load_config, with_overrides
-from tpsim.cli.options import DTYPES, add_override, seed_value
+from tpsim.cli.options import DTYPES, add_override, dtype_name, seed_value
 from tpsim.errors import UsageError
 from tpsim.run.spec import DEFAULT_MODEL, model_path
 from tpsim.ui import human_bytes, progress_bar
@@ -21,11 +21,14 @@ SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write the seeded model as an HF checkpoint (config.json + safetensors)")
+    p = sub.add_parser("export", help="write the seeded model as an HF checkpoint (config.json + safetensors)",
+                       description="Write the seeded model as an HF checkpoint directory (config.json and sharded safetensors with an index) that transformers, the engines and tpsim --model load.",
+                       epilog="example:\n  tpsim export --model deepseek-v2-lite --override num_hidden_layers=2 --out ckpt")
     p.add_argument("--model", default=DEFAULT_MODEL, help="YAML/JSON config or built-in name (default tiny)")
     p.add_argument("--seed", type=seed_value, default=0, help="weights seed (default 0)")
     p.add_argument("--out", required=True, help="output directory (created; must be empty unless --force)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (auto: float32)")
+    p.add_argument("--dtype", default="auto", type=dtype_name, choices=DTYPES,
+                   help="weights dtype (auto: float32; bf16, fp16, fp32 also accepted)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file before sharding (default 5GB)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     add_override(p)

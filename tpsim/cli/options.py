@@ -4,11 +4,17 @@ they build (every value validated here, once, before any rank starts)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
+import re
+import sys
+from pathlib import Path
 
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
+from tpsim.files.atomic import temporary_name
 from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
 from tpsim.capture.align import read_draft_config
@@ -21,12 +27,59 @@ from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, input_ids_for
 
 MAX_TOKENS = 2**20  # far beyond any real context here (V3: 163840); keeps a typo from allocating 8 TB of ids
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
-LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "--layers=-1,2,30", "--tokens": "1,2,3"}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "f32": "float32", "half": "float16"}
+LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "-1,2,30", "--tokens": "1,2,3"}
+DEFAULT_TP = 2  # a run at one degree: the smallest that shards anything
+TP_RULE = "default 2, the smallest degree that shards; under torchrun the world size"
+NEGATIVE_VALUE = re.compile(r"-\d")
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse with tpsim's habits: no abbreviations (`--layer` is not `--layers`), a value may
+    start with a minus (`--layers -1,2,30`), every error one line, and the options given on the
+    command line recorded (`given`), so a command can refuse one it would otherwise ignore."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line, exit 2, no usage dump
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if unknown:
+            close = difflib.get_close_matches(unknown.group(1).split("=")[0], self._option_string_actions, n=1)
+            if close:
+                message += f" (did you mean {close[0]}?)"
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = self._join_negative_values(list(sys.argv[1:] if args is None else args))
+        ns, rest = super().parse_known_args(args, namespace)
+        if rest:  # here, not in the top-level parser: this parser's prog and options name the fix
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        ns.given = getattr(ns, "given", frozenset()) | self._given(args)
+        return ns, rest
+
+    def _takes_value(self, token: str) -> bool:
+        action = self._option_string_actions.get(token)
+        return action is not None and action.nargs in (None, "?")
+
+    def _join_negative_values(self, args: list[str]) -> list[str]:
+        """`--layers -1,2,30` as `--layers=-1,2,30`: argparse takes `-1,2,30` for an option."""
+        out: list[str] = []
+        for a in args:
+            if a == "--":
+                return out + args[len(out):]
+            if out and NEGATIVE_VALUE.match(a) and self._takes_value(out[-1]):
+                out[-1] = f"{out[-1]}={a}"
+            else:
+                out.append(a)
+        return out
+
+    def _given(self, args: list[str]) -> frozenset[str]:
+        head = args[:args.index("--")] if "--" in args else args
+        names = (a.split("=", 1)[0] for a in head)
+        return frozenset(self._option_string_actions[n].dest for n in names if n in self._option_string_actions)
 
     def _get_values(self, action, arg_strings):
         # `--opt=--`: argparse (CPython < 3.12) drops the "--" and hands the option an empty list
@@ -73,8 +126,51 @@ def int_list(text: str, option: str) -> list[int]:
 
 def add_json(p: argparse.ArgumentParser, func) -> None:
     """--json and the command's function: the last options every command with a report adds."""
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (and write no other file)")
     p.set_defaults(func=func)
+
+
+def add_force(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace an existing output (one rule for every file tpsim "
+                                                        "writes)")
+
+
+def check_output(out: Path, option: str, example: str, force: bool) -> None:
+    """An output tpsim may write: a regular file or a new name in a writable directory, with the
+    suffix of its format (that of `example`), replaced only with --force."""
+    suffix = Path(example).suffix
+    if not out.parent.is_dir():
+        raise UsageError(f"{option} {out}: directory {out.parent} does not exist; create it first")
+    if out.is_symlink():  # replacing it would replace the link, not what it points to: say which is meant
+        raise UsageError(f"{option} {out} is a symbolic link; give the path it points to ({out.resolve()}) or a new name")
+    if out.is_dir():
+        raise UsageError(f"{option} {out} is a directory; give a file name like {out / example}")
+    if out.exists() and not out.is_file():
+        raise UsageError(f"{option} {out} is not a regular file (a FIFO, a device or a socket); give a file name")
+    if out.suffix != suffix:  # safetensors under a .pt name fails torch.load
+        raise UsageError(f"{option} {out}: tpsim writes {suffix[1:]} here; name it {out.with_suffix(suffix).name}")
+    if out.exists() and not force:
+        raise UsageError(f"{option} {out} exists; pass --force to replace it, or give a new name")
+    if not os.access(out.parent, os.W_OK):
+        raise UsageError(f"{option} {out}: directory {out.parent} is not writable")
+    need, limit = len(temporary_name(out).encode()), os.pathconf(out.parent, "PC_NAME_MAX")
+    if need > limit:
+        raise UsageError(f"{option} {out.name[:40]}...: the name is too long for the temporary file written beside "
+                         f"it ({need} of {limit} bytes); use a name of at most "
+                         f"{limit - (need - len(out.name.encode()))} bytes")
+
+
+def dtype_name(text: str) -> str:
+    return DTYPE_ALIASES.get(text.lower(), text.lower())
+
+
+def refuse_without(args, needed: str, present: bool, options: dict[str, str]) -> None:
+    """Refuse options (dest -> option) given on the command line that only apply with `needed`."""
+    if present:
+        return
+    used = [opt for dest, opt in options.items() if dest in getattr(args, "given", ())]
+    if used:
+        raise UsageError(f"{used[0]} applies only with {needed}; add {needed}, or leave {used[0]} out")
 
 
 def emit_json(obj) -> None:
@@ -89,15 +185,20 @@ def add_override(p: argparse.ArgumentParser) -> None:
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="YAML/JSON config with HF DeepseekV2Config fields, a built-in name (tiny, "
-                        "deepseek-v2-lite, deepseek-v3), or an HF model directory")
-    p.add_argument("--layers", help="layer ids in the convention's numbering, e.g. --layers=-1,2,30 "
+    add_model_option(p)
+    p.add_argument("--layers", help="layer ids in the convention's numbering, e.g. --layers -1,2,30 "
                                     "(default: the convention's default ids)")
     p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}",
-                   help="how the ids are numbered (default sglang)")
+                   help="how --layers numbers the layers: an engine's or trainer's own numbering "
+                        "(default sglang; tpsim resolve shows each)")
     add_server_option(p, draft=True)
     add_execution_options(p)
+
+
+def add_model_option(p: argparse.ArgumentParser, help: str = "") -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=help or "the target: a built-in name (tiny, deepseek-v2-lite, deepseek-v3), a YAML/JSON "
+                                "config with HF DeepseekV2Config fields, or an HF model directory (default tiny)")
 
 
 def add_server_option(p: argparse.ArgumentParser, draft: bool = False) -> None:
@@ -137,21 +238,30 @@ def resolution_for(args, cfg: ModelConfig) -> Resolution:
     return res
 
 
+EXECUTION_OPTIONS = {"dtype": "--dtype", "seq_len": "--seq-len", "seed": "--seed", "device": "--device",
+                     "backend": "--backend", "timeout": "--timeout", "ignore_limits": "--ignore-limits",
+                     "override": "--override"}
+
+
 def add_execution_options(p: argparse.ArgumentParser) -> None:
-    """How a model runs: dtype, tokens, seed, device, backend, timeout, --force, --override."""
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: float32 on CPU, bfloat16 on CUDA")
+    """How a model runs: dtype, tokens, seed, device, backend, timeout, --ignore-limits, --override."""
+    p.add_argument("--dtype", default="auto", type=dtype_name, choices=DTYPES,
+                   help="auto: float32 on CPU, bfloat16 on CUDA (bf16, fp16, fp32 also accepted)")
     p.add_argument("--seq-len", help="number of random tokens drawn from --seed (default 16)")
     p.add_argument("--seed", type=seed_value, default=0, help="weights and token seed (default 0)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the ranks run: cpu (gloo, one process per rank) or cuda (one GPU per rank)")
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, gloo on CPU")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")
-    p.add_argument("--force", action="store_true", help="spawn more CPU ranks than the machine should run")
+    p.add_argument("--ignore-limits", action="store_true",
+                   help="run even where the guards say this machine should not (more CPU ranks than cores, "
+                        "more memory than is free)")
     add_override(p)
 
 
 def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
     p.add_argument("--mode", default="tp", metavar="{" + ",".join(MODES) + "}",
-                   help="communication mode of the engine replayed (default tp; README: one section per mode)")
+                   help="communication mode of the engine replayed (default tp; docs/modes.md: one section per mode)")
     if strategy:
         p.add_argument("--strategy", help="capture strategy (default: the right one for the mode; tp: model-level, "
                                           "ar-fusion: in-layer, sp/ep: gathered, dp-attention: local)")
@@ -213,6 +323,19 @@ def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tup
     return mode, strategy
 
 
+def add_tp(p: argparse.ArgumentParser, what: str = "TP degree") -> None:
+    p.add_argument("--tp", help=f"{what} ({TP_RULE})")
+
+
+def one_tp(args) -> int:
+    """--tp of a command that runs one degree: DEFAULT_TP, or the torchrun world."""
+    if args.tp is None:
+        return torchrun_world() if under_torchrun() else DEFAULT_TP
+    tp = positive_int(args.tp, "--tp")
+    check_divides_world(tp)
+    return tp
+
+
 def tp_degrees(args) -> list[int]:
     """--tp as a sorted list of degrees (default 1,2,4,8; under torchrun every divisor of the world)."""
     if args.tp is None:
@@ -239,9 +362,9 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
             mode[0].check(src.cfg, t, len(tokens))
     mode, strategy = mode or (mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else
                               (Mode(), "model-level"))
-    check_world(max(tps), args.device, args.force)
+    check_world(max(tps), args.device, args.ignore_limits)
     dtype = dtype_for(args)
-    check_memory(src.cfg, tps, dtype, args.device, args.force, str(args.model))
+    check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model))
     spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
                    mode, strategy, args.device, args.backend, args.timeout)
     return spec, res

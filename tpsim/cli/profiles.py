@@ -3,16 +3,17 @@ engine's latest profile for the same model file, and its sources."""
 
 from __future__ import annotations
 
-from rich.markup import escape
 
 from tpsim.cli.options import add_json, emit_json
 from tpsim.profiles.profile import Behaviour, Profile, describe, differences
 from tpsim.profiles.registry import LINES
-from tpsim.ui import stdout, table
+from tpsim.ui import say, table
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("profiles", help="list the engine profiles --server and --train take, with their sources")
+    p = sub.add_parser("profiles", help="list the engine profiles --server and --train take, with their sources",
+                       description="List the engine and trainer profiles (ENGINE@VERSION:MODEL) that --server and --train replay: what each captures, with the release, commit or PR it was read at.",
+                       epilog="examples:\n  tpsim profiles\n  tpsim profiles --sources --json")
     p.add_argument("--sources", action="store_true", help="print every behaviour with its source")
     add_json(p, cmd_profiles)
 
@@ -45,18 +46,17 @@ def cmd_profiles(args) -> int:
     if args.json:
         emit_json([to_dict(p, latest) for p, latest in rows])
         return 0
-    stdout.print(f"{len(rows)} profiles; --server and --train take ENGINE[@VERSION][:MODEL], e.g. "
-                 "sglang@0.5.12:deepseek_v2; --sources prints every behaviour with its source", markup=False)
-    stdout.print(table("", ["profile", "models", "versions", "differs from the latest", "sources"],
-                       [[escape(p.name), ", ".join(p.models) or "any", escape(p.versions.text()),
-                         "(latest)" if p is latest else ", ".join(d.split(":")[0] for d in differences(p, latest)),
-                         str(len(p.sources()))] for p, latest in rows]))
+    say(f"{len(rows)} profiles; --server and --train take ENGINE[@VERSION][:MODEL], e.g. "
+        "sglang@0.5.12:deepseek_v2; --sources prints every behaviour with its source")
+    table(["profile", "releases", "models", "differs from the latest", "sources"],
+          [[p.name, p.versions.span(), ", ".join(p.models) or "any",
+            "(latest)" if p is latest else ", ".join(d.split(":")[0] for d in differences(p, latest)),
+            str(len(p.sources()))] for p, latest in rows], notes=("differs from the latest",))
     if args.sources:
         for p, _ in rows:
-            stdout.print(f"\n{p.name}", markup=False)
+            say(f"\n{p.name}")
             for f in Behaviour.FIELDS:
                 c = getattr(p.behaviour, f)
                 if c is not None:
-                    stdout.print(f"  {f}: {describe(c)}\n    {c.source}: {c.source.note}", markup=False,
-                                 soft_wrap=True)
+                    say(f"  {f}: {describe(c)}\n    {c.source}: {c.source.note}")
     return 0

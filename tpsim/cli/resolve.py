@@ -14,10 +14,13 @@ from tpsim.run.spec import model_path
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("resolve", help="layer ids -> positions, without running a model")
-    p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}")
+    p = sub.add_parser("resolve", help="layer ids -> positions, without running a model",
+                       description="Say which residual-stream positions layer ids name in one program's numbering, and the ids every other program needs for the same positions.",
+                       epilog="examples:\n  tpsim resolve --convention sglang --layers -1,2,30 --num-layers 61\n  tpsim resolve --server vllm --layers 2,30,58 --model deepseek-v3")
+    p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}",
+                   help="the numbering --layers is written in")
     add_server_option(p)
-    p.add_argument("--layers", help="layer ids, e.g. --layers=-1,2,30 (default: the convention's default)")
+    p.add_argument("--layers", help="layer ids, e.g. --layers -1,2,30 (default: the convention's default)")
     p.add_argument("--num-layers", help="num_hidden_layers of the model")
     p.add_argument("--model", help="or read num_hidden_layers (and the model type) from this config")
     add_json(p, cmd_resolve)

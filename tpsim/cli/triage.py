@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from tpsim.capture.align import read_draft_config
 from tpsim.cli.check import run_check
-from tpsim.cli.options import add_execution_options, add_json, add_server_option, emit_json, load_source, \
-    positive_int, run_spec
+from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
+    one_tp, positive_int, run_spec
 from tpsim.errors import UsageError
 from tpsim.profiles.findings import resolution
 from tpsim.profiles.profile import Gpu, Served
@@ -22,28 +22,33 @@ from tpsim.profiles.sides import align_profiles, side_from_config
 from tpsim.run.preflight import check_divides_world, check_timeout
 from tpsim.run.spec import DEFAULT_MODEL
 from tpsim.run.triage import Triage, assess
-from tpsim.ui import stdout
+from tpsim.ui import say
 
 GPUS = [g.value for g in Gpu]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("triage", help="low acceptance after a TP or engine change? find out why, with the fix")
+    p = sub.add_parser("triage", help="low acceptance after a TP or engine change? find out why, with the fix",
+                       description="Start here when a draft's acceptance dropped after a TP or engine change: reads the draft's config as the trainer and the server each read it, works out the communication mode from the served flags, runs check in that mode at TP 1 and the TP served, and prints each finding with its fix.",
+                       epilog="example:\n  tpsim triage --draft-config draft/config.json --server sglang@0.5.6 --tp 8 --model deepseek-v3 --override num_hidden_layers=4")
     p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
     add_server_option(p)
     p.add_argument("--train", default="specforge", metavar="PROFILE",
                    help="what trained the draft (default specforge: the current code)")
-    p.add_argument("--tp", default="1", help="TP degree served (default 1)")
+    add_tp(p, "TP degree served")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="the target: a checkpoint directory, a config, or a built-in (tiny, deepseek-v2-lite, "
                         "deepseek-v3); --override num_hidden_layers=K runs a truncation")
     served = p.add_argument_group("engine flags as served")
     served.add_argument("--gpu", default="H200", choices=GPUS, help="the GPU served on (default H200)")
     served.add_argument("--nnodes", default="1", help="nodes (default 1)")
-    served.add_argument("--enable-dp-attention", action="store_true")
-    served.add_argument("--moe-a2a-backend", default="none", choices=["none", "deepep"])
-    served.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
-    served.add_argument("--disable-cuda-graph", action="store_true")
+    served.add_argument("--enable-dp-attention", action="store_true", help="SGLang's DP attention was on")
+    served.add_argument("--moe-a2a-backend", default="none", choices=["none", "deepep"],
+                        help="SGLang's MoE all-to-all backend (deepep: expert parallel, token-scattered)")
+    served.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true",
+                        help="the all-reduce fused into the next norm was asked for (the profile says when it is "
+                             "on anyway)")
+    served.add_argument("--disable-cuda-graph", action="store_true", help="served without CUDA graphs")
     add_execution_options(p)
     add_json(p, cmd_triage)
 
@@ -53,7 +58,7 @@ def cmd_triage(args) -> int:
         raise UsageError("triage needs --server PROFILE, the engine as served, e.g. --server sglang@0.5.12 "
                          "(tpsim profiles lists them)")
     check_timeout(args.timeout)
-    tp = positive_int(args.tp, "--tp")
+    tp = one_tp(args)
     check_divides_world(tp)
     tps = sorted({1, tp})
     draft = read_draft_config(args.draft_config)
@@ -92,8 +97,6 @@ def to_dict(t: Triage, args) -> dict:
 
 
 def print_triage(t: Triage, args) -> None:
-    def say(text: str = "") -> None:
-        stdout.print(text, soft_wrap=True, markup=False)
     s = t.served
     say(f"tpsim triage: {args.draft_config} served by {t.serve.name} ({t.serve.versions.text()}) at TP={s.tp} on "
         f"{s.gpu.value}, trained by {t.train.name}; target {args.model} ({t.replay.num_layers} layers)")

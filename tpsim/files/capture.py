@@ -10,6 +10,7 @@ tensor, written atomically (temporary name in the same directory, fsync, rename)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -28,6 +29,12 @@ def write_capture(path: Path, capture: torch.Tensor, input_ids: list[int], metad
 
 def rank_dump_path(out: Path, rank: int) -> Path:
     return out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+
+
+def rank_dumps_present(out: Path) -> dict[int, Path]:
+    """The rank dumps of `out` on disk, by rank (an earlier run's, perhaps at another TP)."""
+    name = re.compile(re.escape(out.stem) + r"\.rank(\d+)" + re.escape(out.suffix))
+    return {int(m.group(1)): p for p in out.parent.iterdir() if (m := name.fullmatch(p.name))}
 
 
 def write_rank_dumps(out: Path, tp: int, taps: dict[int, dict], input_ids: list[int], metadata: dict[str, str]) -> None:

@@ -1,35 +1,57 @@
 """Reading one run's per-rank files and a reference, for `tpsim diagnose`.
 
 Inputs of the command: per-rank tpsim rank dumps (`{stem}.rank{r}.safetensors`,
-`format=tpsim-rank-dump`) or SGLang debug-dumper `.pt` files (both layouts below); a reference
-that is a tpsim capture file, a TP=1 rank dump, or training features (`aux_hidden_states` /
-`hidden_states`, SpecForge's `aux_hidden_state` / `hidden_state`, or a TP=1 SGLang dump's `value`:
-`[T, n*H]` or `[1, T, n*H]`, slots named by `--positions` or split by `--hidden-size`).
+`format=tpsim-rank-dump`), SGLang debug-dumper `.pt` files (the layouts below), or one vLLM
+hidden-states file (below); a reference that is a tpsim capture file, a TP=1 rank dump, training
+features (`aux_hidden_states` / `hidden_states`, SpecForge's `aux_hidden_state` / `hidden_state`, or
+a TP=1 SGLang dump's `value`: `[T, n*H]` or `[1, T, n*H]`, slots named by `--positions` or split by
+`--hidden-size`), or a vLLM hidden-states file (slots `slot0..`, or named by `--positions`).
 
 SGLang's dumper (`python/sglang/srt/debug_utils/dumper.py`), as read in sgl-project/sglang:
-- at 5a7255c6: `torch.save(value)` of the bare tensor to
+- at 5a7255c6 (releases 0.4.10 to 0.5.8): `torch.save(value)` of the bare tensor to
   `sglang_dump_{time}/forward_pass_id={n}___rank={r}___name={name}___dump_index={i}[___k=v...].pt`;
-- at 09d99f36: `torch.save({"value": tensor, "meta": {...}})` to
+- release 0.5.9: the dict of 09d99f36, to
+  `sglang_dump_{time}/forward_pass_id={n}___rank={r}___dump_index={i}___name={name}[___k=v...].pt`;
+- at 09d99f36 (in no release from 0.4.10 to 0.5.23): `torch.save({"value": tensor, "meta": {...}})` to
   `sglang_dump_{time}/curr_step={n}___rank={r}___dump_index={i}___name={name}[___k=v...].pt`;
-- at 00d35548: the same dict, to
-  `{exp_name}/step={n}___rank={r}___dump_index={i}___name={name}___recompute_status=...[___k=v...].pt`.
+- at 00d35548 (releases 0.5.10 to 0.5.23): the same dict, to
+  `{exp_name}/step={n}___rank={r}___dump_index={i}___name={name}___recompute_status=...[___k=v...].pt`
+  (from 0.5.13, `DUMPER_INCLUDE_PARALLEL_RANK_IN_FILENAME=1` adds `___pp_rank=...___tp_rank=...`).
 The dict's meta holds the filename tags, `world_rank`, `world_size` and `sglang_parallel_info`
 (`tp_rank`, `tp_size`, ...; only `distributed_error` outside SGLang); the newer dumper's default
 non-intrusive mode also dumps the batch's `input_ids` (name `input_ids`).
 `rank` is the global rank; `tp_rank` / `tp_size` from the meta win when present. A dump named
 `layer_start__hidden_states` with `layer_id=k` is taken to be the residual stream entering
 layer k (`hidden_states + residual`, what EAGLE-3 captures): `embed` for k = 0, else out(k-1).
+
+vLLM's `ExampleHiddenStatesConnector` (`vllm/distributed/kv_transfer/kv_connector/v1/
+example_hidden_states_connector.py`, with `speculative_config={"method": "extract_hidden_states"}`),
+releases 0.17.0 to 0.33.0 of vllm-project/vllm: `safetensors.torch.save_file` of `hidden_states`
+`[T, n, H]` (the n aux layers of `eagle_aux_hidden_state_layer_ids`, in the model loop's ascending
+layer order; the model dtype) and `token_ids` `[T]` (int64), no metadata, to
+`{shared_storage_path}/{req_id}.safetensors`, one file per request. It is one copy for the whole
+TP group: from 0.24.0 only TP rank 0 writes it (before, every TP rank wrote the same path), and
+the model loop captures `hidden_states + residual` (deepseek_v2.py all-gathers it when token-split,
+from 0.25.0). Slot i is the point `slot{i}`; the file names neither the layers nor the TP degree,
+so slot i is compared with the reference's `slot{i}`: a vLLM file's slot i, a split by
+`--hidden-size`, or the i-th slot of a capture made with vLLM's convention. Given the server's
+ids (`--layer-ids`, vLLM's numbering: id k is `embed` for k = 0, else out(k-1); converted by
+tpsim.capture.resolve's `vllm` convention), slot i is the point named by the i-th position in
+ascending order, `slot{i}` its alias, and is compared with the reference's tensor at that
+position, in whatever convention the reference was captured.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from tpsim.capture.conventions import resolve
 from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
 from tpsim.files.capture import RANK_DUMP_FORMAT
@@ -40,13 +62,29 @@ SGLANG_BOOKKEEPING = {"rank", "dump_index", "name", "recompute_status", *SGLANG_
                       "pp_rank", "tp_rank", "cp_rank", "ep_rank", "etp_rank"}
 SGLANG_RESIDUAL_AT_LAYER_START = ("layer_start__hidden_states", "layer_start_hidden_states")
 FEATURE_KEYS = ("aux_hidden_states", "aux_hidden_state", "hidden_states", "hidden_state", "value")
+VLLM_HIDDEN, VLLM_TOKENS = "hidden_states", "token_ids"
+VLLM_FIX = "pass the {req_id}.safetensors that vLLM's hidden-states connector wrote"
+
+
+class DumpKind(StrEnum):
+    """What wrote a run's files."""
+
+    TPSIM = "tpsim rank dump"
+    SGLANG = "SGLang dumper"
+    VLLM = "vLLM hidden-states connector"
+
+    @property
+    def gathered(self) -> bool:
+        """One copy for the whole TP group, not one file per rank."""
+        return self is DumpKind.VLLM
 
 
 @dataclass
 class RankSet:
-    """One run's per-rank files, validated: `points[p][r]` is rank r's `[rows, w]` tensor."""
+    """One run's per-rank files, validated: `points[p][r]` is rank r's `[rows, w]` tensor
+    (a gathered kind: one "rank", the copy every rank shares)."""
 
-    kind: str                          # "tpsim rank dump" | "SGLang dumper"
+    kind: DumpKind
     files: list[str]                   # rank order (SGLang: one file per rank of the first point)
     tp: int
     points: dict[str, list[torch.Tensor]]
@@ -55,6 +93,7 @@ class RankSet:
     input_ids: torch.Tensor | None = None
     notes: list[str] = field(default_factory=list)
     available: list[str] = field(default_factory=list)      # every point name, also those not read
+    aliases: dict[str, str] = field(default_factory=dict)    # another name -> the point (vLLM: slot{i})
 
 
 def _short(e: BaseException) -> str:
@@ -62,11 +101,30 @@ def _short(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:160]
 
 
+def _unreadable(path: Path, e: BaseException) -> UsageError:
+    return UsageError(f"{path} is not a readable safetensors file ({_short(e)}); pass the file tpsim or the engine "
+                      f"wrote, whole")
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, str], list[str]]:
+    """(metadata, tensor names) of a safetensors file, no tensor read."""
+    _check_file(path)
+    try:
+        with safe_open(str(path), "pt") as f:
+            return f.metadata() or {}, list(f.keys())
+    except Exception as e:  # safetensors raises its own error types for a bad header
+        raise _unreadable(path, e) from None
+
+
 def open_safetensors(path: Path, keep: set[str] | None = None):
     """(metadata, {name: tensor}, every name) of a safetensors file, every `sha256.<tensor>`
     verified (one tensor at a time; only the names in `keep` are returned, all when None)."""
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+    _check_file(path)
     tensors, bad = {}, None
     try:
         with safe_open(str(path), "pt") as f:
@@ -79,7 +137,7 @@ def open_safetensors(path: Path, keep: set[str] | None = None):
                 if keep is None or k in keep:
                     tensors[k] = t
     except Exception as e:  # safetensors raises its own error types for a bad header or truncated data
-        raise UsageError(f"{path} is not a readable safetensors file ({_short(e)}); pass the file tpsim wrote") from None
+        raise _unreadable(path, e) from None
     if bad is not None:
         raise UsageError(f"{path}: tensor {bad!r} fails its sha256 checksum (the file is corrupt or was edited); "
                          f"write it again")
@@ -105,14 +163,36 @@ def expand(files: list[str]) -> list[Path]:
     return out
 
 
-def read_rank_files(files: list[str], step: int | None = None, points: list[str] | None = None) -> RankSet:
-    """One run's rank files (all points, or only `points` and input_ids)."""
+def safetensors_kind(path: Path) -> DumpKind:
+    """A tpsim rank dump (its `format`) or a vLLM hidden-states file (vLLM's tensor names, no metadata)."""
+    meta, names = safetensors_header(path)
+    if meta.get("format") == RANK_DUMP_FORMAT:
+        return DumpKind.TPSIM
+    if "format" not in meta and {VLLM_HIDDEN, VLLM_TOKENS} & set(names):
+        return DumpKind.VLLM
+    raise UsageError(f"{path} is not a tpsim rank dump (format={meta.get('format')!r}) nor a vLLM hidden-states file "
+                     f"({VLLM_HIDDEN} + {VLLM_TOKENS}); pass the {{stem}}.rank{{r}}.safetensors files of one run, "
+                     f"or one {{req_id}}.safetensors of vLLM")
+
+
+def read_rank_files(files: list[str], step: int | None = None, points: list[str] | None = None,
+                    layer_ids: list[int] | None = None, num_layers: int | None = None) -> RankSet:
+    """One run's rank files (all points, or only `points` and input_ids); a vLLM file's slots named
+    by `layer_ids` (vLLM's, see `vllm_slot_names`) when given."""
     paths = expand(files)
     pts = [p for p in paths if p.suffix == ".pt"]
     if pts and len(pts) != len(paths):
         raise UsageError("mix of .pt (SGLang dumper) and other rank files; diagnose one run's files of one kind")
     keep = None if not points else {*points, "input_ids"}
-    return read_sglang(pts, step, keep) if pts else read_tpsim_dumps(paths, keep)
+    kinds = [DumpKind.SGLANG] if pts else sorted({safetensors_kind(p) for p in paths})
+    if len(kinds) > 1:
+        raise UsageError(f"mix of {' and '.join(kinds)} files; diagnose one run's files of one kind")
+    if layer_ids is not None and kinds != [DumpKind.VLLM]:
+        raise UsageError(f"--layer-ids names the slots of a vLLM hidden-states file, and these are {kinds[0]} files, "
+                         f"whose points carry their own names; drop --layer-ids")
+    if pts:
+        return read_sglang(pts, step, keep)
+    return read_vllm(paths, keep, layer_ids, num_layers) if kinds == [DumpKind.VLLM] else read_tpsim_dumps(paths, keep)
 
 
 def _by_rank(items: list[tuple[int, str, object]], tp: int, what: str = "") -> list:
@@ -187,7 +267,7 @@ def read_tpsim_dumps(paths: list[Path], keep: set[str] | None = None) -> RankSet
                   and all(n in d.names for d in dumps)]
     read = [n for n in everywhere if n in first.tensors]
     flat = [n for n in read if all(d.tensors[n].dim() != 2 for d in dumps)]
-    rs = RankSet("tpsim rank dump", [str(d.path) for d in dumps], tps[0],
+    rs = RankSet(DumpKind.TPSIM, [str(d.path) for d in dumps], tps[0],
                  {n: [d.tensors[n] for d in dumps] for n in read if n not in flat},
                  input_ids=ids.flatten(), available=everywhere)
     for n in rs.points:
@@ -280,7 +360,7 @@ def read_sglang(paths: list[Path], step: int | None, keep: set[str] | None = Non
         raise UsageError("the SGLang dump files hold no tensors")
     for name, items in per_point.items():
         kept[name] = _by_rank(items, tp, f" for {name}")
-    rs = RankSet("SGLang dumper", [str(v[0]) for v in next(iter(kept.values()))], tp, {}, available=available)
+    rs = RankSet(DumpKind.SGLANG, [str(v[0]) for v in next(iter(kept.values()))], tp, {}, available=available)
     if not known:
         rs.notes.append(f"the dumps carry no world size; tp={tp} is inferred from the highest rank seen")
     ids = kept.pop("input_ids", None)
@@ -300,6 +380,90 @@ def read_sglang(paths: list[Path], step: int | None, keep: set[str] | None = Non
         if pos:
             rs.position[name] = pos
     return rs
+
+
+@dataclass(frozen=True)
+class VllmRequest:
+    """One request's file of vLLM's hidden-states connector (module docstring)."""
+
+    path: Path
+    hidden_states: torch.Tensor   # [T, n, H]: n aux layers, ascending layer id
+    token_ids: torch.Tensor       # [T]
+
+    @property
+    def slots(self) -> list[str]:
+        return [f"slot{i}" for i in range(self.hidden_states.shape[1])]
+
+    def slot(self, i: int) -> torch.Tensor:
+        return self.hidden_states[:, i].contiguous()
+
+
+def vllm_request(path: Path, tensors: dict[str, torch.Tensor], what: str) -> VllmRequest:
+    """Validate vLLM's two tensors (`what` names the file in messages)."""
+    missing = [k for k in (VLLM_HIDDEN, VLLM_TOKENS) if k not in tensors]
+    if missing:
+        raise UsageError(f"{what} has no {missing[0]} tensor (found: {', '.join(tensors) or 'nothing'}); {VLLM_FIX}")
+    hs, ids = tensors[VLLM_HIDDEN], tensors[VLLM_TOKENS]
+    if hs.dim() != 3 or 0 in hs.shape[1:] or not hs.is_floating_point():
+        raise UsageError(f"{what}: {VLLM_HIDDEN} is {str(hs.dtype).removeprefix('torch.')} {list(hs.shape)}, not "
+                         f"vLLM's floating [tokens, aux layers, hidden]; {VLLM_FIX}")
+    if ids.dim() != 1 or len(ids) != hs.shape[0] or ids.is_floating_point():
+        raise UsageError(f"{what}: {VLLM_TOKENS} is {str(ids.dtype).removeprefix('torch.')} {list(ids.shape)} for "
+                         f"{hs.shape[0]} tokens of {VLLM_HIDDEN}; {VLLM_FIX}")
+    return VllmRequest(path, hs, ids)
+
+
+GATHERED = ("gathered: vLLM's hidden-states connector writes one copy per request for the whole TP group "
+            "(from vLLM 0.24.0 TP rank 0 writes it; before, every rank wrote the same file), so per-rank "
+            "placement cannot be seen; each slot is compared whole with ")
+GATHERED_NOTE = GATHERED + "the reference's slot of the same index (slot0, slot1, ...)"
+UNKNOWN_LAYERS = 1 << 62  # num_layers not known: the ids' upper end goes unchecked (as in parse_positions)
+LAYER_IDS_FIX = "pass the eagle_aux_hidden_state_layer_ids vLLM ran with, one per slot"
+
+
+def vllm_slot_names(req: VllmRequest, ids: list[int], num_layers: int | None) -> list[str]:
+    """The positions vLLM's `eagle_aux_hidden_state_layer_ids` put in the file's slots, ascending as
+    vLLM writes them (id k: the residual stream entering layer k; tpsim.capture.resolve's `vllm`
+    convention). `num_layers` None: the ids' upper end (num_layers: out(num_layers-1)) goes unchecked;
+    no id names a position that needs it."""
+    text, (T, n, H) = ",".join(map(str, ids)), req.hidden_states.shape
+    if num_layers is None and ids and min(ids) < 0:
+        raise UsageError(f"--layer-ids {text}: layer id {min(ids)} is negative (vLLM's ids run from 0, embed, to "
+                         f"num_layers, the last layer's output); {LAYER_IDS_FIX}")
+    try:
+        res = resolve("vllm", ids, UNKNOWN_LAYERS if num_layers is None else num_layers)
+    except UsageError as e:
+        raise UsageError(f"--layer-ids {text}: {e}; {LAYER_IDS_FIX}") from None
+    names = [str(p) for p in res.positions]
+    if len(names) != n:
+        distinct = " distinct" if len(names) != len(ids) else ""
+        raise UsageError(f"--layer-ids {text} names {len(names)}{distinct} layers ({','.join(names)}) but {req.path} "
+                         f"holds {n} slots ([{T}, {n}, {H}]); {LAYER_IDS_FIX}")
+    return names
+
+
+def read_vllm(paths: list[Path], keep: set[str] | None = None, layer_ids: list[int] | None = None,
+              num_layers: int | None = None) -> RankSet:
+    """One vLLM hidden-states file: slot i of its `[T, n, H]` is the point `slot{i}`, one "rank"; with
+    `layer_ids` the point is named by its position (`out(1)`) and `slot{i}` is an alias."""
+    if len(paths) != 1:
+        names = ", ".join(p.name for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
+        raise UsageError(f"{len(paths)} vLLM hidden-states files ({names}), one per request; pass the one whose "
+                         f"tokens the reference holds")
+    _, tensors, _ = open_safetensors(paths[0])
+    req = vllm_request(paths[0], tensors, str(paths[0]))
+    names = req.slots if layer_ids is None else vllm_slot_names(req, layer_ids, num_layers)
+    aliases = {} if layer_ids is None else dict(zip(req.slots, names))
+    keep = None if keep is None else {aliases.get(k, k) for k in keep}
+    unknown = sorted((keep or set()) - set(names) - {"input_ids"})
+    if unknown:
+        raise unknown_point(unknown[0], names)
+    points = {n: [req.slot(i)] for i, n in enumerate(names) if keep is None or n in keep}
+    note = GATHERED_NOTE if layer_ids is None else (
+        GATHERED + f"the reference's tensor at the position --layer-ids {','.join(map(str, layer_ids))} names ("
+        + ", ".join(f"{s} = {n}" for s, n in aliases.items()) + ")")
+    return RankSet(DumpKind.VLLM, [str(req.path)], 1, points, input_ids=req.token_ids, notes=[note],
+                   available=names, aliases=aliases, position={n: n for n in names} if layer_ids is not None else {})
 
 
 def unknown_point(p: str, available: list[str]) -> UsageError:
@@ -352,6 +516,25 @@ def _as_2d(t: torch.Tensor, what: str) -> torch.Tensor:
     return t
 
 
+def reference_num_layers(path_text: str, given: int | None) -> int | None:
+    """The model's layer count for --layer-ids: `--num-layers`, else the reference's `num_layers`
+    metadata (a capture that records it); both given, they must agree. None: neither says."""
+    path, own = Path(path_text), None
+    if path.is_file() and path.suffix == ".safetensors":
+        try:
+            own = safetensors_header(path)[0].get("num_layers")
+        except UsageError:  # not readable: read_reference says so
+            own = None
+    if own is not None and not (own.isdecimal() and int(own) > 0):
+        raise UsageError(f"--reference {path}: metadata num_layers={own!r} is not a positive integer; write the "
+                         f"capture again")
+    own = None if own is None else int(own)
+    if given is not None and own is not None and given != own:
+        raise UsageError(f"--num-layers {given} differs from the reference's num_layers={own} ({path}); drop "
+                         f"--num-layers")
+    return given if given is not None else own
+
+
 def read_reference(path_text: str, positions: list[str] | None, hidden: int | None) -> Reference:
     path = Path(path_text)
     if not path.is_file():
@@ -371,6 +554,8 @@ def read_reference(path_text: str, positions: list[str] | None, hidden: int | No
         cands = {n: t for n, t in tensors.items() if n != "input_ids" and t.dim() == 2}
         cands.update({meta[f"position.{n}"]: t for n, t in list(cands.items()) if f"position.{n}" in meta})
         return Reference(str(path), "TP=1 rank dump", cands, ids)
+    if VLLM_TOKENS in tensors:
+        return vllm_reference(vllm_request(path, tensors, f"--reference {path}"), positions, hidden)
     key = next((k for k in FEATURE_KEYS if k in tensors), None)
     if key is None:
         raise UsageError(f"--reference {path} holds no aux_hidden_states / hidden_states tensor (found: "
@@ -381,8 +566,34 @@ def read_reference(path_text: str, positions: list[str] | None, hidden: int | No
         if positions is not None and positions != own:
             raise UsageError(f"--positions {','.join(positions)} differs from the capture's own positions "
                              f"{','.join(own)}; drop --positions")
-        return Reference(str(path), "capture file", split_slots(t, own, hidden, f"--reference {path}"), ids)
+        slots = split_slots(t, own, hidden, f"--reference {path}")
+        return Reference(str(path), "capture file", with_slot_names(slots) if vllm_order(meta) else slots, ids)
     return Reference(str(path), "training features", split_slots(t, positions, hidden, f"--reference {path}: {key}"),
                      ids)
+
+
+def vllm_order(meta: dict[str, str]) -> bool:
+    """A capture made with vLLM's convention (`--convention vllm`, or `--server vllm...`, which writes the
+    profile's name `vllm@VERSION:MODEL`): its slots are in the order vLLM writes its aux layers."""
+    return meta.get("convention", "").partition("@")[0] == "vllm"
+
+
+def with_slot_names(slots: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The slots, then `slot{i}` for the i-th (the same tensor): what a vLLM file's slot i is compared with."""
+    return {**slots, **{f"slot{i}": t for i, t in enumerate(slots.values())}}
+
+
+def vllm_reference(req: VllmRequest, positions: list[str] | None, hidden: int | None) -> Reference:
+    """A vLLM hidden-states file as the reference: slots `slot{i}`, or named by --positions (and also `slot{i}`)."""
+    T, n, H = req.hidden_states.shape
+    what = f"--reference {req.path}"
+    if hidden is not None and hidden != H:
+        raise UsageError(f"--hidden-size {hidden}: {what} holds hidden size {H} ([{T}, {n}, {H}]); drop --hidden-size")
+    if positions is not None and len(positions) != n:
+        raise UsageError(f"--positions names {len(positions)} slots; {what} holds {n} ([{T}, {n}, {H}]); name each "
+                         f"once, in the file's order")
+    slots = split_slots(req.hidden_states.reshape(T, n * H), positions, H, what)
+    return Reference(str(req.path), "vLLM hidden-states file",
+                     slots if positions is None else with_slot_names(slots), req.token_ids)
 
 

@@ -271,6 +271,12 @@ class Versions:
         parts = ([edge(self.since, "from")] if self.since else []) + ([edge(self.until, "before")] if self.until else [])
         return "; ".join(parts) if parts else "every known version"
 
+    def span(self) -> str:
+        """`0.5.7 .. 0.5.11`: the first release it holds for and the first it no longer does."""
+        def at(c: Change) -> str:
+            return c.release or (str(c.merged) if c.merged else c.label)
+        return f"{at(self.since) if self.since else 'oldest'} .. {at(self.until) if self.until else 'latest'}"
+
 
 @dataclass(frozen=True)
 class Profile:

@@ -36,12 +36,12 @@ def check_divides_world(tp: int) -> None:
 
 
 def max_cpu_ranks() -> int:
-    """The most CPU ranks tpsim spawns without --force."""
+    """The most CPU ranks tpsim spawns without --ignore-limits."""
     return max(8, os.cpu_count() or 1)
 
 
-def check_world(world: int, device: str, force: bool) -> None:
-    """Refuse a self-spawned world the machine should not run without --force."""
+def check_world(world: int, device: str, ignore_limits: bool) -> None:
+    """Refuse a self-spawned world the machine should not run without --ignore-limits."""
     if under_torchrun():
         return
     if device == "cuda":
@@ -49,9 +49,9 @@ def check_world(world: int, device: str, force: bool) -> None:
             raise UsageError("--device cuda but CUDA is not available here; use --device cpu")
         return
     limit = max_cpu_ranks()
-    if world > limit and not force:
+    if world > limit and not ignore_limits:
         raise UsageError(f"--tp {world} would spawn {world} CPU ranks on a {os.cpu_count()}-core machine; "
-                         f"the limit is {limit}: pass --force to run it anyway")
+                         f"the limit is {limit}: pass --ignore-limits to run it anyway")
 
 
 def address_space_left() -> int | None:
@@ -78,11 +78,11 @@ def available_memory(device: str) -> tuple[int, str]:
     return int(info["MemAvailable"].split()[0]) * 1024, "available memory on this machine"
 
 
-def check_memory(cfg, tps: list[int], dtype: str, device: str, force: bool, source: str) -> None:
+def check_memory(cfg, tps: list[int], dtype: str, device: str, ignore_limits: bool, source: str) -> None:
     """Refuse, before any rank allocates, weights that would not fit: per GPU (the ranks that
     share one), or on the host (every self-spawned rank of the largest degree at once; under
     torchrun the ranks of this node, each at its largest shard)."""
-    if force or (device == "cpu" and not os.path.exists("/proc/meminfo")):
+    if ignore_limits or (device == "cpu" and not os.path.exists("/proc/meminfo")):
         return
     shard = {t: shard_bytes(cfg, t, DTYPES[dtype]) for t in tps}
     if device == "cuda":
@@ -96,7 +96,7 @@ def check_memory(cfg, tps: list[int], dtype: str, device: str, force: bool, sour
     if device == "cpu" and left is not None and largest > left:
         raise UsageError(f"{source} needs {human_bytes(largest)} of {dtype} weights in one rank at TP={min(tps)} and "
                          f"the address-space limit (ulimit -v) leaves each process {human_bytes(left)}; raise "
-                         "ulimit -v, use a larger --tp, --override num_hidden_layers=N to truncate, or --force")
+                         "ulimit -v, use a larger --tp, --override num_hidden_layers=N to truncate, or --ignore-limits")
     t = max(tps, key=lambda t: per[t] * shard[t])
     need = per[t] * shard[t]
     have, where = available_memory(device)
@@ -104,4 +104,4 @@ def check_memory(cfg, tps: list[int], dtype: str, device: str, force: bool, sour
         ranks = f"{per[t]} rank{'s' if per[t] > 1 else ''} x {human_bytes(shard[t])}"
         raise UsageError(f"{source} needs {human_bytes(need)} of {dtype} weights at TP={t} ({ranks}) and there is "
                          f"{human_bytes(have)} {where}; use a larger --tp or more GPUs, --override "
-                         "num_hidden_layers=N to truncate, or --force to try anyway")
+                         "num_hidden_layers=N to truncate, or --ignore-limits to try anyway")

@@ -11,11 +11,10 @@ import torch
 
 from tpsim.capture import Position
 from tpsim.checkpoint import Checkpoint, validate
-from tpsim.config import ModelConfig, load_config, with_overrides
+from tpsim.config import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
 from tpsim.modes import Mode
 
-BUILTIN_CONFIGS = Path(__file__).resolve().parent.parent.parent / "configs"
-DEFAULT_MODEL = "configs/tiny.yaml"
+DEFAULT_MODEL = "tiny"
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}  # ‖TP=t − TP=1‖ / ‖TP=1‖
 
 
@@ -26,8 +25,6 @@ def model_path(text: str) -> Path:
         for cand in (BUILTIN_CONFIGS / text, BUILTIN_CONFIGS / f"{text}.yaml"):
             if cand.is_file():
                 return cand
-        if text == DEFAULT_MODEL and (BUILTIN_CONFIGS / "tiny.yaml").is_file():
-            return BUILTIN_CONFIGS / "tiny.yaml"
     return p
 
 

@@ -1,0 +1,86 @@
+"""The wheel works outside the repository: built from a copy of the sources, installed into a fresh
+venv that already has torch (the packages of the test interpreter, as an existing CUDA venv would),
+and run from another directory: the built-in configs and scenarios come with it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from clirun import ROOT, cli_env
+
+SOURCES = ("tpsim", "configs", "setup.py", "pyproject.toml", "README.md")
+
+
+def sh(argv: list, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(the fresh venv's tpsim script, a working directory with nothing of tpsim in it)."""
+    tmp = tmp_path_factory.mktemp("install")
+    src = tmp / "src"
+    src.mkdir()
+    for name in SOURCES:  # a copy: building in the checkout would leave build/ behind
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, src / name)
+    r = sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", src],
+           tmp)
+    assert r.returncode == 0, r.stderr
+    wheel = next((tmp / "dist").glob("tpsim-*.whl"))
+    venv = tmp / "venv"
+    r = sh([sys.executable, "-m", "venv", venv], tmp)
+    assert r.returncode == 0, r.stderr
+    py = venv / "bin" / "python"
+    site = sh([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp).stdout.strip()
+    # torch and the other dependencies from the test interpreter; its editable tpsim is not on this path
+    Path(site, "existing-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    r = sh([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], tmp)
+    assert r.returncode == 0, r.stderr
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    return venv / "bin" / "tpsim", elsewhere
+
+
+def test_the_wheel_carries_every_built_in_config_and_scenario(installed):
+    wheel = next(installed[1].parent.glob("dist/tpsim-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in (ROOT / "configs").rglob("*"):
+        if f.is_file():
+            assert f"tpsim/builtin/{f.relative_to(ROOT / 'configs')}" in names, f
+
+
+def test_installed_tpsim_is_the_wheel_not_the_checkout(installed):
+    tpsim, cwd = installed
+    r = sh([tpsim.parent / "python", "-c", "import tpsim; print(tpsim.__file__)"], cwd)
+    assert r.returncode == 0 and str(tpsim.parent.parent) in r.stdout and str(ROOT) not in r.stdout, r
+
+
+def test_check_runs_from_any_directory(installed):
+    tpsim, cwd = installed
+    r = sh([tpsim, "check", "--tp", "1,2"], cwd)
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_scenarios_are_listed_and_run_from_any_directory(installed):
+    tpsim, cwd = installed
+    r = sh([tpsim, "scenario", "--list"], cwd)
+    listed = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+    assert r.returncode == 0 and listed == sorted(p.stem for p in (ROOT / "configs/scenarios").glob("*.yaml")), r
+    r = sh([tpsim, "scenario", "align-vllm-top-level-copy"], cwd)
+    assert r.returncode == 0 and "caught as expected" in r.stdout, r.stdout + r.stderr
+    shown = next(line for line in r.stdout.splitlines() if line.startswith("$ tpsim"))
+    assert str(ROOT) not in shown and "/tpsim/builtin/scenarios/" in shown  # the printed command runs anywhere
+
+
+def test_built_in_models_by_name(installed):
+    tpsim, cwd = installed
+    r = sh([tpsim, "resolve", "--convention", "sglang", "--layers", "-1,2,30", "--model", "deepseek-v3"], cwd)
+    assert r.returncode == 0 and "61" in r.stdout, r.stdout + r.stderr
