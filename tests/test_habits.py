@@ -282,3 +282,16 @@ def test_scenario_list_cuts_descriptions_at_a_word():
 def test_no_generated_output_is_committed():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     assert not [f for f in tracked if f.endswith((".svg", ".png")) and "/" not in f]
+
+
+def test_options_the_given_files_or_engine_cannot_use_are_refused(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+    f = tmp_path / "req.safetensors"  # vLLM's hidden-states connector layout: one forward, no steps
+    save_file({"hidden_states": torch.zeros(4, 3, 8), "token_ids": torch.arange(4)}, str(f))
+    assert run_command(["diagnose", str(f), "--reference", str(f), "--step", "1"]) == 2
+    assert "--step picks a forward pass among SGLang dumper files" in capsys.readouterr().err
+    draft = ROOT / "configs/drafts/ids-at-top-level.json"
+    for flag in (["--enable-dp-attention"], ["--moe-a2a-backend", "deepep"], ["--enable-flashinfer-allreduce-fusion"]):
+        assert run_command(["triage", "--draft-config", str(draft), "--server", "vllm", "--tp", "2", *flag]) == 2
+        assert f"{flag[0]} applies only with an SGLang --server" in capsys.readouterr().err

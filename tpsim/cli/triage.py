@@ -11,7 +11,7 @@ from __future__ import annotations
 from tpsim.capture.align import read_draft_config
 from tpsim.cli.check import run_check
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
-    one_tp, positive_int, run_spec
+    one_tp, positive_int, refuse_without, run_spec
 from tpsim.errors import UsageError
 from tpsim.profiles.findings import resolution
 from tpsim.profiles.profile import Gpu, Served
@@ -25,6 +25,10 @@ from tpsim.run.triage import Triage, assess
 from tpsim.ui import say
 
 GPUS = [g.value for g in Gpu]
+
+
+SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend": "--moe-a2a-backend",
+                "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion"}
 
 
 def add_parser(sub) -> None:
@@ -65,6 +69,7 @@ def cmd_triage(args) -> int:
     src = load_source(args, tps)
     cfg, L = src.cfg, src.cfg.num_hidden_layers
     serve_p, train_p = lookup(args.server, cfg.model_type), lookup(args.train, cfg.model_type)
+    refuse_without(args, "an SGLang --server", serve_p.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
     served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
                     not args.disable_cuda_graph, positive_int(args.seq_len or "16", "--seq-len"))

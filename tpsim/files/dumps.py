@@ -190,6 +190,9 @@ def read_rank_files(files: list[str], step: int | None = None, points: list[str]
     if layer_ids is not None and kinds != [DumpKind.VLLM]:
         raise UsageError(f"--layer-ids names the slots of a vLLM hidden-states file, and these are {kinds[0]} files, "
                          f"whose points carry their own names; drop --layer-ids")
+    if step is not None and not pts:
+        raise UsageError(f"--step picks a forward pass among SGLang dumper files; {kinds[0]} files hold one: "
+                         "drop --step")
     if pts:
         return read_sglang(pts, step, keep)
     return read_vllm(paths, keep, layer_ids, num_layers) if kinds == [DumpKind.VLLM] else read_tpsim_dumps(paths, keep)
