@@ -5,15 +5,16 @@ and taps them through the model's Probe (tpsim.layers.probe)."""
 
 from tpsim.layers.attention import MLA
 from tpsim.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from tpsim.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear,
+from tpsim.layers.gqa import GQA, AttentionShape
+from tpsim.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear,
                                  RowParallelLinear, WeightSpec)
 from tpsim.layers.mlp import DenseMLP
 from tpsim.layers.moe import MoE, MoEGate
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Rows, Sink, Tapped, point_name
-from tpsim.layers.rope import DeepseekRotaryEmbedding
+from tpsim.layers.rope import DeepseekRotaryEmbedding, NeoxRotaryEmbedding
 
-__all__ = ["MLA", "ParallelLMHead", "VocabParallelEmbedding", "ColumnParallelLinear",
+__all__ = ["MLA", "GQA", "AttentionShape", "QKVParallelLinear", "NeoxRotaryEmbedding", "ParallelLMHead", "VocabParallelEmbedding", "ColumnParallelLinear",
            "MergedColumnParallelLinear", "ReplicatedLinear", "RowParallelLinear", "WeightSpec", "DenseMLP",
            "MoE", "MoEGate", "RMSNorm", "NamedPoint", "Point", "Probe", "Rows", "Sink", "Tapped", "point_name",
            "DeepseekRotaryEmbedding"]

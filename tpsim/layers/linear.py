@@ -5,6 +5,7 @@
 | ReplicatedLinear             | `[out, in]`                          | none                   |
 | ColumnParallelLinear         | rows `[r*out/tp, (r+1)*out/tp)`      | none (output Shard(-1))|
 | MergedColumnParallelLinear   | each logical matrix's rows, stacked  | none                   |
+| QKVParallelLinear            | its query heads; its KV heads, or the one KV head its query heads use when tp > KV heads | none |
 | RowParallelLinear            | columns `[r*in/tp, (r+1)*in/tp)`     | one all-reduce         |
 """
 
@@ -120,6 +121,47 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
                 _copy(self.weight[offset:offset + local], t[start:start + local])
             yield WeightSpec(name, (size, self.in_features), load)
             offset += local
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q_proj, k_proj and v_proj in one GEMM, split by heads (vLLM `QKVParallelLinear`,
+    vllm/model_executor/layers/linear.py @v0.33.0): each rank holds `heads/tp` query heads; KV
+    heads are split (`kv_heads/tp` each) while tp <= kv_heads, and replicated beyond: each rank
+    holds the one KV head its query heads use, `kv_heads/tp` replicas of each (rank r holds KV head
+    `r // (tp/kv_heads)`). Output `[T, (q + 2 kv) * head_dim]`: `[q | k | v]` of this rank's heads."""
+
+    def __init__(self, hidden: int, head_dim: int, heads: int, kv_heads: int, group, prefix: str, dtype,
+                 bias: bool = False):
+        tp = group.size
+        self.heads, self.head_dim = divide(heads, tp, "num_attention_heads"), head_dim
+        if tp >= kv_heads:
+            self.kv_heads, self.kv_shard = 1, group.rank // divide(tp, kv_heads, "the TP degree over num_key_value_heads")
+        else:
+            self.kv_heads = divide(kv_heads, tp, "num_key_value_heads")
+            self.kv_shard = group.rank
+        self.total_heads, self.total_kv_heads = heads, kv_heads
+        sizes = [self.heads * head_dim, self.kv_heads * head_dim, self.kv_heads * head_dim]
+        self.offsets = [0, sizes[0], sizes[0] + sizes[1]]
+        self.hf = [(f"{prefix.rsplit('.', 1)[0]}.{n}", size, total * head_dim, shard)
+                   for n, size, total, shard in (("q_proj", sizes[0], heads, group.rank),
+                                                 ("k_proj", sizes[1], kv_heads, self.kv_shard),
+                                                 ("v_proj", sizes[2], kv_heads, self.kv_shard))]
+        _Linear.__init__(self, hidden, sum(sizes) * tp, group, prefix, dtype, bias, (sum(sizes), hidden))
+        self.out_per_rank = sum(sizes)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return y.split([q, k, k], dim=-1)
+
+    def weight_specs(self):
+        for (name, size, full, shard), offset in zip(self.hf, self.offsets):
+            def rows(t, size=size, shard=shard):
+                return t[shard * size:(shard + 1) * size]
+            yield WeightSpec(f"{name}.weight", (full, self.in_features),
+                             lambda t, o=offset, n=size, rows=rows: _copy(self.weight[o:o + n], rows(t)))
+            if self.bias is not None:
+                yield WeightSpec(f"{name}.bias", (full,),
+                                 lambda t, o=offset, n=size, rows=rows: _copy(self.bias[o:o + n], rows(t)))
 
 
 class RowParallelLinear(Tapped, _Linear):

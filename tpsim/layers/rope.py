@@ -61,3 +61,40 @@ class DeepseekRotaryEmbedding(nn.Module):
             rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
             out.append(rearrange(rotated, "t h d pair -> t h (d pair)").to(x.dtype))
         return out
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's frequency scaling (`rope_type: llama3`; transformers `_compute_llama3_parameters`,
+    vLLM `Llama3RotaryEmbedding`): long wavelengths divided by `factor`, short ones kept, a smooth
+    blend between `original_max_position_embeddings / low_freq_factor` and `/ high_freq_factor`."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((old / wavelen - low) / (high - low)).clamp(0, 1)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(wavelen > old / low, inv_freq / factor, torch.where(wavelen < old / high, inv_freq, blended))
+
+
+class NeoxRotaryEmbedding(nn.Module):
+    """Rotary embedding on whole heads, halves rotated (GPT-NeoX style: Llama, Qwen), with no
+    scaling or `llama3` scaling."""
+
+    def __init__(self, head_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+        if kind == "llama3":
+            inv_freq = llama3_inv_freq(inv_freq, rope_scaling)
+        elif kind != "default":
+            raise ValueError(f"rope_scaling type {kind!r} is not supported for this attention (default, llama3)")
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor):
+        """positions `[T]`; each x `[T, heads, head_dim]` → rotated, same shape and dtype."""
+        freqs = positions.float()[:, None] * self.inv_freq[None]
+        cos, sin = freqs.cos()[:, None], freqs.sin()[:, None]  # [T, 1, head_dim/2]
+        out = []
+        for x in xs:
+            a, b = x.float().chunk(2, dim=-1)
+            out.append(torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).to(x.dtype))
+        return out

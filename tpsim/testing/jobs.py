@@ -18,7 +18,7 @@ from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, ow
                             run_captured_parts)
 from tpsim.model import DeepseekForCausalLM
 from tpsim.modes import Mode
-from tpsim.layers import (MLA, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
+from tpsim.layers import (GQA, MLA, AttentionShape, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
@@ -85,6 +85,22 @@ def layer_job(ctx: RankContext, kind: str, cfg: dict, seed: int, dtype: str, T: 
     group.tracer.clear()
     return {"out": run_layer(kind, config_from_dict(cfg), group, seed, dtype, T),
             "all_reduces": group.tracer.count("all_reduce"), "all_gathers": group.tracer.count("all_gather")}
+
+
+def gqa_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int):
+    """One GQA layer with seeded weights on a seeded input: its output, and this rank's K and V
+    weight rows with the KV head they are (for the replication check)."""
+    if not ctx.participates(tp):
+        return None
+    group = ctx.groups[tp]
+    group.tracer.clear()
+    layer = GQA(AttentionShape(**shape), group, "model.layers.0.self_attn", torch.float32)
+    init_random_weights(layer, seed)
+    out = layer(torch.arange(T), layer_input(seed, (T, shape["hidden_size"]), torch.float32))
+    qkv = layer.qkv_proj
+    _, k, v = qkv.weight.split([qkv.heads * qkv.head_dim, qkv.kv_heads * qkv.head_dim, qkv.kv_heads * qkv.head_dim])
+    return {"out": out, "k": k.clone(), "v": v.clone(), "kv_shard": qkv.kv_shard, "kv_heads": qkv.kv_heads,
+            "all_reduces": group.tracer.count("all_reduce")}
 
 
 def _sabotage(model, how: str, seed: int) -> None:

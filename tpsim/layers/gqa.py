@@ -1,0 +1,70 @@
+"""Grouped-query attention under TP (Llama, Qwen; vLLM `LlamaAttention`): one QKV column-parallel
+GEMM split by heads (KV heads replicated when tp > num_key_value_heads), rotary embedding on
+whole heads, causal attention on this rank's heads, and a row-parallel o_proj with the block's
+one all-reduce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
+from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
+from tpsim.layers.rope import NeoxRotaryEmbedding
+from tpsim.parallel.group import TPGroup
+from tpsim.parallel.placement import S1
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What a GQA layer needs of a model's config."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    rope_scaling: dict | None = None
+    attention_bias: bool = False  # q/k/v biases (Qwen2; Llama's attention_bias also biases o_proj)
+    o_proj_bias: bool = False
+
+
+class GQA(Tapped, nn.Module):
+    """normed hidden `[T, hidden]` Replicate() → `[T, hidden]` Replicate() after o_proj's all-reduce."""
+
+    POINTS = (Point("q", S1, "q_proj output: this rank's query heads"),
+              Point("out", S1, "attention output, this rank's heads: o_proj's input"))
+
+    def __init__(self, shape: AttentionShape, group: TPGroup, prefix: str, dtype: torch.dtype,
+                 reduce_results: bool = True, probe: Probe | None = None):
+        super().__init__()
+        probe = probe or Probe(group)
+        s, d = shape, shape.head_dim
+        self.qkv_proj = QKVParallelLinear(s.hidden_size, d, s.num_attention_heads, s.num_key_value_heads, group,
+                                          f"{prefix}.qkv_proj", dtype, bias=s.attention_bias)
+        self.o_proj = RowParallelLinear(s.num_attention_heads * d, s.hidden_size, group, f"{prefix}.o_proj", dtype,
+                                        bias=s.o_proj_bias, reduce_results=reduce_results, probe=probe)
+        self.rotary_emb = NeoxRotaryEmbedding(d, s.rope_theta, s.rope_scaling, group.device)
+        self.heads, self.kv_heads, self.head_dim = self.qkv_proj.heads, self.qkv_proj.kv_heads, d
+        self.group, self.point, self.probe = group, point_name(prefix), probe
+
+    @classmethod
+    def points(cls, base: str) -> list[NamedPoint]:
+        return cls.declared(base) + RowParallelLinear.declared(f"{base}.o_proj")
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        self.tap("q", q)
+        q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))
+        q, k = self.rotary_emb(positions, q, k)
+        group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
+        out = rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5),
+                        "1 h t d -> t (h d)")
+        self.tap("out", out)
+        return self.o_proj(out)
