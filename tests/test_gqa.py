@@ -1,6 +1,7 @@
 """Grouped-query attention on real gloo ranks: each rank's KV heads are the reference's (split while
 tp <= num_key_value_heads, replicated beyond, as vLLM's QKVParallelLinear does), and the layer
-equals transformers' LlamaAttention on the same weights at every TP degree its heads allow."""
+equals transformers' LlamaAttention (Qwen3Attention with per-head q/k norms) on the same weights
+at every TP degree its heads allow."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def shapes(draw):
     shape = {"hidden_size": heads * draw(st.sampled_from([2, 4])), "num_attention_heads": heads,
              "num_key_value_heads": kv, "head_dim": draw(st.sampled_from([4, 8])),
              "rope_theta": draw(st.sampled_from([10000.0, 500000.0])),
-             "rope_scaling": draw(st.sampled_from([None, LLAMA3])), "attention_bias": bias, "o_proj_bias": bias}
+             "rope_scaling": draw(st.sampled_from([None, LLAMA3])), "attention_bias": bias, "o_proj_bias": bias,
+             "qk_norm_eps": draw(st.sampled_from([None, 1e-6]), label="qwen3 qk norm")}
     return tp, shape, draw(st.integers(0, 2**31 - 1), label="seed"), draw(st.integers(1, 24), label="T")
 
 
@@ -46,15 +48,20 @@ def full_weights(shape: dict, seed: int) -> dict[str, torch.Tensor]:
 
 
 def transformers_attention(shape: dict, seed: int, T: int) -> torch.Tensor:
-    from transformers import LlamaConfig
+    """transformers' LlamaAttention, or Qwen3Attention (per-head q/k norms) when the shape has them."""
+    from transformers import LlamaConfig, Qwen3Config
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
     rope = {"rope_type": "default", "rope_theta": shape["rope_theta"]} if shape["rope_scaling"] is None else \
         {**shape["rope_scaling"], "rope_theta": shape["rope_theta"]}
-    cfg = LlamaConfig(hidden_size=shape["hidden_size"], num_attention_heads=shape["num_attention_heads"],
-                      num_key_value_heads=shape["num_key_value_heads"], head_dim=shape["head_dim"],
-                      rope_parameters=rope, attention_bias=shape["attention_bias"], max_position_embeddings=64)
+    qwen3 = shape["qk_norm_eps"] is not None
+    cfg = (Qwen3Config if qwen3 else LlamaConfig)(
+        hidden_size=shape["hidden_size"], num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"], head_dim=shape["head_dim"], rope_parameters=rope,
+        attention_bias=shape["attention_bias"], max_position_embeddings=64,
+        **({"rms_norm_eps": shape["qk_norm_eps"]} if qwen3 else {}))
     cfg._attn_implementation = "sdpa"
-    attn = LlamaAttention(cfg, layer_idx=0).eval()
+    attn = (Qwen3Attention if qwen3 else LlamaAttention)(cfg, layer_idx=0).eval()
     attn.load_state_dict(full_weights(shape, seed), strict=True)
     x = layer_input(seed, (T, shape["hidden_size"]), torch.float32)[None]
     cos_sin = LlamaRotaryEmbedding(cfg)(x, torch.arange(T)[None])
@@ -65,10 +72,12 @@ def transformers_attention(shape: dict, seed: int, T: int) -> torch.Tensor:
 @settings(max_examples=25, deadline=None)
 @given(case=shapes())
 @example(case=(8, {"hidden_size": 16, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 4,
-                   "rope_theta": 500000.0, "rope_scaling": LLAMA3, "attention_bias": False, "o_proj_bias": False},
+                   "rope_theta": 500000.0, "rope_scaling": LLAMA3, "attention_bias": False, "o_proj_bias": False,
+                   "qk_norm_eps": None},
                0, 9))  # Llama-3.1-8B's 32/8 ratio at TP 8: every KV head on two ranks
 @example(case=(4, {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 8,
-                   "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": True, "o_proj_bias": True},
+                   "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": True, "o_proj_bias": True,
+                   "qk_norm_eps": 1e-6},
                1, 5))  # multi-query: one KV head on every rank
 def test_gqa_equals_transformers_and_each_rank_holds_its_kv_heads(rank_pool, case):
     tp, shape, seed, T = case

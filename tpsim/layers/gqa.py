@@ -1,4 +1,4 @@
-"""Grouped-query attention under TP (Llama, Qwen; vLLM `LlamaAttention`): one QKV column-parallel
+"""Grouped-query attention under TP (Llama, Qwen3; vLLM `LlamaAttention`, `Qwen3Attention`): one QKV column-parallel
 GEMM split by heads (KV heads replicated when tp > num_key_value_heads), rotary embedding on
 whole heads, causal attention on this rank's heads, and a row-parallel o_proj with the block's
 one all-reduce."""
@@ -13,6 +13,7 @@ from einops import rearrange
 from torch import nn
 
 from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
+from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.layers.rope import NeoxRotaryEmbedding
 from tpsim.parallel.group import TPGroup
@@ -31,6 +32,7 @@ class AttentionShape:
     rope_scaling: dict | None = None
     attention_bias: bool = False  # q/k/v biases (Qwen2; Llama's attention_bias also biases o_proj)
     o_proj_bias: bool = False
+    qk_norm_eps: float | None = None  # Qwen3: RMSNorm over each q and k head (weights [head_dim]) before rope
 
 
 class GQA(Tapped, nn.Module):
@@ -49,6 +51,10 @@ class GQA(Tapped, nn.Module):
         self.o_proj = RowParallelLinear(s.num_attention_heads * d, s.hidden_size, group, f"{prefix}.o_proj", dtype,
                                         bias=s.o_proj_bias, reduce_results=reduce_results, probe=probe)
         self.rotary_emb = NeoxRotaryEmbedding(d, s.rope_theta, s.rope_scaling, group.device)
+        self.qk_norm = s.qk_norm_eps is not None
+        if self.qk_norm:  # one [head_dim] weight shared by every head: replicated, whatever the split
+            self.q_norm = RMSNorm(d, s.qk_norm_eps, group, f"{prefix}.q_norm", dtype)
+            self.k_norm = RMSNorm(d, s.qk_norm_eps, group, f"{prefix}.k_norm", dtype)
         self.heads, self.kv_heads, self.head_dim = self.qkv_proj.heads, self.qkv_proj.kv_heads, d
         self.group, self.point, self.probe = group, point_name(prefix), probe
 
@@ -60,6 +66,8 @@ class GQA(Tapped, nn.Module):
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         self.tap("q", q)
         q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
