@@ -295,3 +295,12 @@ def test_options_the_given_files_or_engine_cannot_use_are_refused(tmp_path, caps
     for flag in (["--enable-dp-attention"], ["--moe-a2a-backend", "deepep"], ["--enable-flashinfer-allreduce-fusion"]):
         assert run_command(["triage", "--draft-config", str(draft), "--server", "vllm", "--tp", "2", *flag]) == 2
         assert f"{flag[0]} applies only with an SGLang --server" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", sorted(COMMANDS))
+def test_every_help_example_is_a_valid_command_line(cmd):
+    import shlex
+    lines = [ln.strip() for ln in COMMANDS[cmd].epilog.splitlines() if ln.strip().startswith("tpsim ")]
+    assert lines
+    for line in lines:
+        parse(shlex.split(line)[1:])  # a typo in an option or a value the parser refuses raises UsageError

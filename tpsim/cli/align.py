@@ -210,8 +210,13 @@ def _row(s: Slot, run: bool) -> list[str]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("align", help="do trainer and server capture the same positions in the same slot order?",
-                       description="Compare what the trainer captured with what the server captures, slot by slot: the same positions in the same order, or which slot differs and the ids that fix it. With --model the target also runs and each slot gets its cosine.",
-                       epilog="examples:\n  tpsim align --train specforge:1,29,57 --serve sglang:-1,2,30 --num-layers 61\n  tpsim align --draft-config config.json --server vllm@0.25.0 --model deepseek-v3")
+                       description="Compare what the trainer captured with what the server captures, "
+                                   "slot by slot: the same positions in the same order, or which slot"
+                                   " differs and the ids that fix it. With --model the target also "
+                                   "runs and each slot gets its cosine.",
+                       epilog="examples:\n  tpsim align --train specforge:1,29,57 --serve sglang:-1,2,30 --num-layers 61\n"
+                              "  tpsim align --draft-config config.json --server vllm@0.25.0 --num-layers 61\n"
+                              "  tpsim align --train specforge:1,3,5 --serve vllm:2,4,6 --model tiny --tp 2")
     p.add_argument("--train", metavar="CONVENTION:IDS|PROFILE",
                    help="training side: specforge:1,29,57 or specforge:default; with --draft-config a profile "
                         "(default specforge), e.g. specforge@2026-07-01")

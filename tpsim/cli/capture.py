@@ -23,8 +23,14 @@ from tpsim.ui import ProgressLine
 
 def add_parser(sub) -> None:
     p = sub.add_parser("capture", help="capture on real ranks and write a safetensors file",
-                       description="Capture the EAGLE-3 aux hidden states on real ranks and write them, with the token ids and how they were made, to a .safetensors file; with --points, each rank's local tensor of each named point, one file per rank.",
-                       epilog="examples:\n  tpsim capture --layers -1,2,30 --model deepseek-v3 --override num_hidden_layers=31 --out aux.safetensors\n  tpsim capture --tp 2 --points layers.1.attn.o_proj.partial --out dump.safetensors")
+                       description="Capture the EAGLE-3 aux hidden states on real ranks and write "
+                                   "them, with the token ids and how they were made, to a "
+                                   ".safetensors file; with --points, each rank's local tensor of "
+                                   "each named point, one file per rank.",
+                       epilog="examples:\n  tpsim capture --layers -1,2,5 --out aux.safetensors\n"
+                              "  tpsim capture --model /path/to/hf_checkpoint --convention vllm --layers 2,30,58 --tp 8 "
+                              "--out aux.safetensors\n"
+                              "  tpsim capture --tp 2 --points layers.1.attn.o_proj.partial --out dump.safetensors")
     add_run_options(p)
     add_mode_options(p)
     add_tp(p)

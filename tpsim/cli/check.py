@@ -13,8 +13,13 @@ from tpsim.ui import ProgressLine, say, table
 
 def add_parser(sub) -> None:
     p = sub.add_parser("check", help="run the model at each TP degree on real ranks and check the capture",
-                       description="Run the model at each TP degree on real ranks (gloo on CPU, NCCL on GPUs) and check the capture: identical on every rank, equal to TP=1, and the shape the draft expects. Exit 0 PASS, 1 FAIL with the reason.",
-                       epilog="examples:\n  tpsim check --model deepseek-v3 --override num_hidden_layers=4 --layers -1,2,3\n  tpsim check --mode ar-fusion --strategy model-level --tp 1,2\n  tpsim check --server sglang@0.5.6 --layers 0,1,2")
+                       description="Run the model at each TP degree on real ranks (gloo on CPU, NCCL "
+                                   "on GPUs) and check the capture: identical on every rank, equal to"
+                                   " TP=1, and the shape the draft expects. Exit 0 PASS, 1 FAIL with "
+                                   "the reason.",
+                       epilog="examples:\n  tpsim check --layers -1,2,5 --tp 1,2\n"
+                              "  tpsim check --mode ar-fusion --strategy model-level --tp 1,2\n"
+                              "  tpsim check --server sglang@0.5.6 --layers 0,1,2")
     add_run_options(p)
     add_mode_options(p)
     p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "

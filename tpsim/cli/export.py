@@ -22,7 +22,9 @@ SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12
 
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="write the seeded model as an HF checkpoint (config.json + safetensors)",
-                       description="Write the seeded model as an HF checkpoint directory (config.json and sharded safetensors with an index) that transformers, the engines and tpsim --model load.",
+                       description="Write the seeded model as an HF checkpoint directory (config.json"
+                                   " and sharded safetensors with an index) that transformers, the "
+                                   "engines and tpsim --model load.",
                        epilog="example:\n  tpsim export --model deepseek-v2-lite --override num_hidden_layers=2 --out ckpt")
     p.add_argument("--model", default=DEFAULT_MODEL, help="YAML/JSON config or built-in name (default tiny)")
     p.add_argument("--seed", type=seed_value, default=0, help="weights seed (default 0)")

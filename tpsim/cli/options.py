@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
@@ -41,7 +42,10 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # the epilog's examples as written
+        if kwargs.get("description"):  # raw, so wrapped here, paragraph by paragraph
+            kwargs["description"] = "\n\n".join(textwrap.fill(" ".join(par.split()), 96)
+                                                for par in kwargs["description"].split("\n\n"))
         super().__init__(*args, **kwargs)
 
     def error(self, message):  # one line, exit 2, no usage dump

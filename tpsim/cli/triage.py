@@ -33,8 +33,14 @@ SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend
 
 def add_parser(sub) -> None:
     p = sub.add_parser("triage", help="low acceptance after a TP or engine change? find out why, with the fix",
-                       description="Start here when a draft's acceptance dropped after a TP or engine change: reads the draft's config as the trainer and the server each read it, works out the communication mode from the served flags, runs check in that mode at TP 1 and the TP served, and prints each finding with its fix.",
-                       epilog="example:\n  tpsim triage --draft-config draft/config.json --server sglang@0.5.6 --tp 8 --model deepseek-v3 --override num_hidden_layers=4")
+                       description="Start here when a draft's acceptance dropped after a TP or engine"
+                                   " change: reads the draft's config as the trainer and the server "
+                                   "each read it, works out the communication mode from the served "
+                                   "flags, runs check in that mode at TP 1 and the TP served, and "
+                                   "prints each finding with its fix.",
+                       epilog="examples:\n  tpsim triage --draft-config draft/config.json --server sglang@0.5.6 --tp 8\n"
+                              "  tpsim triage --draft-config draft/config.json --server vllm@0.25.0 --tp 4 "
+                              "--model /path/to/hf_checkpoint --override num_hidden_layers=4")
     p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
     add_server_option(p)
     p.add_argument("--train", default="specforge", metavar="PROFILE",

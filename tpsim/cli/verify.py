@@ -12,7 +12,9 @@ from tpsim.files.verify import check_index, files_of, verify_file
 
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="check the per-tensor checksums of files tpsim wrote",
-                       description="Check that files tpsim wrote (captures, rank dumps, exported checkpoints) are whole and unchanged: every tensor's checksum and every safetensors header.",
+                       description="Check that files tpsim wrote (captures, rank dumps, exported "
+                                   "checkpoints) are whole and unchanged: every tensor's checksum and"
+                                   " every safetensors header.",
                        epilog="example:\n  tpsim verify aux.safetensors ckpt/")
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
     add_json(p, cmd_verify)
