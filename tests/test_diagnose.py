@@ -789,7 +789,8 @@ def test_layer_ids_num_layers_from_the_reference(layer_ids, vllm):
         diagnose_files([run], str(cap), layer_ids=VLLM_IDS)
     with pytest.raises(UsageError, match=re.escape("--num-layers 8 differs from the reference's num_layers=3")):
         diagnose_files([run], str(cap), layer_ids=VLLM_IDS, num_layers=8)
-    assert diagnose_files([run], str(layer_ids["sglang"]), layer_ids=VLLM_IDS, num_layers=4).ok  # out(3) is layer 3's
+    assert load_meta(layer_ids["sglang"])["num_layers"] == "8"  # tpsim captures record it
+    assert diagnose_files([run], str(layer_ids["sglang"]), layer_ids=VLLM_IDS, num_layers=8).ok
 
 
 RUN = lambda v, li, f: [v["run"], "--reference", li["sglang"]]  # noqa: E731
@@ -799,7 +800,7 @@ LAYER_IDS_BAD = {  # id -> (argv from the files, substrings of the one error lin
     "repeated-id": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,2,3"], ("names 3 distinct layers",)),
     "more-ids": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "0,1,2,3,4"], ("names 5 layers", "4 slots")),
     "negative-spaced": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "-1,2,3,4"],
-                        ("--layer-ids -1,2,3,4", "layer id -1 is negative")),
+                        ("--layer-ids -1,2,3,4", "layer id -1 is out of range for vllm with num_layers=8")),
     "negative-equals": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids=-1,2,3,4", "--num-layers", "8"],
                         ("--layer-ids -1,2,3,4", "layer id -1 is out of range for vllm with num_layers=8")),
     "out-of-range": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,3,9", "--num-layers", "8"],

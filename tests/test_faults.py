@@ -64,7 +64,7 @@ def run_fault(case: str, tmp: Path) -> dict:
     env.update(TPSIM_FAULT=fault, TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp), OMP_NUM_THREADS="1")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "tpsim", "capture", "--tp", "4", "--timeout", str(TIMEOUT_S),
-                        "--seq-len", "4", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                        "--seq-len", "4", "--out", str(out), "--force"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     seconds = time.monotonic() - t0
     deadline = time.monotonic() + 10  # PDEATHSIG is immediate; allow the kernel a moment
