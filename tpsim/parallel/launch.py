@@ -272,6 +272,10 @@ class RankPool:
             child_env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
         saved = {k: os.environ.get(k) for k in child_env}
         os.environ.update(child_env)  # spawn copies the parent's environment at start
+        # A rank inherits the signal mask: Ctrl-C while its interpreter starts (before tpsim ignores
+        # SIGINT there) stays pending and is dropped, not printed as a traceback from inside an
+        # import; the launcher gets it as soon as the ranks are started.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             self._procs = [mp.Process(target=_worker, daemon=True,
                                       args=(r, world, os.path.join(self._tmp, "store"), backend, device,
@@ -280,6 +284,7 @@ class RankPool:
             for p in self._procs:
                 p.start()
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -103,6 +103,13 @@ def gqa_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int):
             "all_reduces": group.tracer.count("all_reduce")}
 
 
+def sigint_job(ctx: RankContext) -> dict:
+    """How this rank treats SIGINT: blocked since it started (the launcher's mask at spawn) and ignored."""
+    import signal
+    return {"blocked": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+            "ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
+
+
 def _sabotage(model, how: str, seed: int) -> None:
     o_proj = model.model.layers[0].self_attn.o_proj
     g = model.group
