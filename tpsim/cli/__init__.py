@@ -16,7 +16,7 @@ import time
 
 from tpsim import __version__
 from tpsim.cli import align, capture, check, diagnose, explain, export, profiles, resolve, scenario, triage, verify
-from tpsim.cli.options import Parser
+from tpsim.cli.parser import Parser
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
 from tpsim.parallel.launch import check_torchrun_env, exit_torchrun_rank, under_torchrun

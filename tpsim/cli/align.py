@@ -16,7 +16,8 @@ from tpsim.capture.align import (LABELS, ModelRun, Report, Slot, align, make_sid
                                  read_draft_config)
 from tpsim.cli.capture import on_ranks
 from tpsim.cli.options import (EXECUTION_OPTIONS, add_execution_options, add_json, add_server_option, add_tp, emit_json,
-                               load_source, one_tp, positive_int, refuse_without, run_spec)
+                               load_source, one_tp, positive_int, run_spec)
+from tpsim.cli.parser import refuse_without
 from tpsim.config import DEFAULT_MODEL_TYPE
 from tpsim.errors import UsageError
 from tpsim.run.jobs import capture_job

@@ -10,8 +10,8 @@ import torch
 
 from tpsim import __version__
 from tpsim.capture.points import check_points
-from tpsim.cli.options import add_force, add_mode_options, add_run_options, add_tp, check_output, load_source, one_tp, \
-    run_spec
+from tpsim.cli.options import add_mode_options, add_run_options, add_tp, load_source, one_tp, run_spec
+from tpsim.cli.outputs import add_force, check_output
 from tpsim.errors import UsageError
 from tpsim.files.capture import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0

@@ -18,8 +18,9 @@ from tpsim.capture.points import catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.cli.capture import on_ranks
 from tpsim.cli.diagram import Step, draw
-from tpsim.cli.options import (add_execution_options, add_force, add_json, add_mode_options, add_model_option, add_tp,
-                               check_output, dtype_for, emit_json, integer, load_source, mode_from, one_tp, tokens_for)
+from tpsim.cli.options import (add_execution_options, add_json, add_mode_options, add_model_option, add_tp, dtype_for,
+                               emit_json, integer, load_source, mode_from, one_tp, tokens_for)
+from tpsim.cli.outputs import add_force, check_output
 from tpsim.config import with_overrides
 from tpsim.errors import UsageError
 from tpsim.files.atomic import write_text

@@ -1,21 +1,14 @@
-"""What the commands share: the parser, the option parsers, the run options, and the RunSpec
-they build (every value validated here, once, before any rank starts)."""
+"""What the commands share: the option parsers, the run options, and the RunSpec they build
+(every value validated here, once, before any rank starts)."""
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
-import os
-import re
-import sys
-import textwrap
-from pathlib import Path
 
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
-from tpsim.files.atomic import temporary_name
 from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
 from tpsim.capture.align import read_draft_config
@@ -32,64 +25,6 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "f32"
 LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "-1,2,30", "--tokens": "1,2,3"}
 DEFAULT_TP = 2  # a run at one degree: the smallest that shards anything
 TP_RULE = "default 2, the smallest degree that shards; under torchrun the world size"
-NEGATIVE_VALUE = re.compile(r"-\d")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with tpsim's habits: no abbreviations (`--layer` is not `--layers`), a value may
-    start with a minus (`--layers -1,2,30`), every error one line, and the options given on the
-    command line recorded (`given`), so a command can refuse one it would otherwise ignore."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # the epilog's examples as written
-        if kwargs.get("description"):  # raw, so wrapped here, paragraph by paragraph
-            kwargs["description"] = "\n\n".join(textwrap.fill(" ".join(par.split()), 96)
-                                                for par in kwargs["description"].split("\n\n"))
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):  # one line, exit 2, no usage dump
-        unknown = re.match(r"unrecognized arguments: (\S+)", message)
-        if unknown:
-            close = difflib.get_close_matches(unknown.group(1).split("=")[0], self._option_string_actions, n=1)
-            if close:
-                message += f" (did you mean {close[0]}?)"
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-    def parse_known_args(self, args=None, namespace=None):
-        args = self._join_negative_values(list(sys.argv[1:] if args is None else args))
-        ns, rest = super().parse_known_args(args, namespace)
-        if rest:  # here, not in the top-level parser: this parser's prog and options name the fix
-            self.error(f"unrecognized arguments: {' '.join(rest)}")
-        ns.given = getattr(ns, "given", frozenset()) | self._given(args)
-        return ns, rest
-
-    def _takes_value(self, token: str) -> bool:
-        action = self._option_string_actions.get(token)
-        return action is not None and action.nargs in (None, "?")
-
-    def _join_negative_values(self, args: list[str]) -> list[str]:
-        """`--layers -1,2,30` as `--layers=-1,2,30`: argparse takes `-1,2,30` for an option."""
-        out: list[str] = []
-        for a in args:
-            if a == "--":
-                return out + args[len(out):]
-            if out and NEGATIVE_VALUE.match(a) and self._takes_value(out[-1]):
-                out[-1] = f"{out[-1]}={a}"
-            else:
-                out.append(a)
-        return out
-
-    def _given(self, args: list[str]) -> frozenset[str]:
-        head = args[:args.index("--")] if "--" in args else args
-        names = (a.split("=", 1)[0] for a in head)
-        return frozenset(self._option_string_actions[n].dest for n in names if n in self._option_string_actions)
-
-    def _get_values(self, action, arg_strings):
-        # `--opt=--`: argparse (CPython < 3.12) drops the "--" and hands the option an empty list
-        if arg_strings == ["--"] and action.option_strings and action.nargs in (None, "?"):
-            raise UsageError(f"{'/'.join(action.option_strings)} needs a value, not '--'")
-        return super()._get_values(action, arg_strings)
 
 
 # --- option values -------------------------------------------------------------------------
@@ -134,47 +69,8 @@ def add_json(p: argparse.ArgumentParser, func) -> None:
     p.set_defaults(func=func)
 
 
-def add_force(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="replace an existing output (one rule for every file tpsim "
-                                                        "writes)")
-
-
-def check_output(out: Path, option: str, example: str, force: bool) -> None:
-    """An output tpsim may write: a regular file or a new name in a writable directory, with the
-    suffix of its format (that of `example`), replaced only with --force."""
-    suffix = Path(example).suffix
-    if not out.parent.is_dir():
-        raise UsageError(f"{option} {out}: directory {out.parent} does not exist; create it first")
-    if out.is_symlink():  # replacing it would replace the link, not what it points to: say which is meant
-        raise UsageError(f"{option} {out} is a symbolic link; give the path it points to ({out.resolve()}) or a new name")
-    if out.is_dir():
-        raise UsageError(f"{option} {out} is a directory; give a file name like {out / example}")
-    if out.exists() and not out.is_file():
-        raise UsageError(f"{option} {out} is not a regular file (a FIFO, a device or a socket); give a file name")
-    if out.suffix != suffix:  # safetensors under a .pt name fails torch.load
-        raise UsageError(f"{option} {out}: tpsim writes {suffix[1:]} here; name it {out.with_suffix(suffix).name}")
-    if out.exists() and not force:
-        raise UsageError(f"{option} {out} exists; pass --force to replace it, or give a new name")
-    if not os.access(out.parent, os.W_OK):
-        raise UsageError(f"{option} {out}: directory {out.parent} is not writable")
-    need, limit = len(temporary_name(out).encode()), os.pathconf(out.parent, "PC_NAME_MAX")
-    if need > limit:
-        raise UsageError(f"{option} {out.name[:40]}...: the name is too long for the temporary file written beside "
-                         f"it ({need} of {limit} bytes); use a name of at most "
-                         f"{limit - (need - len(out.name.encode()))} bytes")
-
-
 def dtype_name(text: str) -> str:
     return DTYPE_ALIASES.get(text.lower(), text.lower())
-
-
-def refuse_without(args, needed: str, present: bool, options: dict[str, str]) -> None:
-    """Refuse options (dest -> option) given on the command line that only apply with `needed`."""
-    if present:
-        return
-    used = [opt for dest, opt in options.items() if dest in getattr(args, "given", ())]
-    if used:
-        raise UsageError(f"{used[0]} applies only with {needed}; add {needed}, or leave {used[0]} out")
 
 
 def emit_json(obj) -> None:

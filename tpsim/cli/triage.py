@@ -11,7 +11,8 @@ from __future__ import annotations
 from tpsim.capture.align import read_draft_config
 from tpsim.cli.check import run_check
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
-    one_tp, positive_int, refuse_without, run_spec
+    one_tp, positive_int, run_spec
+from tpsim.cli.parser import refuse_without
 from tpsim.errors import UsageError
 from tpsim.profiles.findings import resolution
 from tpsim.profiles.profile import Gpu, Served
