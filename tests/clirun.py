@@ -74,6 +74,13 @@ def run_cli(*args, cwd: Path = ROOT, timeout_s: float = RUN_TIMEOUT_S) -> Run:
                time.monotonic() - t0, usage.ru_utime + usage.ru_stime, fired.is_set(), Path(cwd))
 
 
+def run_clis(argvs: dict, workers: int = 2) -> dict:
+    """`run_cli(*argv)` for each key -> argv of `argvs`, `workers` at a time; key -> Run."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {k: pool.submit(run_cli, *argv) for k, argv in argvs.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
 def assert_one_line_error(r: Run, expect) -> str:
     """Bad input: exit 2, no traceback, nothing on stdout, one stderr line `tpsim: error: ...`
     (so no "tpsim: starting N ranks" either) holding every string of `expect`. Returns the line."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from strategies import ID_RANGES
-from clirun import assert_one_line_error, run_cli
+from clirun import assert_one_line_error, run_clis
 from tpsim.capture.align import align, make_side, read_draft_config
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
@@ -352,9 +351,7 @@ def bad_runs(tmp_path_factory):
     def argv(args):
         return ["align", *(a.replace("{draft:", str(d) + "/").replace("}", ".json") if "{draft:" in a else a
                            for a in args)]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {k: pool.submit(run_cli, *argv(a)) for k, (a, _) in BAD.items()}
-        yield {k: f.result() for k, f in futures.items()}
+    yield run_clis({k: argv(a) for k, (a, _) in BAD.items()})
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -29,10 +29,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import diagnose_jobs
-from clirun import assert_one_line_error, run_cli
+from clirun import assert_one_line_error, run_cli, run_clis
 from tpsim.files.safetensors import tensor_sha256
 from tpsim.capture.diagnosis import UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors, match_threshold
-from tpsim.files.dumps import DumpKind, read_rank_files, read_reference
+from tpsim.files.dumps import DumpKind, read_rank_files
+from tpsim.files.reference import read_reference
 from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.errors import UsageError
 
@@ -542,9 +543,8 @@ def vllm(tmp_path_factory) -> dict[str, Path]:
     layers = ",".join(map(str, VLLM_IDS))
     argv = {tp: ["capture", "--tp", tp, "--convention", "vllm", "--layers", layers, "--seq-len", T,
                  "--out", d / f"cap_tp{tp}.safetensors"] for tp in (1, 2)}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for r in list(pool.map(lambda a: run_cli(*a), argv.values())):
-            assert r.returncode == 0, r
+    for r in run_clis(argv).values():
+        assert r.returncode == 0, r
     f = {"dir": d, "cap": d / "cap_tp1.safetensors"}
     hs1, ids = as_vllm(f["cap"])
     hs2, ids2 = as_vllm(d / "cap_tp2.safetensors")
@@ -663,9 +663,7 @@ def vllm_cli(vllm) -> dict:
     argv = {"text": [vllm["run"], "--reference", vllm["ref"]],
             "swap_json": [vllm["swap"], "--reference", vllm["cap"], "--json"],
             **{f"bad:{k}": make(vllm) for k, (make, _) in VLLM_BAD.items()}}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {k: pool.submit(run_cli, "diagnose", *a) for k, a in argv.items()}
-        return {k: f.result() for k, f in futures.items()}
+    return run_clis({k: ["diagnose", *a] for k, a in argv.items()})
 
 
 def test_cli_vllm_says_gathered(vllm_cli):
@@ -713,10 +711,8 @@ def layer_ids(vllm) -> dict:
     argv = {"every_vllm": ["--tp", 2, "--convention", "vllm", f"--layers={csv(EVERY_VLLM_ID)}"],
             "every_sglang": ["--tp", 1, "--convention", "sglang", "--layers", csv(EVERY_SGLANG_ID)],
             "sglang": ["--tp", 1, "--convention", "sglang", "--layers", csv(k - 1 for k in VLLM_IDS)]}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = list(pool.map(lambda k: run_cli("capture", *argv[k], "--seq-len", T, "--out", d / f"{k}.safetensors"),
-                             argv))
-    assert all(r.returncode == 0 for r in runs), runs
+    runs = run_clis({k: ["capture", *a, "--seq-len", T, "--out", d / f"{k}.safetensors"] for k, a in argv.items()})
+    assert all(r.returncode == 0 for r in runs.values()), runs
     f = {k: d / f"{k}.safetensors" for k in argv}
     assert load_meta(f["sglang"])["positions"] == csv(vllm_position(k) for k in VLLM_IDS)
     assert load_meta(f["every_sglang"])["positions"] == csv(vllm_position(k) for k in EVERY_VLLM_ID[:-1])
@@ -824,9 +820,7 @@ def layer_ids_cli(vllm, layer_ids, files) -> dict:
             "json": [*RUN(vllm, layer_ids, files), "--layer-ids=4,3,2,1", "--num-layers", "8", "--json"],
             "by_index": [*RUN(vllm, layer_ids, files)],
             **{f"bad:{k}": make(vllm, layer_ids, files) for k, (make, _) in LAYER_IDS_BAD.items()}}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {k: pool.submit(run_cli, "diagnose", *a) for k, a in argv.items()}
-        return {k: f.result() for k, f in futures.items()}
+    return run_clis({k: ["diagnose", *a] for k, a in argv.items()})
 
 
 def test_cli_layer_ids(layer_ids_cli):

@@ -74,14 +74,14 @@ class PipeSafe:
 
 VERDICTS = {"PASS": "bold green", "ALIGNED": "bold green", "ok": "green", "yes": "green",
             "FAIL": "bold red", "NO": "bold red", "NOT ALIGNED": "bold red"}
+_LONGEST_FIRST = sorted(VERDICTS, key=len, reverse=True)  # "NOT ALIGNED" before "NO"
 NOTE_AT = 28  # a cell of a notes column longer than this becomes a numbered note under the table
 
 
 def verdict(text: str) -> Text:
     """`text` with its leading verdict word coloured (rich drops colour on a pipe and under NO_COLOR)."""
     out = Text(text)
-    word = next((w for w in sorted(VERDICTS, key=len, reverse=True)
-                 if text == w or text.startswith((w + ":", w + " "))), None)
+    word = next((w for w in _LONGEST_FIRST if text == w or text.startswith((w + ":", w + " "))), None)
     if word is not None:
         out.stylize(VERDICTS[word], 0, len(word))
     return out

@@ -33,8 +33,8 @@ import torch
 
 from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
-from tpsim.files.dumps import (RankSet, Reference, read_rank_files, read_reference, reference_num_layers,
-                               unknown_point)
+from tpsim.files.dumps import RankSet, read_rank_files, unknown_point
+from tpsim.files.reference import Reference, read_reference, reference_num_layers
 from tpsim.parallel.placement import P, R, S0, S1, Placement
 
 UNEXPLAINED = "unexplained"

@@ -60,7 +60,7 @@ def engine_failure(args, res) -> int:
         emit_json({"ok": False, "convention": res.to_dict(), "rows": []})
     else:
         say(f"tpsim check: {res.convention} on {res.num_layers} layers, ids "
-                     f"{'default' if res.ids is None else res.ids}")
+            f"{'default' if res.ids is None else res.ids}")
         for f in res.findings:
             say(f"FAIL: {f}")
     return 1
@@ -72,7 +72,7 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     H, L, n = cfg.hidden_size, cfg.num_hidden_layers, len(spec.positions)
     ids = "default " + str(res.internal) if res.ids is None else str(res.ids)
     say(f"tpsim check: {spec.source.name} (L={L}, hidden={H}), {dtype}, {len(spec.tokens)} tokens, "
-                 f"seed {spec.seed}, {spec.source.weights} weights")
+        f"seed {spec.seed}, {spec.source.weights} weights")
     for note in spec.source.notes:
         say(f"note: {note}")
     say(f"capture: {res.convention} ids {ids} -> {res.positions_text} (width {n} x {H} = {n * H})")
@@ -82,11 +82,11 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     if note:
         say(f"note: {note}")
     say(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}); "
-                 "ranks identical means bitwise equal to the group's rank 0")
+        "ranks identical means bitwise equal to the group's rank 0")
     plain = mode.plain
     table(
         ["TP", "ranks", "capture shape per rank", "expected", "ranks identical", "rel err vs TP=1",
-             "logits rel err", "all-reduces (expected)" if plain else "collectives (expected)", "ok"],
+         "logits rel err", "all-reduces (expected)" if plain else "collectives (expected)", "ok"],
         [[str(r.tp), str(r.ranks), r.shapes, " ".join(map(str, r.expected_shape))
           if isinstance(r.expected_shape[0], str) else str(r.expected_shape),
           {True: "yes", False: "NO", None: "own tokens"}[r.identical],
@@ -103,12 +103,11 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     word = "PASS" if report.ok else "the ranks agree, but the engine breaks the capture (below)"
     if all(r.ok for r in report.rows) and mode.rank_local:
         say(f"{word}: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
-                     f"on that rank's sequence at TP {degrees}")
+            f"on that rank's sequence at TP {degrees}")
     elif all(r.ok for r in report.rows):
         say(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
-                     f"at TP {degrees}" + ("" if plain else f" (mode {mode.name}, strategy {spec.strategy})")
-                     + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows)
-                        else ""))
+            f"at TP {degrees}" + ("" if plain else f" (mode {mode.name}, strategy {spec.strategy})")
+            + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows) else ""))
     for r in report.rows:
         for why in r.failures:
             say(f"FAIL TP={r.tp}: {why}")

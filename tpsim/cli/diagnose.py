@@ -1,12 +1,14 @@
 """`tpsim diagnose`: what did each rank of a TP group actually capture? (tpsim.capture.diagnosis
-infers it; tpsim.files.dumps reads the files; this module takes the options and prints.)"""
+infers it; tpsim.files.dumps reads the rank files, tpsim.files.reference the reference; this module
+takes the options and prints.)"""
 
 from __future__ import annotations
 
 from tpsim.capture.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
 from tpsim.cli.options import add_json, emit_json, int_list, optional_int
 from tpsim.errors import UsageError
-from tpsim.files.dumps import DumpKind, parse_positions
+from tpsim.files.dumps import DumpKind
+from tpsim.files.reference import parse_positions
 from tpsim.ui import say, table
 
 

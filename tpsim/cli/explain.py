@@ -114,10 +114,9 @@ def build_rows(result: PointsResult, cfg, k: int, L_full: int) -> list[Row]:
     return rows
 
 
-def steps(per_rank: list[PointsResult], cfg, k: int, L_full: int) -> list[Step]:
+def steps(by_rank: list[list[Row]]) -> list[Step]:
     """Every rank's rows side by side for the diagram (each rank ran the same points and
     collectives; only the shapes may differ)."""
-    by_rank = [build_rows(r, cfg, k, L_full) for r in per_rank]
     return [Step(rows[0].kind, rows[0].name, rows[0].placement, rows[0].detail, rows[0].capture,
                  tuple(tuple(int(d) for d in row.shape.split("x") if d) for row in rows))
             for rows in zip(*by_rank, strict=True)]
@@ -194,7 +193,7 @@ def cmd_explain(args) -> int:
         say(f"Captured by: the id each convention writes for that position (L={L}); engines compute "
             "hidden + residual at the start of the next layer, after every all-reduce.")
     if out is not None:
-        write_text(out, draw(steps(per_rank, cfg, k, L), title))
+        write_text(out, draw(steps([rows, *(build_rows(r, cfg, k, L) for r in per_rank[1:])]), title))
         if not args.json:
             say(f"diagram: {out}")
     return 0
