@@ -138,11 +138,11 @@ def report(args, rows: list[dict], world: int, device: str, backend: str, how: s
             env["nccl"] = None
     title = (f"all-reduce: {world} ranks, {backend} on {env.get('gpu') or 'CPU'}, {args.dtype}; median of "
              f"{args.iters} samples (slowest rank each), busbw = 2(n-1)/n x bytes / time")
-    ui.stdout.print(ui.table(title, ["size", "time us", "min-max us", "algbw GB/s", "busbw GB/s", "x/sample", "sum ok"],
+    ui.titled_table(title, ["size", "time us", "min-max us", "algbw GB/s", "busbw GB/s", "x/sample", "sum ok"],
                              [[human(r["bytes"]), f"{r['median_s'] * 1e6:,.1f}",
                                f"{r['min_s'] * 1e6:,.1f}-{r['max_s'] * 1e6:,.1f}", f"{r['algbw_gbps']:.2f}",
                                f"{r['busbw_gbps']:.2f}", str(r["inner"]), "yes" if r["correct"] else "NO"]
-                              for r in rows]))
+                              for r in rows])
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"allreduce-{device}-{world}.json")
     write_json(out, {
         "benchmark": "allreduce", "environment": env,

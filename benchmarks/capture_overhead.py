@@ -106,13 +106,13 @@ def main(argv=None) -> int:
     title = (f"EAGLE-3 capture overhead: {model_name}, L={L}, seq_len {args.seq_len}, {args.dtype}, "
              f"{args.convention} default ids {res.internal} -> {res.positions_text}; "
              f"median of slowest rank over {args.repeats} repeats")
-    ui.stdout.print(ui.table(title, ["TP", "with capture ms", "without ms", "overhead %", "paired %",
+    ui.titled_table(title, ["TP", "with capture ms", "without ms", "overhead %", "paired %",
                                      "tok/s with", "tok/s without", "all-reduces/fwd", "all-reduce bytes/fwd"],
                              [[str(r["tp"]), f"{r['median_with_capture_s'] * 1e3:.2f}",
                                f"{r['median_without_capture_s'] * 1e3:.2f}", f"{r['overhead_pct']:+.1f}",
                                f"{r['paired_overhead_pct']:+.1f}", f"{r['tokens_per_s_with_capture']:,.0f}",
                                f"{r['tokens_per_s_without_capture']:,.0f}", str(r["all_reduces_per_forward"]),
-                               f"{r['all_reduce_bytes_per_forward']:,}"] for r in rows]))
+                               f"{r['all_reduce_bytes_per_forward']:,}"] for r in rows])
     if not all(r["capture_adds_no_collectives"] for r in rows):
         ui.stdout.print("warning: a captured forward ran different collectives than a plain one")
 

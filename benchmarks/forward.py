@@ -416,7 +416,7 @@ def print_tables(result: dict) -> None:
                          "-" if ovh is None else f"{ovh:+.2f}%", f"{v['tflops']:.3g}",
                          "-" if v.get("matmul_fraction") is None else f"{v['matmul_fraction']:.1%}",
                          gb(v.get("peak_bytes")), gb(v.get("peak_extra_bytes"))])
-    ui.stdout.print(ui.table(title, cols, rows))
+    ui.titled_table(title, cols, rows)
     if mm:
         ui.stdout.print(f"matmul ceiling: {mm['n']}x{mm['n']}x{mm['n']} torch.mm in {mm['dtype']}: "
                         f"{mm['tflops']:.3g} TFLOP/s (median of {len(mm['ms'])})")
@@ -424,8 +424,8 @@ def print_tables(result: dict) -> None:
     ar = [[str(r["tokens"]), str(r["all_reduces"]["tp1_measured"]["all_reduces"]),
            f"{r['all_reduces']['tp1_measured']['bytes']:,}", str(r["all_reduces"]["tp8_formula"]["all_reduces"]),
            f"{r['all_reduces']['tp8_formula']['bytes']:,}"] for r in result["rows"]]
-    ui.stdout.print(ui.table("all-reduces per forward (TP=1 measured from the tracer; TP=8 by formula, not measured)",
-                             ["tokens", "TP=1", "TP=1 bytes", "TP=8 (formula)", "TP=8 bytes/rank (formula)"], ar))
+    ui.titled_table("all-reduces per forward (TP=1 measured from the tracer; TP=8 by formula, not measured)",
+                             ["tokens", "TP=1", "TP=1 bytes", "TP=8 (formula)", "TP=8 bytes/rank (formula)"], ar)
     checks = [[str(r["tokens"]), str(r["check"].get("capture_shape")),
                "yes" if r["check"].get("capture_finite") else "NO",
                "-" if r["check"].get("capture_rel_err_vs_transformers") is None
@@ -433,22 +433,22 @@ def print_tables(result: dict) -> None:
                "-" if r["check"].get("logits_rel_err_vs_transformers") is None
                else f"{r['check']['logits_rel_err_vs_transformers']:.2e}"] for r in result["rows"] if "check" in r]
     if checks:
-        ui.stdout.print(ui.table("same computation? (untimed; bf16 differs by rounding and routing near-ties)",
+        ui.titled_table("same computation? (untimed; bf16 differs by rounding and routing near-ties)",
                                  ["tokens", "capture shape", "finite", "capture rel err vs HF", "logits rel err vs HF"],
-                                 checks))
+                                 checks)
     tg = [[t["target"], t["want"], "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED"), t["detail"]]
           for t in result["targets"]]
-    ui.stdout.print(ui.table("targets (reported, not asserted; set for DeepSeek-V2-Lite bf16 on one H200)",
-                             ["target", "want", "status", "detail"], tg))
+    ui.titled_table("targets (reported, not asserted; set for DeepSeek-V2-Lite bf16 on one H200)",
+                             ["target", "want", "status", "detail"], tg)
     cpu = result.get("cpu_tp")
     if cpu:
-        ui.stdout.print(ui.table(
+        ui.titled_table(
             f"CPU over gloo: seconds per forward (median of the slowest rank, {cpu['repeats']} repeats), "
             f"{cpu['dtype']}, one torch thread per rank, {os.cpu_count()} cores",
             ["TP", "tokens", "s/forward", "min-max", "x vs smallest", "tok/s", "all-reduces (formula)", "bytes/rank"],
             [[str(r["tp"]), str(r["tokens"]), f"{r['median_s']:.4f}", f"{r['min_s']:.4f}-{r['max_s']:.4f}",
               f"{r['growth_vs_smallest']:.2f}", f"{r['tokens_per_s']:,.0f}",
-              f"{r['all_reduces']} ({r['all_reduces_formula']})", f"{r['all_reduce_bytes']:,}"] for r in cpu["rows"]]))
+              f"{r['all_reduces']} ({r['all_reduces_formula']})", f"{r['all_reduce_bytes']:,}"] for r in cpu["rows"]])
         for s_ in cpu["skipped"]:
             ui.stdout.print(f"skipped TP={s_['tp']}: {s_['reason']}")
 

@@ -110,7 +110,7 @@ def print_table(result: dict) -> None:
                     "-" if ar_s is None else f"{ar_s / r['median_s']:.0%}", "-" if busbw is None else f"{busbw:.3g}",
                     "-" if sw is None else f"{sw['seconds_per_forward'] * 1e3:.2f}",
                     "-" if sw is None else f"{sw['busbw_gbps']:.3g}" + ("" if sw["exact"] else "*")])
-    ui.stdout.print(ui.table(title, cols, out))
+    ui.titled_table(title, cols, out)
     if any(not r.get("sweep", {"exact": True})["exact"] for r in result["table"]["rows"]):
         ui.stdout.print("* the sweep has no row of this size: the nearest size's time, scaled by bytes")
     for sk in result["table"]["skipped"]:

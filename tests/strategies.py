@@ -14,16 +14,55 @@ ID_RANGES = {"sglang": lambda L: (-1, L - 2), "vllm": lambda L: (0, L), "specfor
              "hf": lambda L: (0, L), "eagle": lambda L: (0, L - 1)}
 
 
+FAMILY_TYPES = ["deepseek_v2", "llama", "qwen3", "qwen3_moe"]  # one model_type per tpsim family; Hypothesis
+# shrinks towards DeepSeek, the family with the most structure (MLA, shared experts, grouped routing)
+YARN_GQA = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8}
+
+
 @st.composite
-def config_dicts(draw, tp: int, max_layers: int = 3, moe=None):
-    """An HF-style config dict that `tp` divides (vocab deliberately not a multiple of 64 or tp)."""
+def config_dicts(draw, tp: int, max_layers: int = 3, moe=None, families=tuple(FAMILY_TYPES)):
+    """An HF-style config dict of a drawn family that `tp` divides (vocab deliberately not a
+    multiple of 64 or tp). `moe`: True/False to force MoE layers in or out; `families`: the
+    model_types to draw from."""
+    if moe is None:
+        moe = draw(st.booleans(), label="moe")
+    candidates = [t for t in families if (t == "deepseek_v2" or (t == "qwen3_moe") == moe)]
+    model_type = draw(st.sampled_from(candidates), label="model_type")
     L = draw(st.integers(1, max_layers), label="num_hidden_layers")
+    heads = tp * draw(st.integers(1, 2), label="heads_per_rank")
     d = {
+        "model_type": model_type,
         "hidden_size": draw(st.sampled_from([16, 32, 48]), label="hidden"),
         "num_hidden_layers": L,
-        "num_attention_heads": tp * draw(st.integers(1, 2), label="heads_per_rank"),
+        "num_attention_heads": heads,
         "vocab_size": draw(st.integers(2, 300), label="vocab"),
         "intermediate_size": tp * 8 * draw(st.integers(1, 2)),
+    }
+    if model_type == "deepseek_v2":
+        d.update(_mla(draw))
+        if moe:
+            d.update(_deepseek_moe(draw, tp, L))
+        return _valid(d)
+    kv = draw(st.sampled_from([k for k in (1, 2, 4, 8, 16) if heads % k == 0 and (k % tp == 0 or tp % k == 0)]),
+              label="kv_heads")
+    d.update(num_key_value_heads=kv, head_dim=draw(st.sampled_from([4, 8]), label="head_dim"),
+             rope_scaling=draw(st.sampled_from([None, LLAMA3 if model_type == "llama" else YARN_GQA]),
+                               label="rope_scaling"),
+             attention_bias=draw(st.booleans(), label="attention_bias"),
+             tie_word_embeddings=draw(st.booleans(), label="tie_word_embeddings"))
+    if model_type == "qwen3_moe":
+        E = draw(st.sampled_from([2, 4, 8]), label="num_experts")
+        d.update(num_experts=E, num_experts_per_tok=draw(st.integers(1, E), label="top_k"),
+                 moe_intermediate_size=tp * 4 * draw(st.integers(1, 2)), norm_topk_prob=draw(st.booleans()),
+                 decoder_sparse_step=draw(st.integers(1, 2), label="decoder_sparse_step"),
+                 mlp_only_layers=draw(st.lists(st.integers(0, L - 1), max_size=1), label="mlp_only_layers"))
+    return _valid(d)
+
+
+def _mla(draw) -> dict:
+    return {
         "q_lora_rank": draw(st.sampled_from([None, 16]), label="q_lora_rank"),
         "kv_lora_rank": draw(st.sampled_from([8, 16])),
         "qk_nope_head_dim": draw(st.sampled_from([4, 8])),
@@ -36,22 +75,25 @@ def config_dicts(draw, tp: int, max_layers: int = 3, moe=None):
              "mscale": m, "mscale_all_dim": m_all} for m, m_all in ((0.707, 0.707), (1.0, 0.707), (0.707, 1.0))]),
             label="rope_scaling"),
     }
-    if moe is None:
-        moe = draw(st.booleans(), label="moe")
-    if moe:
-        method = draw(st.sampled_from(["greedy", "group_limited_greedy", "noaux_tc"]), label="topk_method")
-        n_group = 1 if method == "greedy" else draw(st.sampled_from([1, 2]))
-        E = n_group * draw(st.sampled_from([2, 4]))
-        topk_group = draw(st.integers(1, n_group))
-        d.update({
-            "n_routed_experts": E, "topk_method": method, "n_group": n_group, "topk_group": topk_group,
-            "num_experts_per_tok": draw(st.integers(1, topk_group * (E // n_group))),
-            "moe_intermediate_size": tp * 4 * draw(st.integers(1, 2)),
-            "n_shared_experts": draw(st.sampled_from([None, 1, 2])),
-            "first_k_dense_replace": draw(st.integers(0, L)), "moe_layer_freq": draw(st.sampled_from([1, 2])),
-            "scoring_func": "sigmoid" if method == "noaux_tc" else draw(st.sampled_from(["softmax", "sigmoid"])),
-            "norm_topk_prob": draw(st.booleans()), "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
-        })
+
+
+def _deepseek_moe(draw, tp: int, L: int) -> dict:
+    method = draw(st.sampled_from(["greedy", "group_limited_greedy", "noaux_tc"]), label="topk_method")
+    n_group = 1 if method == "greedy" else draw(st.sampled_from([1, 2]))
+    E = n_group * draw(st.sampled_from([2, 4]))
+    topk_group = draw(st.integers(1, n_group))
+    return {
+        "n_routed_experts": E, "topk_method": method, "n_group": n_group, "topk_group": topk_group,
+        "num_experts_per_tok": draw(st.integers(1, topk_group * (E // n_group))),
+        "moe_intermediate_size": tp * 4 * draw(st.integers(1, 2)),
+        "n_shared_experts": draw(st.sampled_from([None, 1, 2])),
+        "first_k_dense_replace": draw(st.integers(0, L)), "moe_layer_freq": draw(st.sampled_from([1, 2])),
+        "scoring_func": "sigmoid" if method == "noaux_tc" else draw(st.sampled_from(["softmax", "sigmoid"])),
+        "norm_topk_prob": draw(st.booleans()), "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
+    }
+
+
+def _valid(d: dict) -> dict:
     config_from_dict(d)  # strategies only make valid configs
     return d
 

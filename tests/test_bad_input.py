@@ -109,6 +109,11 @@ def write_inputs(d: Path) -> dict[str, Path]:
     (f["ckpt_deep_index"] / "model.safetensors.index.json").write_text("{" + '"a":{' * 50_000 + "}" * 50_001)
     header = json.dumps({"x": {"dtype": "F32", "shape": ["a"], "data_offsets": [0, 4]}}).encode()
     (f["ckpt_bad_entry"] / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+    # model families: configs each refused for one reason
+    qwen3 = yaml.safe_load((ROOT / "configs" / "tiny-qwen3.yaml").read_text())
+    put("qwen3_no_head_dim.json", {k: v for k, v in qwen3.items() if k != "head_dim"})
+    put("llama_mlp_bias.json", {**yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text()), "mlp_bias": True})
+    put("gpt_oss.json", {"model_type": "gpt_oss", "hidden_size": 64})
     # align: draft configs
     put("draft_ok.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}})
     put("draft_empty_ids.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": []}})
@@ -189,6 +194,28 @@ CASES = [
     case("check-override-deep-yaml", ["check", "--override", "num_hidden_layers=" + "[" * 2000], "--override",
          "not a number"),
     case("check-unknown-device", "check --device tpu", "--device", "'tpu'", "cuda"),
+    # --- model families --------------------------------------------------------------------------------
+    case("family-tp-neither-divides-nor-multiple-of-kv-heads", "check --model tiny-qwen3 --tp 2 --override "
+         "num_attention_heads=6 --override num_key_value_heads=3",
+         "--tp 2 neither divides nor is a multiple of num_key_value_heads=3"),
+    case("family-kv-heads-not-dividing-heads", "check --model tiny-llama --override num_key_value_heads=3",
+         "num_key_value_heads=3 does not divide num_attention_heads=8"),
+    case("family-llama-rope-scaling-yarn-missing-original",
+         ["check", "--model", "tiny-llama", "--override", "rope_scaling={rope_type: yarn, factor: 4}"],
+         "rope_scaling (yarn) needs original_max_position_embeddings"),
+    case("family-llama3-rope-high-below-low", ["check", "--model", "tiny-llama", "--override",
+         "rope_scaling={rope_type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1, "
+         "original_max_position_embeddings: 16}"], "high_freq_factor=1 must exceed low_freq_factor=4"),
+    case("family-mla-rope-llama3", ["check", "--override", "rope_scaling={rope_type: llama3, factor: 8, "
+         "low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 16}"],
+         "rope_scaling type 'llama3' is not supported for deepseek_v2", "yarn"),
+    case("family-qwen3-missing-head-dim", "check --model {qwen3_no_head_dim.json}",
+         "missing required field head_dim", "Qwen3Config"),
+    case("family-llama-mlp-bias", "check --model {llama_mlp_bias.json}", "mlp_bias=true", "not supported for llama"),
+    case("family-qwen3-moe-ep-experts", "check --model tiny-qwen3-moe --mode ep --tp 1,4 --override num_experts=6",
+         "--mode ep at --tp 4", "num_experts=6"),
+    case("family-model-type-gpt-oss", "check --model {gpt_oss.json}", "model_type='gpt_oss' is not supported",
+         "llama, qwen3, qwen3_moe"),
     # --- capture -------------------------------------------------------------------------------------
     case("capture-tokens-huge", "capture --tokens 99999999999999999999 --out c.safetensors",
          "id 99999999999999999999 is outside the vocabulary", "vocab_size=1000"),

@@ -220,6 +220,16 @@ def test_active_params_with_every_expert_active_is_every_matmul_weight(over):
     assert active_params(cfg)["total"] == matmul
 
 
+@pytest.mark.parametrize("name,over", [("tiny-llama", []), ("tiny-qwen3", ["tie_word_embeddings=false"]),
+                                       ("tiny-qwen3-moe", ["num_experts_per_tok=8"])])
+def test_active_params_of_the_gqa_families_are_every_matmul_weight(name, over):
+    """GQA's q/k/v/o projections and Qwen3-MoE's experts (all active) are every 2-D weight but the embedding."""
+    cfg = with_overrides(load_config(ROOT / "configs" / f"{name}.yaml"), over)
+    matmul = sum(torch.Size(s).numel() for n, s in expected_tensors(cfg).items()
+                 if len(s) == 2 and n != "model.embed_tokens.weight")
+    assert active_params(cfg)["total"] == matmul
+
+
 def test_active_params_v2_lite_and_flops():
     lite = load_config(ROOT / "configs" / "deepseek-v2-lite.yaml")
     p = active_params(lite)["total"]
@@ -235,7 +245,7 @@ def test_active_params_v2_lite_and_flops():
 
 # --- benchmarks/forward.py end to end (CPU, in-process) ---------------------------------------------------------
 
-def test_forward_script_writes_json(tmp_path):
+def test_forward_script_writes_json(tmp_path, capsys):
     pytest.importorskip("transformers")
     fw = script("forward")
     out = tmp_path / "forward.json"
@@ -255,6 +265,9 @@ def test_forward_script_writes_json(tmp_path):
     assert data["matmul"]["n"] == 64 and data["matmul"]["tflops"] > 0
     assert len(data["targets"]) == 4 and all(t["met"] is None for t in data["targets"] if "8192" in t["target"])
     assert "T^2" in data["flop_formula"]
+    shown = capsys.readouterr().out  # the table has each variant's median (ui.table's signature once broke it)
+    for r in data["rows"]:
+        assert f"{r['variants']['tpsim+capture']['median_ms']:.2f}" in shown
 
 
 def test_forward_script_bad_input(capsys):

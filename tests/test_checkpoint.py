@@ -218,8 +218,9 @@ def _bad_checkpoints(root: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]
     name = "model.layers.0.self_attn.kv_b_proj.weight"
     d = rewrite(good, root / "shape", {**tensors, name: tensors[name][:, :-1].contiguous()})
     case("wrong-shape", ["capture", "--model", d], name, "[256, 31]", "[256, 32]")
-    d = rewrite(good, root / "mtype", tensors, {**config, "model_type": "llama"})
-    case("unsupported-model-type", ["capture", "--model", d], "model_type='llama'", "deepseek_v2, deepseek_v3")
+    d = rewrite(good, root / "mtype", tensors, {**config, "model_type": "mixtral"})
+    case("unsupported-model-type", ["capture", "--model", d], "model_type='mixtral'", "deepseek_v2, deepseek_v3",
+         "llama, qwen3, qwen3_moe")
     d = rewrite(good, root / "gptq", tensors, {**config, "quantization_config": {"quant_method": "gptq", "bits": 4}})
     case("unsupported-quantization", ["capture", "--model", d], "quant_method='gptq'", "fp8")
     d = rewrite(good, root / "pertensor", tensors, {**config, "quantization_config": {"quant_method": "fp8"}})

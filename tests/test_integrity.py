@@ -106,13 +106,13 @@ def test_moe_layer_count_matches_the_per_layer_rule():
     the per-rank estimate equals a whole meta-device model's parameters."""
     import itertools
 
-    from tpsim.model import DeepseekForCausalLM
+    from tpsim.model import CausalLM
     from tpsim.parallel import TPGroup
     base = load_config(ROOT / "configs/tiny.yaml")
     for L, first, freq in itertools.product(range(1, 9), range(0, 9), range(1, 4)):
         cfg = with_overrides(base, [f"num_hidden_layers={L}", f"first_k_dense_replace={first}", f"moe_layer_freq={freq}"])
         assert cfg.moe_layer_count() == sum(cfg.is_moe_layer(k) for k in range(L))
-        meta = DeepseekForCausalLM(cfg, TPGroup(size=2, device=torch.device("meta")), torch.float32)
+        meta = CausalLM(cfg, TPGroup(size=2, device=torch.device("meta")), torch.float32)
         assert shard_bytes(cfg, 2, torch.float32) == sum(p.numel() * 4 for p in meta.parameters())
 
 

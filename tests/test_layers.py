@@ -51,7 +51,8 @@ def expected(kind, cfg, seed, T, tp):
 @st.composite
 def layer_cases(draw, kind):
     tp = draw(st.sampled_from(TP_DEGREES), label="tp")
-    cfg = draw(config_dicts(tp, max_layers=1, moe=(kind == "moe")))
+    cfg = draw(config_dicts(tp, max_layers=1, moe=(kind == "moe"), families=("deepseek_v2",)))  # tests/reference.py
+    # is DeepSeek's textbook; GQA has tests/test_gqa.py
     if kind == "moe":
         cfg["first_k_dense_replace"] = 0
     return tp, cfg, draw(st.integers(0, 2**31 - 1), label="seed"), draw(st.integers(1, 9), label="T")

@@ -35,7 +35,11 @@ def mode_cases(draw):
     name = draw(st.sampled_from(sorted(STRATEGIES)), label="mode")
     tp = draw(st.sampled_from([2, 4, 8] if name != "ep" else [2, 4]), label="tp")
     cfg = draw(config_dicts(tp, max_layers=3, moe=True if name == "ep" else None))
-    if name == "ep":  # experts split whole: E must be a multiple of tp, and some layer must be MoE
+    if name == "ep" and cfg["model_type"] == "qwen3_moe":  # experts split whole: a multiple of tp, some layer MoE
+        E = tp * draw(st.integers(1, 2))
+        cfg.update(num_experts=E, num_experts_per_tok=min(cfg["num_experts_per_tok"], E), decoder_sparse_step=1,
+                   mlp_only_layers=[])
+    elif name == "ep":
         E = cfg["n_group"] * tp * draw(st.integers(1, 2))
         cfg.update(n_routed_experts=E, num_experts_per_tok=min(cfg["num_experts_per_tok"],
                                                                cfg["topk_group"] * E // cfg["n_group"]),

@@ -98,8 +98,9 @@ def test_capture_is_full_identical_and_tp_invariant(rank_pool, c):
     assert masked_rel_err(caps[0], ref, mask) <= FP32_TOL
     if mask.all():
         assert rel_err(out[0]["logits"], ref_logits) <= FP32_TOL
-    textbook = reference_capture(cfg, full_weights(cfg, seed), torch.tensor(ids), res.positions)
-    assert masked_rel_err(ref, textbook, mask) <= FP32_TOL
+    if cfg.mla:  # tests/reference.py is DeepSeek's textbook; the GQA families meet transformers in test_families
+        textbook = reference_capture(cfg, full_weights(cfg, seed), torch.tensor(ids), res.positions)
+        assert masked_rel_err(ref, textbook, mask) <= FP32_TOL
 
 
 @settings(max_examples=40)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tpsim import weights as W
 from tpsim.config import load_config
-from tpsim.model import DeepseekForCausalLM
+from tpsim.model import CausalLM
 from tpsim.parallel.group import TPGroup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,12 +143,12 @@ def test_scaling_per_name(seed, kind):
 
 def test_init_random_weights_meta_and_cpu():
     cfg = load_config(ROOT / "configs" / "tiny.yaml")
-    meta = DeepseekForCausalLM(cfg, TPGroup(device=torch.device("meta")), torch.bfloat16)
+    meta = CausalLM(cfg, TPGroup(device=torch.device("meta")), torch.bfloat16)
     assert W.model_device(meta) == torch.device("cpu")
     W.init_random_weights(meta, 0)  # generating for a meta model is pointless but harmless
     assert all(p.device.type == "meta" for p in meta.parameters())
     assert W.model_device(torch.nn.Module()) == torch.device("cpu")
-    model = DeepseekForCausalLM(cfg, TPGroup(), torch.float32)
+    model = CausalLM(cfg, TPGroup(), torch.float32)
     assert W.model_device(model) == torch.device("cpu")
     W.init_random_weights(model, 5)
     assert torch.equal(model.model.norm.weight, W.init_tensor(5, "model.norm.weight", (cfg.hidden_size,)))
@@ -183,9 +183,9 @@ def test_cuda_block_boundary_equals_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on a GPU node with pytest -m gpu")
 def test_cuda_seeded_model_equals_cpu(dtype, monkeypatch):
     cfg = load_config(ROOT / "configs" / "tiny.yaml")
-    cpu = DeepseekForCausalLM(cfg, TPGroup(), dtype)
+    cpu = CausalLM(cfg, TPGroup(), dtype)
     W.init_random_weights(cpu, 7)
-    gpu = DeepseekForCausalLM(cfg, TPGroup(device=torch.device("cuda")), dtype)
+    gpu = CausalLM(cfg, TPGroup(device=torch.device("cuda")), dtype)
     devices = []
     real = W.init_tensor
 
@@ -201,3 +201,23 @@ def test_cuda_seeded_model_equals_cpu(dtype, monkeypatch):
     for k, v in p_gpu.items():
         assert v.device.type == "cuda" and v.dtype == dtype
         assert torch.equal(v.cpu(), p_cpu[k]), k
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), name=st.sampled_from(["model.embed_tokens.weight", "lm_head.weight",
+                                                         "model.norm.weight", "model.layers.0.mlp.experts.gate_up_proj"]),
+       shape=st.lists(st.integers(1, 9), min_size=1, max_size=3), data=st.data())
+def test_seeded_source_slices_equal_the_full_tensor(seed, name, shape, data):
+    """A rank generates only the rows it keeps (W.SeededSource); every slice a loader takes (rows,
+    rows x columns, one index, everything) equals that slice of the full tensor, bit for bit."""
+    full = W.init_tensor(seed, name, tuple(shape))
+    src = W.SeededSource(seed, name, tuple(shape), torch.device("cpu"))
+    a = data.draw(st.integers(0, shape[0]), label="row start")
+    b = data.draw(st.integers(a, shape[0]), label="row stop")
+    assert torch.equal(src[a:b], full[a:b])
+    assert torch.equal(src[:], full[:])
+    if a < shape[0]:
+        assert torch.equal(src[a], full[a])
+    if len(shape) > 1:
+        c = data.draw(st.integers(0, shape[1]), label="column start")
+        assert torch.equal(src[a:b, c:], full[a:b, c:])

@@ -1,4 +1,5 @@
-"""DeepSeek-V2/V3 decoder over a TP group, with the fused residual stream of SGLang/vLLM.
+"""A decoder of any tpsim family (DeepSeek's MLA, or GQA for Llama and Qwen3; dense MLPs and
+MoE) over a TP group, with the fused residual stream of SGLang/vLLM.
 
 A decoder layer returns `(hidden_states, residual)`; `hidden_states + residual` at the
 start of layer k+1 is `out(k)`. Before layer 0 the residual is None. The communication mode
@@ -14,13 +15,14 @@ import torch
 from torch import nn
 
 from tpsim.config import ModelConfig
-from tpsim.layers import MLA, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
+from tpsim.layers import GQA, MLA, AttentionShape, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
+from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
 from tpsim.modes import Mode, Stages, Stream, split_sizes
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, Placement
 
-__all__ = ["DecoderLayer", "DeepseekModel", "DeepseekForCausalLM", "shard_bytes", "split_sizes"]
+__all__ = ["CausalLM", "DecoderLayer", "DecoderModel", "layer_kinds", "shard_bytes", "split_sizes"]
 
 
 def own_tokens_view(mode: Mode, group: TPGroup, probe: Probe) -> tuple[TPGroup, Probe]:
@@ -46,7 +48,9 @@ class DecoderLayer(Tapped, nn.Module):
         prefix, eps, probe = f"model.layers.{k}", cfg.rms_norm_eps, probe or Probe(group)
         local, local_probe = own_tokens_view(mode, group, probe)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, group, f"{prefix}.input_layernorm", dtype)
-        self.self_attn = MLA(cfg, local, f"{prefix}.self_attn", dtype, reduce_results=False, probe=local_probe)
+        self.self_attn = (MLA(cfg, local, f"{prefix}.self_attn", dtype, reduce_results=False, probe=local_probe)
+                          if cfg.mla else GQA(AttentionShape.of(cfg), local, f"{prefix}.self_attn", dtype,
+                                              reduce_results=False, probe=local_probe))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, group, f"{prefix}.post_attention_layernorm",
                                                 dtype)
         self.group, self.point, self.prefix, self.k, self.probe = group, f"layers.{k}", prefix, k, probe
@@ -61,7 +65,8 @@ class DecoderLayer(Tapped, nn.Module):
         """Layer k's points, its sublayers' included, in forward order."""
         base = f"layers.{k}"
         mlp = MoE if cfg.is_moe_layer(k) else DenseMLP
-        return (cls.declared(base, "attn.in") + MLA.points(f"{base}.attn") + cls.declared(base, "mid", "mlp.in")
+        attention = MLA if cfg.mla else GQA
+        return (cls.declared(base, "attn.in") + attention.points(f"{base}.attn") + cls.declared(base, "mid", "mlp.in")
                 + mlp.points(f"{base}.mlp") + cls.declared(base, "out", k=k))
 
     @property
@@ -107,11 +112,13 @@ class DecoderLayer(Tapped, nn.Module):
         sub.tap("partial", y, P)
         y = stream.move(y, P, dst, **callers)
         if dst is not P:
+            if isinstance(sub, RowParallelLinear):  # o_proj's bias (Llama attention_bias), once, after the sum
+                y = sub.add_bias(y)
             sub.tap("out", y, dst)
         return y
 
 
-class DeepseekModel(Tapped, nn.Module):
+class DecoderModel(Tapped, nn.Module):
     POINTS = (Point("final", R, "final norm output = position final"),)
 
     def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype, mode: Mode = Mode(),
@@ -153,7 +160,7 @@ class DeepseekModel(Tapped, nn.Module):
         return hidden
 
 
-class DeepseekForCausalLM(nn.Module):
+class CausalLM(nn.Module):
     """input_ids `[T]` (identical on every rank; under dp-attention each rank's own sequence)
     → logits `[T, vocab_size]` Replicate() (dp-attention: this rank's tokens).
 
@@ -164,7 +171,7 @@ class DeepseekForCausalLM(nn.Module):
         super().__init__()
         mode.check(cfg, group.size)
         self.config, self.group, self.mode, self.probe = cfg, group, mode, Probe(group)
-        self.model = DeepseekModel(cfg, group, dtype, mode, self.probe)
+        self.model = DecoderModel(cfg, group, dtype, mode, self.probe)
         head_group, head_probe = own_tokens_view(mode, group, self.probe)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, head_group, "lm_head", dtype,
                                       tie_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
@@ -174,7 +181,7 @@ class DeepseekForCausalLM(nn.Module):
     def points(cfg: ModelConfig) -> list[NamedPoint]:
         """Every named point of the model, in forward order (tpsim.capture.points.catalogue)."""
         layers = [p for k in range(cfg.num_hidden_layers) for p in DecoderLayer.points(cfg, k)]
-        return (VocabParallelEmbedding.declared("embed") + layers + DeepseekModel.declared("")
+        return (VocabParallelEmbedding.declared("embed") + layers + DecoderModel.declared("")
                 + ParallelLMHead.declared(""))
 
     @torch.no_grad()
@@ -187,6 +194,14 @@ class DeepseekForCausalLM(nn.Module):
             return self.lm_head(hidden) if logits else hidden
 
 
+def layer_kinds(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(a representative layer index, how many layers are built like it): one dense and one MoE
+    kind, counted without looping (L may be huge)."""
+    n_moe = cfg.moe_layer_count()
+    kinds = [(cfg.first_dense_layer, cfg.num_hidden_layers - n_moe), (cfg.first_moe_layer, n_moe)]
+    return [(k, count) for k, count in kinds if count]
+
+
 def shard_bytes(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> int:
     """Bytes of one rank's parameters at TP=tp (the embedding/head, the norm, and each layer
     kind once, built on the meta device: no memory, and fast even for 61 layers x 256 experts)."""
@@ -197,10 +212,4 @@ def shard_bytes(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> int:
 
     total = size(VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group, "e", dtype)) * \
         (1 if cfg.tie_word_embeddings else 2) + cfg.hidden_size * dtype.itemsize
-    L, n_moe = cfg.num_hidden_layers, cfg.moe_layer_count()  # counted, not looped: L may be huge
-    first_moe = -(-cfg.first_k_dense_replace // cfg.moe_layer_freq) * cfg.moe_layer_freq
-    first_dense = 0 if not cfg.is_moe_layer(0) else 1  # layer 0 is MoE only when layer 1 is dense or L == n_moe
-    for k, count in ((first_moe, n_moe), (first_dense, L - n_moe)):
-        if count:
-            total += count * size(DecoderLayer(cfg, k, group, dtype))
-    return total
+    return total + sum(count * size(DecoderLayer(cfg, k, group, dtype)) for k, count in layer_kinds(cfg))

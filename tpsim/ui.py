@@ -114,6 +114,12 @@ def table(columns: list[str], rows: list[list], notes: tuple[str, ...] = (), who
         say(f"[{n}] {text}")
 
 
+def titled_table(title: str, columns: list[str], rows: list[list]) -> None:
+    """A benchmark's table: its title on a line of its own, then `table`."""
+    stdout.print(title, markup=False, highlight=False)
+    table(columns, rows, whole=tuple(columns[:2]))
+
+
 @contextmanager
 def progress_bar(what: str, total: int):
     """A rich progress bar on a terminal (nothing otherwise); yields `advance()`."""

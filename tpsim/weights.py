@@ -97,7 +97,7 @@ def _scaling(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
     return 1 / shape[-1] ** 0.5, 0.0
 
 
-def _fill(out: torch.Tensor, key: int, mul: float, add: float, chunk: int, first: int = 0) -> None:
+def _fill(out: torch.Tensor, key: int, mul: float, add: float, chunk: int, first: int = 0, tick=None) -> None:
     """out (flat float32) [k] = add + mul * (sum_j u_j(first + k) - _CENTRE), `chunk` elements a step."""
     n, dev = out.numel(), out.device
     m = max(1, min(chunk, n))
@@ -137,6 +137,8 @@ def _fill(out: torch.Tensor, key: int, mul: float, add: float, chunk: int, first
             o.mul_(mul)
             if add:
                 o.add_(add)
+            if tick is not None:
+                tick()
         start = stop
 
 
@@ -175,18 +177,23 @@ def weight_specs(module: torch.nn.Module):
 
 
 def fill_weights(model: torch.nn.Module, open_source, what: str, progress=None) -> None:
-    """Fill every parameter of `model`: `open_source(spec)` is a context manager that gives what
-    `spec.load` indexes (a full tensor, or a lazy checkpoint slice). `progress(msg)` hears how
-    far it got every couple of seconds (a full-size model takes minutes; the pool's stall
-    watchdog counts silence, not total time)."""
+    """Fill every parameter of `model`: `open_source(spec, beat)` is a context manager that gives
+    what `spec.load` indexes (a full tensor, or a lazy checkpoint or seeded slice), and may call
+    `beat()` while it works. `progress(msg)` hears how far it got every couple of seconds (a
+    full-size model takes minutes; the pool's stall watchdog counts silence, not total time)."""
     specs = list(weight_specs(model))
-    last = time.monotonic()
-    for i, spec in enumerate(specs):
-        with open_source(spec) as src:
+    last, done = [time.monotonic()], [0]
+
+    def beat():
+        if progress is not None and time.monotonic() - last[0] > 2:
+            progress(f"{what}: {done[0]}/{len(specs)} tensors")
+            last[0] = time.monotonic()
+
+    for spec in specs:
+        with open_source(spec, beat) as src:
             spec.load(src)
-        if progress is not None and time.monotonic() - last > 2:
-            progress(f"{what}: {i + 1}/{len(specs)} tensors")
-            last = time.monotonic()
+        done[0] += 1
+        beat()
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -198,9 +205,42 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return p.device
 
 
+class SeededSource:
+    """The seeded tensor `name` as a lazy source: `src[rows]`, `src[rows, cols]` or `src[:]`
+    generates only the rows asked for (a vocab-parallel embedding at TP=8 generates an eighth of
+    it), the same bits as slicing `init_tensor`'s full tensor. `tick()` is called every chunk."""
+
+    def __init__(self, seed: int, name: str, shape: tuple[int, ...], device: torch.device, tick=None):
+        self.key, self.shape, self.device, self.tick = tensor_seed(seed, name), tuple(shape), device, tick
+        factor, self.offset = _scaling(name, self.shape)
+        self.mul = _float32(factor * _UNIT)
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if not self.shape:
+            return init_tensor_at(self, 0, 1).view(())[idx]
+        rows = idx[0] if isinstance(idx[0], slice) else slice(idx[0], idx[0] + 1)
+        r0, r1, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise ValueError("seeded slices must be contiguous")
+        r1 = max(r0, r1)
+        per_row = math.prod(self.shape[1:])
+        block = init_tensor_at(self, r0 * per_row, (r1 - r0) * per_row).view(r1 - r0, *self.shape[1:])
+        rest = (slice(None),) + idx[1:]
+        return block[rest] if isinstance(idx[0], slice) else block[0][idx[1:]]
+
+
+def init_tensor_at(src: SeededSource, first: int, n: int) -> torch.Tensor:
+    """Elements [first, first + n) of the flat seeded tensor (float32)."""
+    out = torch.empty(n, dtype=torch.float32, device=src.device)
+    if n:
+        _fill(out, src.key, src.mul, src.offset, _default_chunk(src.device), first, src.tick)
+    return out
+
+
 def init_random_weights(model: torch.nn.Module, seed: int, progress=None) -> None:
     """Fill every parameter of a tpsim model or layer (any TP degree) from `seed`, generating
-    on the model's device (bit-identical to generating on the CPU)."""
+    on the model's device (bit-identical to generating on the CPU) only the rows each rank keeps."""
     device = model_device(model)
-    fill_weights(model, lambda spec: nullcontext(init_tensor(seed, spec.name, spec.shape, device)),
+    fill_weights(model, lambda spec, beat: nullcontext(SeededSource(seed, spec.name, spec.shape, device, beat)),
                  "seeding weights", progress)

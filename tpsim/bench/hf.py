@@ -1,4 +1,4 @@
-"""transformers' DeepseekV2/V3ForCausalLM built in memory with tpsim's seeded weights, beside tpsim at TP=1
+"""transformers' model of a tpsim config, built in memory with tpsim's seeded weights, beside tpsim at TP=1
 (benchmarks/forward.py, tests/test_bench.py, tests/test_gpu.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from tpsim.checkpoint.export import tensor_dtype
 from tpsim.errors import UsageError
-from tpsim.model import DeepseekForCausalLM
+from tpsim.model import CausalLM
 from tpsim.parallel.group import TPGroup
 from tpsim.run.jobs import DTYPES
 from tpsim.weights import init_tensor, weight_specs
@@ -35,13 +35,18 @@ def seeded_tensors(seed: int, device: torch.device):
     return lambda name, shape: init_tensor(seed, name, shape).to(device)
 
 
+def hf_architecture(cfg) -> str:
+    """The transformers class that runs this config (Kimi-K2: DeepseekV3ForCausalLM)."""
+    return cfg.family.model_types[cfg.model_type]
+
+
 def hf_config_for(cfg):
-    """The transformers DeepseekV2Config / DeepseekV3Config of a tpsim config (same fields)."""
+    """The transformers config of a tpsim config (same fields; LlamaConfig, Qwen3MoeConfig, ...)."""
     import transformers
-    v3 = cfg.model_type == "deepseek_v3"
-    cls = transformers.DeepseekV3Config if v3 else transformers.DeepseekV2Config
+    arch = hf_architecture(cfg)
+    cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
     drop = {"model_type", "quantization_config", "architectures", "torch_dtype", "dtype", "tpsim"}
-    if v3:  # transformers' V3 has only noaux_tc / sigmoid and takes neither field
+    if arch == "DeepseekV3ForCausalLM":  # transformers' V3 has only noaux_tc / sigmoid and takes neither field
         drop |= {"topk_method", "scoring_func"}
     return cls(**{k: v for k, v in cfg.to_dict().items() if k not in drop})
 
@@ -57,13 +62,13 @@ def hf_unsupported(cfg) -> str | None:
 
 def build_hf_model(cfg, dtype: str, device: torch.device, attn_implementation: str = "sdpa",
                    experts_implementation: str | None = None):
-    """transformers' DeepseekV2ForCausalLM (V3 for a V3 config) built in memory on `device` in
+    """transformers' model of the config's family (DeepseekV2ForCausalLM, LlamaForCausalLM, ...) built in memory on `device` in
     `dtype` (router weights stay float32, as transformers keeps them), weights not yet filled."""
     import transformers
     why = hf_unsupported(cfg)
     if why:
         raise UsageError(why)
-    cls = transformers.DeepseekV3ForCausalLM if cfg.model_type == "deepseek_v3" else transformers.DeepseekV2ForCausalLM
+    cls = getattr(transformers, hf_architecture(cfg))
     kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation}
     if experts_implementation:
         kwargs["experts_implementation"] = experts_implementation
@@ -142,7 +147,7 @@ def build_models(cfg, seed: int, dtype: str, device: torch.device, transformers:
     generated once (`seeded_tensors`), cast to the dtype tpsim keeps it in, and copied into both.
     Returns (tpsim model, transformers model or None)."""
     device = torch.device(device)
-    model = DeepseekForCausalLM(cfg, TPGroup(device=device), DTYPES[dtype])
+    model = CausalLM(cfg, TPGroup(device=device), DTYPES[dtype])
     hf = hf_weights = None
     if transformers:
         if progress:

@@ -22,13 +22,13 @@ import torch
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.layers.probe import Lazy, NamedPoint, Sink
-from tpsim.model import DeepseekForCausalLM
+from tpsim.model import CausalLM
 from tpsim.parallel.placement import Placement
 
 
 def catalogue(cfg: ModelConfig) -> list[NamedPoint]:
     """Every named point of the model: (name, placement at TP>1, what it is), in forward order."""
-    return DeepseekForCausalLM.points(cfg)
+    return CausalLM.points(cfg)
 
 
 def position_of(point: str) -> str | None:

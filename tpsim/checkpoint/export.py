@@ -28,9 +28,10 @@ from tpsim.checkpoint.reader import INDEX, expected_tensors
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.parallel import faults
-from tpsim.weights import init_tensor
+from tpsim.model import CausalLM, DecoderLayer, layer_kinds
+from tpsim.parallel.group import TPGroup
+from tpsim.weights import init_tensor, weight_specs
 
-ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 FP32_TENSORS = ("e_score_correction_bias",)  # tpsim (and the engines) keep it in float32
 
 
@@ -56,25 +57,16 @@ def total_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """The checkpoint's size, from one dense and one MoE layer times their counts: building every
     layer, even on the meta device, would take hours for a (mistyped) num_hidden_layers=10**9
     before the free-space check could refuse it."""
-    def sizes(c: ModelConfig) -> tuple[int, int]:  # (bytes outside the decoder layers, bytes of layer 0)
-        rest = layer = 0
-        for n, s in expected_tensors(c).items():
-            b = torch.Size(s).numel() * tensor_dtype(n, dtype).itemsize
-            if n.startswith("model.layers."):
-                layer += b
-            else:
-                rest += b
-        return rest, layer
-    L, n_moe = cfg.num_hidden_layers, cfg.moe_layer_count()
-    rest, dense = sizes(dataclasses.replace(cfg, num_hidden_layers=1, first_k_dense_replace=1))
-    moe = sizes(dataclasses.replace(cfg, num_hidden_layers=1, first_k_dense_replace=0, moe_layer_freq=1))[1] \
-        if n_moe else 0
-    return rest + dense * (L - n_moe) + moe * n_moe
+    def nbytes(specs) -> int:
+        return sum(torch.Size(s.shape).numel() * tensor_dtype(s.name, dtype).itemsize for s in specs)
+    meta = TPGroup(device=torch.device("meta"))
+    rest = nbytes(weight_specs(CausalLM(dataclasses.replace(cfg, num_hidden_layers=0), meta)))
+    return rest + sum(count * nbytes(weight_specs(DecoderLayer(cfg, k, meta, dtype))) for k, count in layer_kinds(cfg))
 
 
 def hf_config(cfg: ModelConfig, dtype: str, seed: int) -> dict:
     d = {k: v for k, v in cfg.to_dict().items() if k != "quantization_config"}
-    return {"architectures": [ARCHITECTURES[cfg.model_type]], **d, "torch_dtype": dtype,
+    return {"architectures": [cfg.family.model_types[cfg.model_type]], **d, "torch_dtype": dtype,
             "tpsim": {"seed": seed, "version": __version__}}
 
 

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from tpsim.checkpoint.fp8 import Fp8Source, scale_shape
 from tpsim.config import ModelConfig, check_quantization_config
 from tpsim.errors import UsageError
-from tpsim.model import DeepseekForCausalLM
+from tpsim.model import CausalLM
 from tpsim.parallel.group import TPGroup
 from tpsim.weights import fill_weights, weight_specs
 
@@ -214,7 +214,7 @@ class _Counted:
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor `cfg` implies (HF name -> full shape), in model order, from a
     TP=1 model built on the meta device (no memory)."""
-    model = DeepseekForCausalLM(cfg, TPGroup(device=torch.device("meta")))
+    model = CausalLM(cfg, TPGroup(device=torch.device("meta")))
     return {s.name: tuple(s.shape) for s in weight_specs(model)}
 
 
@@ -277,4 +277,4 @@ def _check_fp8(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> None:
 
 def load_weights(model: torch.nn.Module, ckpt: Checkpoint, progress=None) -> None:
     """Fill every parameter of a tpsim model (any TP degree) with this rank's slices."""
-    fill_weights(model, lambda spec: ckpt.open(spec.name), "reading weights", progress)
+    fill_weights(model, lambda spec, beat: ckpt.open(spec.name), "reading weights", progress)

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
-from tpsim.config import ModelConfig
+from tpsim.config import ModelConfig, builtin_names
 from tpsim.errors import UsageError
 from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
@@ -97,8 +97,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 def add_model_option(p: argparse.ArgumentParser, help: str = "") -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=help or "the target: a built-in name (tiny, deepseek-v2-lite, deepseek-v3), a YAML/JSON "
-                                "config with HF DeepseekV2Config fields, or an HF model directory (default tiny)")
+                   help=help or f"the target: a built-in name ({', '.join(builtin_names())}), a YAML/JSON "
+                                "config with a Hugging Face config.json's fields, or an HF model directory "
+                                "(default tiny)")
 
 
 def add_server_option(p: argparse.ArgumentParser, draft: bool = False) -> None:

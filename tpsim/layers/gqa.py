@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from tpsim.config import ModelConfig
 from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
@@ -34,11 +35,20 @@ class AttentionShape:
     o_proj_bias: bool = False
     qk_norm_eps: float | None = None  # Qwen3: RMSNorm over each q and k head (weights [head_dim]) before rope
 
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> "AttentionShape":
+        """A GQA family's attention: Llama's and Qwen3's `attention_bias` biases q, k, v and o_proj
+        (transformers LlamaAttention, Qwen3Attention)."""
+        return cls(cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.attention_head_dim, cfg.rope_theta,
+                   cfg.rope_scaling, cfg.attention_bias, cfg.attention_bias,
+                   cfg.rms_norm_eps if cfg.family.qk_norm else None)
+
 
 class GQA(Tapped, nn.Module):
     """normed hidden `[T, hidden]` Replicate() → `[T, hidden]` Replicate() after o_proj's all-reduce."""
 
-    POINTS = (Point("q", S1, "q_proj output: this rank's query heads"),
+    POINTS = (Point("q", S1, "q_proj output: this rank's query heads (its KV heads are split while tp <= "
+                             "num_key_value_heads, replicated beyond)"),
               Point("out", S1, "attention output, this rank's heads: o_proj's input"))
 
     def __init__(self, shape: AttentionShape, group: TPGroup, prefix: str, dtype: torch.dtype,
@@ -72,6 +82,7 @@ class GQA(Tapped, nn.Module):
         group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
         q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
+        # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (see MLA)
         out = rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5),
                         "1 h t d -> t (h d)")
         self.tap("out", out)

@@ -175,8 +175,6 @@ class RowParallelLinear(Tapped, _Linear):
     def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, reduce_results=True,
                  probe: Probe | None = None):
         self.in_per_rank = divide(in_features, group.size, f"{prefix} input size")
-        if bias and not reduce_results:
-            raise ValueError("a row-parallel bias needs reduce_results=True (it would be added tp times)")
         super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, self.in_per_rank))
         self.reduce_results, self.point, self.probe = reduce_results, point_name(prefix), probe or Probe(group)
 
@@ -187,13 +185,15 @@ class RowParallelLinear(Tapped, _Linear):
         if self.bias is not None:
             yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t[:]))
 
+    def add_bias(self, y):
+        """The reduced output plus the bias, added once (never to the partial sums: tp times)."""
+        return y if self.bias is None else y + self.bias
+
     def forward(self, x):
         y = F.linear(x, self.weight)
-        if not self.reduce_results:
+        if not self.reduce_results:  # the caller reduces, then calls add_bias
             return y
         self.tap("partial", y)
-        y = self.group.all_reduce(y, self.prefix)
-        if self.bias is not None:
-            y = y + self.bias
+        y = self.add_bias(self.group.all_reduce(y, self.prefix))
         self.tap("out", y)
         return y

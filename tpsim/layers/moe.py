@@ -156,14 +156,15 @@ def _counts(ids: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _grouped_mm_works(dtype: torch.dtype, device: torch.device, *dims: int) -> bool:
-    """Whether torch._grouped_mm takes these operands: CPU float32 (any shape) or 16-byte-aligned
-    rows; CUDA bf16 with aligned rows on sm90+ (its kernels need both)."""
+    """Whether torch._grouped_mm takes these operands: 16-byte-aligned rows on the CPU (float32
+    with moe_intermediate_size / tp = 2 raises "strides should be multiple of 16 bytes"); CUDA
+    bf16 with aligned rows on sm90+ (its kernels need both)."""
     if not hasattr(torch, "_grouped_mm") or device.type not in ("cpu", "cuda"):
         return False
     aligned = all(d * dtype.itemsize % 16 == 0 for d in dims)
     if device.type == "cuda":
         return dtype == torch.bfloat16 and aligned and torch.cuda.get_device_capability(device)[0] >= 9
-    return dtype == torch.float32 or aligned
+    return aligned
 
 
 class MoE(Tapped, nn.Module):

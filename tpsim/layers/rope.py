@@ -1,5 +1,5 @@
-"""Interleaved (GPT-J style, adjacent pairs) rotary embedding with DeepSeek's YaRN scaling
-(vLLM `DeepseekScalingRotaryEmbedding`), applied to the rope part of q and k only."""
+"""Rotary embeddings: interleaved (GPT-J style, adjacent pairs) on DeepSeek's rope part of q and
+k, and NeoX style (halves) on whole heads for Llama and Qwen; YaRN and Llama 3 scaling."""
 
 from __future__ import annotations
 
@@ -27,27 +27,37 @@ def softmax_scale(qk_head_dim: int, rope_scaling: dict | None) -> float:
     return scale
 
 
+def yarn(inv_freq: torch.Tensor, base: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (vLLM `YaRNScalingRotaryEmbedding`, `DeepseekScalingRotaryEmbedding`): frequencies
+    below the `beta_slow` rotations divided by `factor`, those above `beta_fast` kept, a linear
+    ramp between; and the cos/sin scale mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+    * attn_factor (0.1 ln(factor) + 1 when the config gives neither, as Qwen3's and Kimi-K2's).
+    `truncate: false` (GPT-OSS) keeps the ramp's ends unrounded."""
+    dim = 2 * inv_freq.shape[0]
+    factor = scaling["factor"]
+    orig_max = scaling.get("original_max_position_embeddings", 4096)
+    beta_fast, beta_slow = scaling.get("beta_fast", 32), scaling.get("beta_slow", 1)
+    low, high = _correction_dim(beta_fast, dim, base, orig_max), _correction_dim(beta_slow, dim, base, orig_max)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp  # 1 where the original frequency is kept
+    inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
+    mscale = (yarn_get_mscale(factor, scaling.get("mscale", 1))
+              / yarn_get_mscale(factor, scaling.get("mscale_all_dim", 0) or 0) * scaling.get("attn_factor", 1))
+    return inv_freq, mscale
+
+
 class DeepseekRotaryEmbedding(nn.Module):
     def __init__(self, rope_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
         super().__init__()
-        exponents = torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim
-        pos_freqs = base ** exponents
-        inv_freq = 1.0 / pos_freqs
+        inv_freq = 1.0 / base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
         self.mscale = 1.0
         if rope_scaling:
-            factor = rope_scaling["factor"]
-            orig_max = rope_scaling.get("original_max_position_embeddings", 4096)
-            beta_fast, beta_slow = rope_scaling.get("beta_fast", 32), rope_scaling.get("beta_slow", 1)
-            low = max(math.floor(_correction_dim(beta_fast, rope_dim, base, orig_max)), 0)
-            high = min(math.ceil(_correction_dim(beta_slow, rope_dim, base, orig_max)), rope_dim - 1)
-            if low == high:
-                high += 0.001
-            ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-            extrapolate = 1 - ramp  # 1 where the original frequency is kept
-            inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
-            self.mscale = (yarn_get_mscale(factor, rope_scaling.get("mscale", 1))
-                           / yarn_get_mscale(factor, rope_scaling.get("mscale_all_dim", 0) or 0)
-                           * rope_scaling.get("attn_factor", 1))
+            inv_freq, self.mscale = yarn(inv_freq, base, rope_scaling)
         self.register_buffer("inv_freq", inv_freq.float().to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor):
@@ -77,22 +87,25 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 class NeoxRotaryEmbedding(nn.Module):
     """Rotary embedding on whole heads, halves rotated (GPT-NeoX style: Llama, Qwen), with no
-    scaling or `llama3` scaling."""
+    scaling, `llama3` or `yarn` scaling."""
 
     def __init__(self, head_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
         super().__init__()
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+        self.mscale = 1.0
         if kind == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, rope_scaling)
+        elif kind == "yarn":
+            inv_freq, self.mscale = yarn(inv_freq, base, rope_scaling)
         elif kind != "default":
-            raise ValueError(f"rope_scaling type {kind!r} is not supported for this attention (default, llama3)")
+            raise ValueError(f"rope_scaling type {kind!r} is not supported for this attention (default, llama3, yarn)")
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor):
         """positions `[T]`; each x `[T, heads, head_dim]` → rotated, same shape and dtype."""
         freqs = positions.float()[:, None] * self.inv_freq[None]
-        cos, sin = freqs.cos()[:, None], freqs.sin()[:, None]  # [T, 1, head_dim/2]
+        cos, sin = (freqs.cos() * self.mscale)[:, None], (freqs.sin() * self.mscale)[:, None]  # [T, 1, head_dim/2]
         out = []
         for x in xs:
             a, b = x.float().chunk(2, dim=-1)

@@ -105,7 +105,8 @@ class ExpertParallel(Mode):
         if cfg.n_routed_experts is None or cfg.moe_layer_count() == 0:
             raise UsageError("--mode ep needs MoE layers and this config has none; use --mode tp")
         if cfg.n_routed_experts % tp:
-            raise UsageError(f"--mode ep at --tp {tp}: tp does not divide n_routed_experts="
+            experts = cfg.family.hf_name("n_routed_experts")
+            raise UsageError(f"--mode ep at --tp {tp}: tp does not divide {experts}="
                              f"{cfg.n_routed_experts} (experts are split whole over ranks); pick a --tp "
                              f"that divides {cfg.n_routed_experts}")
 

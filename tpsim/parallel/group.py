@@ -68,6 +68,9 @@ def _code(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
 
 
+LOADING_TIMEOUT_S = 1800.0  # how long a rank waits for its group's weights (wait_loaded)
+
+
 @dataclass
 class TPGroup:
     """One tensor-parallel group, seen from one of its ranks.
@@ -83,11 +86,22 @@ class TPGroup:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tracer: Tracer = field(default_factory=Tracer)
     verify: bool = False  # check op, caller, dtype and shape across the group before each collective
+    loading_pg: dist.ProcessGroup | None = None  # gloo: the same ranks with LOADING_TIMEOUT_S, for wait_loaded
 
     def local_view(self) -> "TPGroup":
         """A size-1 group of this rank alone, sharing this group's tracer: for layers that are
         replicated (not split) inside a bigger group, as dp-attention's attention."""
         return TPGroup(rank=0, size=1, ranks=(self.ranks[self.rank],), device=self.device, tracer=self.tracer)
+
+    def wait_loaded(self) -> None:
+        """Wait until every rank of the group holds its weights. Seeding or reading a full-size
+        model takes minutes on a busy CPU (rank 0 also builds the TP=1 reference first), longer
+        than one collective's timeout, which a rank that finished early would otherwise spend in
+        its first all-reduce. gloo only: NCCL ranks load on their GPUs in seconds."""
+        if self.loading_pg is None:
+            return
+        faults.doing(f"waiting for the weights of the TP={self.size} group of ranks {list(self.ranks)}")
+        dist.barrier(group=self.loading_pg)
 
     def _enter(self, op: str, caller: str, x: torch.Tensor) -> None:
         faults.doing(f"{op} in {caller} (TP={self.size} group of ranks {list(self.ranks)})")

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
-from tpsim.parallel.group import TPGroup
+from tpsim.parallel.group import LOADING_TIMEOUT_S, TPGroup
 
 
 # NVLink multicast (NVLS) stays off in every process tpsim starts: on a shared host a program using
@@ -103,13 +103,16 @@ def build_groups(rank: int, world: int, device: torch.device, timeout_s: float) 
             continue
         for start in range(0, world, tp):
             members = tuple(range(start, start + tp))
-            pg = None
+            pg = loading = None
             if tp > 1:
                 pg = dist.new_group(list(members), timeout=timedelta(seconds=timeout_s)) if tp < world \
                     else dist.group.WORLD
+                if device.type == "cpu":  # NCCL ranks load on their GPUs in seconds
+                    loading = dist.new_group(list(members), timeout=timedelta(seconds=LOADING_TIMEOUT_S),
+                                             backend="gloo")
             if rank in members:
                 groups[tp] = TPGroup(rank=rank - start, size=tp, pg=pg, ranks=members, device=device,
-                                     verify=verify_collectives(device))
+                                     verify=verify_collectives(device), loading_pg=loading)
     return groups
 
 

@@ -16,7 +16,7 @@ from tpsim.capture.points import Taps
 from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.capture.diagnosis import diagnose_tensors
 from tpsim.config import ModelConfig
-from tpsim.model import DeepseekForCausalLM
+from tpsim.model import CausalLM
 from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.consistency import agree
@@ -29,18 +29,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
-                checkpoint: str | None = None, progress=None, mode: Mode = Mode()) -> DeepseekForCausalLM:
+                checkpoint: str | None = None, progress=None, mode: Mode = Mode()) -> CausalLM:
     """This rank's shard of the model in `mode`: weights from the checkpoint directory when
     given (read slice by slice), else seeded from `seed`."""
-    model = DeepseekForCausalLM(cfg, group, DTYPES[dtype], mode)
+    model = CausalLM(cfg, group, DTYPES[dtype], mode)
     if checkpoint is None:
         init_random_weights(model, seed, progress)
     else:
         load_weights(model, Checkpoint(checkpoint), progress)
+    group.wait_loaded()
     return model
 
 
-def run_captured(model: DeepseekForCausalLM, input_ids: list[int], positions: list[Position],
+def run_captured(model: CausalLM, input_ids: list[int], positions: list[Position],
                  strategy: str = "model-level"):
     """One forward: (this rank's capture `[T, len(positions) * hidden]` taken with `strategy`,
     logits `[T, vocab_size]`). Afterwards the group's tracer holds exactly the collectives of
@@ -49,7 +50,7 @@ def run_captured(model: DeepseekForCausalLM, input_ids: list[int], positions: li
     return torch.cat(parts, dim=-1), logits
 
 
-def run_captured_parts(model: DeepseekForCausalLM, input_ids: list[int], positions: list[Position],
+def run_captured_parts(model: CausalLM, input_ids: list[int], positions: list[Position],
                        strategy: str = "model-level"):
     """As run_captured, with the capture as one tensor per position (their token counts may differ)."""
     group = model.group
@@ -160,7 +161,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
     return rows
 
 
-def routing_rows(model: DeepseekForCausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
+def routing_rows(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
                  T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: the experts each of this rank's tokens picked in the last forward `[T_own, top_k]`,
     sorted}: the whole batch, in token order (ep: gathered from the ranks' token shards; sp:
@@ -176,7 +177,7 @@ def routing_rows(model: DeepseekForCausalLM, mode: Mode = Mode(), group: TPGroup
     return out
 
 
-def routing_margins(model: DeepseekForCausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
+def routing_margins(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
                     T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: `[T_own]` router margin of each token in the last forward} (rows as routing_rows)."""
     out = {}
@@ -312,7 +313,7 @@ def points_job(ctx: RankContext, spec: RunSpec, tp: int, points: list[str], ever
         return None
     group = ctx.groups[tp]
     model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), m) if weights \
-        else DeepseekForCausalLM(spec.cfg, group, DTYPES[spec.dtype], m)
+        else CausalLM(spec.cfg, group, DTYPES[spec.dtype], m)
     ctx.progress(f"TP={tp}: forward")
     group.tracer.clear()
     with model.probe.attach(Taps(wanted=set(points), everything=everything)) as taps:

@@ -99,9 +99,13 @@ def check_memory(cfg, tps: list[int], dtype: str, device: str, ignore_limits: bo
                          "ulimit -v, use a larger --tp, --override num_hidden_layers=N to truncate, or --ignore-limits")
     t = max(tps, key=lambda t: per[t] * shard[t])
     need = per[t] * shard[t]
+    how = f"at TP={t} ({per[t]} rank{'s' if per[t] > 1 else ''} x {human_bytes(shard[t])})"
+    if device == "cpu" and not under_torchrun() and len(tps) > 1:  # the pool's ranks run their degrees at
+        # once: rank r holds the largest shard among the degrees it takes part in (r < tp)
+        need = sum(max(shard[t] for t in tps if r < t) for r in range(max(tps)))
+        how = f"for TP {','.join(map(str, sorted(tps)))} side by side (rank 0 alone holds {human_bytes(shard[min(tps)])})"
     have, where = available_memory(device)
     if need > have:
-        ranks = f"{per[t]} rank{'s' if per[t] > 1 else ''} x {human_bytes(shard[t])}"
-        raise UsageError(f"{source} needs {human_bytes(need)} of {dtype} weights at TP={t} ({ranks}) and there is "
+        raise UsageError(f"{source} needs {human_bytes(need)} of {dtype} weights {how} and there is "
                          f"{human_bytes(have)} {where}; use a larger --tp or more GPUs, --override "
                          "num_hidden_layers=N to truncate, or --ignore-limits to try anyway")

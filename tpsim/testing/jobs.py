@@ -16,7 +16,7 @@ from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.config import config_from_dict
 from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured,
                             run_captured_parts)
-from tpsim.model import DeepseekForCausalLM
+from tpsim.model import CausalLM
 from tpsim.modes import Mode
 from tpsim.layers import (GQA, MLA, AttentionShape, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
@@ -184,7 +184,7 @@ def load_job(ctx: RankContext, cfg: dict, dtype: str, checkpoint: str, tp: int, 
         return None
     config, group = config_from_dict(cfg), ctx.groups[tp]
     ckpt = Checkpoint(checkpoint)
-    model = DeepseekForCausalLM(config, group, DTYPES[dtype])
+    model = CausalLM(config, group, DTYPES[dtype])
     load_weights(model, ckpt)
     expected = build_model(config, group, seed, dtype, reference)
     theirs = dict(expected.named_parameters())
@@ -236,7 +236,7 @@ def param_bytes_job(ctx: RankContext, cfg: dict, dtype: str, tp: int):
     """The bytes of this rank's parameters in a real model at TP=tp (for the memory guard's estimate)."""
     if not ctx.participates(tp):
         return None
-    model = DeepseekForCausalLM(config_from_dict(cfg), ctx.groups[tp], DTYPES[dtype])
+    model = CausalLM(config_from_dict(cfg), ctx.groups[tp], DTYPES[dtype])
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
@@ -272,3 +272,41 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
         route = {k: torch.cat([e[k] for e in every]) for k in route}
     return {"captures": caps, "logits": logits, "routing": route,
             "collectives": [(r.op, r.caller) for r in group.tracer.records if not r.caller.startswith("capture.")]}
+
+
+def gptoss_moe_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int, ep: bool = False):
+    """One GPT-OSS MoE block (tpsim.layers.gptoss) with seeded weights on a seeded input `[T, hidden]`:
+    its output (under EP: this rank's contiguous token shard's), the experts each token picked, the
+    routing margins and the all-reduce count."""
+    from tpsim.layers.gptoss import GptOssMoE, GptOssMoEShape
+    if not ctx.participates(tp):
+        return None
+    group = ctx.groups[tp]
+    group.tracer.clear()
+    layer = GptOssMoE(GptOssMoEShape(**shape), group, "model.layers.0.mlp", torch.float32, expert_parallel=ep)
+    init_random_weights(layer, seed)
+    x = layer_input(seed, (T, shape["hidden_size"]), torch.float32)
+    if ep:
+        x = x.tensor_split(tp)[group.rank]
+    out = layer(x)
+    return {"out": out, "ids": layer.router.last_ids, "margin": layer.router.last_margin,
+            "all_reduces": group.tracer.count("all_reduce")}
+
+
+def sink_attention_job(ctx: RankContext, heads: int, kv_heads: int, head_dim: int, T: int, window: int | None,
+                       seed: int, tp: int):
+    """sink_attention on this rank's heads of seeded q/k/v `[T, heads, d]` (KV heads split or
+    replicated as QKVParallelLinear holds them), with its AttentionSinks slice of seeded sinks."""
+    from tpsim.layers.gptoss import AttentionSinks
+    if not ctx.participates(tp):
+        return None
+    group = ctx.groups[tp]
+    sinks = AttentionSinks(heads, group, "model.layers.0.self_attn")
+    init_random_weights(sinks, seed)
+    q = layer_input(seed, (T, heads, head_dim), torch.float32)
+    k, v = (layer_input(seed + i, (T, kv_heads, head_dim), torch.float32) for i in (1, 2))
+    h = heads // tp
+    kv_shard, kv_local = (group.rank // (tp // kv_heads), 1) if tp >= kv_heads else (group.rank, kv_heads // tp)
+    kv = slice(kv_shard * kv_local, (kv_shard + 1) * kv_local)
+    return {"out": sinks(q[:, group.rank * h:(group.rank + 1) * h], k[:, kv], v[:, kv], window),
+            "sinks": sinks.sinks.detach().clone()}

@@ -1,0 +1,87 @@
+"""The model families tpsim runs: for each config.json `model_type`, its attention, its MoE
+layout, the config fields it has (tpsim's name and the family's Hugging Face name), and the
+architecture transformers loads it as.
+
+A family is what an engine's model file implements (SGLang `models/deepseek_v2.py`,
+`models/llama.py`, `models/qwen3.py`, `models/qwen3_moe.py`; vLLM the same names), so one
+family serves several model_types where the files do (Kimi-K2 runs DeepSeek-V3's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Attention(Enum):
+    MLA = "multi-head latent attention"  # DeepSeek: q/kv LoRA, one shared rope key
+    GQA = "grouped-query attention"  # one QKV GEMM, KV heads shared by groups of query heads
+
+
+class MoeLayout(Enum):
+    """Which decoder layers hold experts (ModelConfig.is_moe_layer)."""
+
+    NONE = "dense"
+    DEEPSEEK = "k >= first_k_dense_replace and k % moe_layer_freq == 0"
+    QWEN = "k not in mlp_only_layers and (k + 1) % decoder_sparse_step == 0"
+
+
+COMMON = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "vocab_size", "intermediate_size", "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling",
+          "max_position_embeddings", "tie_word_embeddings")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+DEEPSEEK_MOE = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                "first_k_dense_replace", "moe_layer_freq", "topk_method", "scoring_func", "n_group", "topk_group",
+                "norm_topk_prob", "routed_scaling_factor")
+GQA_FIELDS = ("head_dim", "attention_bias")
+QWEN_MOE = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+            "decoder_sparse_step", "mlp_only_layers")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: dict[str, str]  # model_type -> the architecture transformers builds for it
+    attention: Attention
+    moe: MoeLayout
+    fields: tuple[str, ...]  # the ModelConfig fields its config.json carries
+    required: tuple[str, ...]  # ... of which these must be present (null allowed where the type is optional)
+    hf_names: dict[str, str] = field(default_factory=dict)  # tpsim field -> the family's config.json name
+    aliases: dict[str, str] = field(default_factory=dict)  # another name a config.json may use -> the HF name
+    implied: dict[str, dict] = field(default_factory=dict)  # model_type -> values its model file fixes (a config
+    # may leave them out)
+    qk_norm: bool = False  # an RMSNorm over each query and key head before rope (Qwen3)
+
+    def hf_name(self, name: str) -> str:
+        return self.hf_names.get(name, name)
+
+
+DEEPSEEK = Family(
+    "deepseek", {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                 "kimi_k2": "DeepseekV3ForCausalLM"},
+    Attention.MLA, MoeLayout.DEEPSEEK, COMMON + MLA_FIELDS + DEEPSEEK_MOE,
+    required=("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
+              *MLA_FIELDS),
+    # transformers' DeepseekV3Config has neither field: V3's router is noaux_tc over sigmoid scores
+    implied={"deepseek_v3": {"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
+             "kimi_k2": {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}})
+LLAMA = Family("llama", {"llama": "LlamaForCausalLM"}, Attention.GQA, MoeLayout.NONE, COMMON + GQA_FIELDS,
+               required=("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                         "intermediate_size"))
+# Qwen3Config's defaults (head_dim 128, 32 KV heads) are not Llama's: a Qwen config must give both
+QWEN3 = Family("qwen3", {"qwen3": "Qwen3ForCausalLM"}, Attention.GQA, MoeLayout.NONE, COMMON + GQA_FIELDS,
+               required=(*LLAMA.required, "num_key_value_heads", "head_dim"), qk_norm=True)
+QWEN3_MOE = Family(
+    "qwen3_moe", {"qwen3_moe": "Qwen3MoeForCausalLM"}, Attention.GQA, MoeLayout.QWEN,
+    COMMON + GQA_FIELDS + QWEN_MOE, required=(*QWEN3.required, "n_routed_experts", "num_experts_per_tok",
+                                              "moe_intermediate_size"),
+    hf_names={"n_routed_experts": "num_experts"}, qk_norm=True,
+    # the Hub's configs say num_experts; transformers >= 5 saves num_local_experts (Qwen3MoeConfig.attribute_map)
+    aliases={"num_local_experts": "num_experts"},
+    # softmax over every expert, top-k, no shared experts, no scaling (transformers Qwen3MoeSparseMoeBlock)
+    implied={"qwen3_moe": {"topk_method": "greedy", "scoring_func": "softmax"}})
+
+FAMILIES = (DEEPSEEK, LLAMA, QWEN3, QWEN3_MOE)
+BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+MODEL_TYPES = tuple(BY_MODEL_TYPE)
+DEFAULT_MODEL_TYPE = "deepseek_v2"
