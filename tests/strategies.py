@@ -14,9 +14,10 @@ ID_RANGES = {"sglang": lambda L: (-1, L - 2), "vllm": lambda L: (0, L), "specfor
              "hf": lambda L: (0, L), "eagle": lambda L: (0, L - 1)}
 
 
-FAMILY_TYPES = ["deepseek_v2", "llama", "qwen3", "qwen3_moe"]  # one model_type per tpsim family; Hypothesis
+FAMILY_TYPES = ["deepseek_v2", "llama", "qwen3", "qwen3_moe", "gpt_oss"]  # one model_type per tpsim family; Hypothesis
 # shrinks towards DeepSeek, the family with the most structure (MLA, shared experts, grouped routing)
 YARN_GQA = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+YARN_NO_TRUNCATE = {**YARN_GQA, "truncate": False}  # GPT-OSS
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8}
 
@@ -28,7 +29,7 @@ def config_dicts(draw, tp: int, max_layers: int = 3, moe=None, families=tuple(FA
     model_types to draw from."""
     if moe is None:
         moe = draw(st.booleans(), label="moe")
-    candidates = [t for t in families if (t == "deepseek_v2" or (t == "qwen3_moe") == moe)]
+    candidates = [t for t in families if (t == "deepseek_v2" or (t in ("qwen3_moe", "gpt_oss")) == moe)]
     model_type = draw(st.sampled_from(candidates), label="model_type")
     L = draw(st.integers(1, max_layers), label="num_hidden_layers")
     heads = tp * draw(st.integers(1, 2), label="heads_per_rank")
@@ -48,7 +49,8 @@ def config_dicts(draw, tp: int, max_layers: int = 3, moe=None, families=tuple(FA
     kv = draw(st.sampled_from([k for k in (1, 2, 4, 8, 16) if heads % k == 0 and (k % tp == 0 or tp % k == 0)]),
               label="kv_heads")
     d.update(num_key_value_heads=kv, head_dim=draw(st.sampled_from([4, 8]), label="head_dim"),
-             rope_scaling=draw(st.sampled_from([None, LLAMA3 if model_type == "llama" else YARN_GQA]),
+             rope_scaling=draw(st.sampled_from([None, LLAMA3 if model_type == "llama" else
+                                                YARN_GQA if model_type != "gpt_oss" else YARN_NO_TRUNCATE]),
                                label="rope_scaling"),
              attention_bias=draw(st.booleans(), label="attention_bias"),
              tie_word_embeddings=draw(st.booleans(), label="tie_word_embeddings"))
@@ -58,6 +60,14 @@ def config_dicts(draw, tp: int, max_layers: int = 3, moe=None, families=tuple(FA
                  moe_intermediate_size=tp * 4 * draw(st.integers(1, 2)), norm_topk_prob=draw(st.booleans()),
                  decoder_sparse_step=draw(st.integers(1, 2), label="decoder_sparse_step"),
                  mlp_only_layers=draw(st.lists(st.integers(0, L - 1), max_size=1), label="mlp_only_layers"))
+    if model_type == "gpt_oss":  # every layer MoE; experts of intermediate_size
+        E = draw(st.sampled_from([2, 4, 8]), label="num_experts")
+        d.update(num_local_experts=E, num_experts_per_tok=draw(st.integers(1, E), label="top_k"),
+                 intermediate_size=tp * 4 * draw(st.integers(1, 2)),
+                 sliding_window=draw(st.integers(1, 6), label="sliding_window"),
+                 layer_types=draw(st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=L,
+                                           max_size=L), label="layer_types"),
+                 swiglu_limit=draw(st.sampled_from([7.0, 0.5]), label="swiglu_limit"))
     return _valid(d)
 
 

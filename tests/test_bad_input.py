@@ -113,7 +113,7 @@ def write_inputs(d: Path) -> dict[str, Path]:
     qwen3 = yaml.safe_load((ROOT / "configs" / "tiny-qwen3.yaml").read_text())
     put("qwen3_no_head_dim.json", {k: v for k, v in qwen3.items() if k != "head_dim"})
     put("llama_mlp_bias.json", {**yaml.safe_load((ROOT / "configs" / "tiny-llama.yaml").read_text()), "mlp_bias": True})
-    put("gpt_oss.json", {"model_type": "gpt_oss", "hidden_size": 64})
+    put("mixtral.json", {"model_type": "mixtral", "hidden_size": 64})
     # align: draft configs
     put("draft_ok.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}})
     put("draft_empty_ids.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": []}})
@@ -214,8 +214,12 @@ CASES = [
     case("family-llama-mlp-bias", "check --model {llama_mlp_bias.json}", "mlp_bias=true", "not supported for llama"),
     case("family-qwen3-moe-ep-experts", "check --model tiny-qwen3-moe --mode ep --tp 1,4 --override num_experts=6",
          "--mode ep at --tp 4", "num_experts=6"),
-    case("family-model-type-gpt-oss", "check --model {gpt_oss.json}", "model_type='gpt_oss' is not supported",
-         "llama, qwen3, qwen3_moe"),
+    case("family-model-type-mixtral", "check --model {mixtral.json}", "model_type='mixtral' is not supported",
+         "llama, qwen3, qwen3_moe, gpt_oss"),
+    case("family-gpt-oss-layer-types-short", "check --model tiny-gpt-oss --override layer_types=[full_attention]",
+         "layer_types names 1 layers, num_hidden_layers is 8"),
+    case("family-gpt-oss-sliding-without-window", "check --model tiny-gpt-oss --override sliding_window=null",
+         "sliding_attention layers but sliding_window is None"),
     # --- capture -------------------------------------------------------------------------------------
     case("capture-tokens-huge", "capture --tokens 99999999999999999999 --out c.safetensors",
          "id 99999999999999999999 is outside the vocabulary", "vocab_size=1000"),

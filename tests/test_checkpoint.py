@@ -220,7 +220,7 @@ def _bad_checkpoints(root: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]
     case("wrong-shape", ["capture", "--model", d], name, "[256, 31]", "[256, 32]")
     d = rewrite(good, root / "mtype", tensors, {**config, "model_type": "mixtral"})
     case("unsupported-model-type", ["capture", "--model", d], "model_type='mixtral'", "deepseek_v2, deepseek_v3",
-         "llama, qwen3, qwen3_moe")
+         "llama, qwen3, qwen3_moe, gpt_oss")
     d = rewrite(good, root / "gptq", tensors, {**config, "quantization_config": {"quant_method": "gptq", "bits": 4}})
     case("unsupported-quantization", ["capture", "--model", d], "quant_method='gptq'", "fp8")
     d = rewrite(good, root / "pertensor", tensors, {**config, "quantization_config": {"quant_method": "fp8"}})

@@ -209,3 +209,43 @@ def test_transformers_with_tpsim_weights_agrees_on_cuda():
         assert rel_err(logits, out.logits[0]) <= TOLERANCE["float32"]
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+# --- every family on CUDA ----------------------------------------------------------------------------------------
+
+FAMILY_TINY = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"]
+
+
+@pytest.mark.parametrize("name", FAMILY_TINY)
+def test_tp_equivalence_float32_each_family(cuda_pool, name):
+    """The GQA families (KV heads replicated at TP 4) at TP 2 and 4 on CUDA equal TP=1."""
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    positions = list(resolve("sglang", None, cfg.num_hidden_layers).positions)
+    ids = input_ids_for(cfg, 2, 24)
+    check_tp_equivalence(run_tps(cuda_pool, cfg, 2, "float32", ids, positions), cfg, "float32", ids, positions)
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-20b"])
+def test_full_width_family_forward_bf16_without_host_sync(name):
+    """Each family at its published width (2 layers, bf16): the forward is finite and, after
+    warm-up, never synchronizes with the host (GPT-OSS's sink attention and biased experts too)."""
+    cfg = with_overrides(load_config(ROOT / "configs" / f"{name}.yaml"), ["num_hidden_layers=2"])
+    model = build_model(cfg, TPGroup(device=torch.device("cuda", torch.cuda.current_device())), 0, "bfloat16")
+    positions = list(resolve("hf", [0, 1, 2], 2).positions)
+    ids = torch.tensor(input_ids_for(cfg, 1, 256), device=model.group.device)
+    try:
+        with torch.inference_mode():
+            for _ in range(2):
+                model(ids, recorder=Recorder(positions))
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                rec = Recorder(positions)
+                logits = model(ids, recorder=rec)
+                cap = rec.concat()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            assert torch.isfinite(cap).all() and torch.isfinite(logits).all()
+    finally:
+        del model
+        torch.cuda.empty_cache()

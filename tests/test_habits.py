@@ -278,13 +278,13 @@ def test_verdicts_are_coloured_on_a_terminal_only():
 
 # --- models, scenarios, the repository ---------------------------------------------------------
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2", "gpt_oss"])
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2", "minimax_m2"])
 def test_an_unsupported_model_type_is_named_with_the_supported_ones(tmp_path, model_type):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": model_type, "hidden_size": 64, "num_key_value_heads": 2}))
     r = run_cli("check", "--model", tmp_path)
     assert r.returncode == 2 and f"model_type='{model_type}' is not supported" in r.stderr
-    assert "deepseek_v2, deepseek_v3, kimi_k2, llama, qwen3, qwen3_moe" in r.stderr
+    assert "deepseek_v2, deepseek_v3, kimi_k2, llama, qwen3, qwen3_moe, gpt_oss" in r.stderr
     assert "missing required field" not in r.stderr
 
 

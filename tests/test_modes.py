@@ -39,6 +39,9 @@ def mode_cases(draw):
         E = tp * draw(st.integers(1, 2))
         cfg.update(num_experts=E, num_experts_per_tok=min(cfg["num_experts_per_tok"], E), decoder_sparse_step=1,
                    mlp_only_layers=[])
+    elif name == "ep" and cfg["model_type"] == "gpt_oss":
+        E = tp * draw(st.integers(1, 2))
+        cfg.update(num_local_experts=E, num_experts_per_tok=min(cfg["num_experts_per_tok"], E))
     elif name == "ep":
         E = cfg["n_group"] * tp * draw(st.integers(1, 2))
         cfg.update(n_routed_experts=E, num_experts_per_tok=min(cfg["num_experts_per_tok"],

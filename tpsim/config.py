@@ -33,6 +33,7 @@ YARN_NUMBERS = ("factor", "original_max_position_embeddings", "beta_fast", "beta
                 "attn_factor")
 LLAMA3_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 ROPE_TYPES = {Attention.MLA: ("yarn",), Attention.GQA: ("llama3", "yarn")}  # besides none (rope_type default)
+LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class ModelConfig:
     attention_bias: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    sliding_window: int | None = None  # GPT-OSS: keys a sliding-attention layer sees, the query's own included
+    layer_types: tuple[str, ...] = ()  # GPT-OSS: sliding_attention / full_attention per layer
+    swiglu_limit: float = 7.0  # GPT-OSS's clamped SwiGLU
     model_type: str = DEFAULT_MODEL_TYPE
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -105,6 +109,8 @@ class ModelConfig:
     def is_moe_layer(self, k: int) -> bool:
         if self.n_routed_experts is None:
             return False
+        if self.family.moe is MoeLayout.EVERY:
+            return True
         if self.family.moe is MoeLayout.QWEN:
             return k not in self.mlp_only_layers and (k + 1) % self.decoder_sparse_step == 0
         return k >= self.first_k_dense_replace and k % self.moe_layer_freq == 0
@@ -114,7 +120,9 @@ class ModelConfig:
         """The first MoE layer (None: the model has none), found without looping: L may be 10**9."""
         if self.n_routed_experts is None:
             return None
-        if self.family.moe is MoeLayout.QWEN:
+        if self.family.moe is MoeLayout.EVERY:
+            first = 0
+        elif self.family.moe is MoeLayout.QWEN:
             first = self.decoder_sparse_step - 1
             while first in self.mlp_only_layers:
                 first += self.decoder_sparse_step
@@ -135,17 +143,25 @@ class ModelConfig:
         first = self.first_moe_layer
         if first is None:
             return 0
+        if self.family.moe is MoeLayout.EVERY:
+            return self.num_hidden_layers
         if self.family.moe is MoeLayout.QWEN:
             s, L = self.decoder_sparse_step, self.num_hidden_layers
             return L // s - sum(1 for m in set(self.mlp_only_layers) if m < L and (m + 1) % s == 0)
         return (self.num_hidden_layers - 1 - first) // self.moe_layer_freq + 1
 
+    def window(self, k: int) -> int | None:
+        """The sliding window of layer k's attention (None: full attention)."""
+        sliding = k < len(self.layer_types) and self.layer_types[k] == "sliding_attention"
+        return self.sliding_window if sliding else None
+
     def to_dict(self) -> dict:
         """The config.json fields of this model's family, by the family's names."""
         fam = self.family
         d = {fam.hf_name(f): getattr(self, f) for f in fam.fields}
-        if "mlp_only_layers" in d:
-            d["mlp_only_layers"] = list(d["mlp_only_layers"])
+        for name in ("mlp_only_layers", "layer_types"):
+            if name in d:
+                d[name] = list(d[name])
         return {**self.extra, **d}
 
     def sha256(self) -> str:
@@ -201,10 +217,14 @@ def _check_type(name: str, value: Any, source: str) -> Any:
     elif ann.startswith("dict"):
         if not isinstance(value, dict):
             raise UsageError(f"{source}: field {name} must be a mapping, got {value!r}")
-    elif ann.startswith("tuple"):  # a list of layer indices
+    elif ann.startswith("tuple[int"):  # a list of layer indices
         if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
                                                        for v in value):
             raise UsageError(f"{source}: field {name} must be a list of layer indices, got {value!r}")
+        value = tuple(value)
+    elif ann.startswith("tuple[str"):
+        if not isinstance(value, (list, tuple)) or any(v not in LAYER_TYPES for v in value):
+            raise UsageError(f"{source}: field {name} must be a list of {' or '.join(LAYER_TYPES)}, got {value!r}")
         value = tuple(value)
     return value
 
@@ -227,6 +247,12 @@ def config_from_dict(raw: dict, source: str = "config") -> ModelConfig:
     by_hf = {fam.hf_name(f): f for f in fam.fields}
     known = {by_hf[k]: _check_type(by_hf[k], v, source) for k, v in raw.items() if k in by_hf}
     known = {**fam.implied.get(model_type, {}), **known}
+    known.update({dst: known[src] for dst, src in fam.copies.items() if src in known})
+    if fam.sinks and isinstance(known.get("num_hidden_layers"), int):
+        L = known["num_hidden_layers"]
+        if "layer_types" not in known:  # transformers GptOssConfig.__post_init__: sliding, full, sliding, ...
+            known["layer_types"] = tuple(("sliding_attention", "full_attention")[k % 2] for k in range(min(L, 2**16)))
+        known["layer_types"] = known["layer_types"][:L]  # --override num_hidden_layers=N truncates them too
     if known.get("q_lora_rank") == 0:  # DeepSeek's own configs write 0 for "no q LoRA"
         known["q_lora_rank"] = None
     extra = {k: v for k, v in raw.items() if k not in by_hf}
@@ -252,11 +278,15 @@ def _standardize_rope(raw: dict, source: str) -> dict:
     return out
 
 
-def check_quantization_config(q, source: str) -> tuple[int, int]:
-    """The (rows, cols) weight block size of a supported `quantization_config`, else UsageError."""
-    hint = "tpsim reads unquantized checkpoints and DeepSeek-V3's block-wise fp8 (quant_method fp8, fmt e4m3)"
+def check_quantization_config(q, source: str, model_type: str | None = None) -> tuple[int, int] | None:
+    """The (rows, cols) weight block size of a supported block-FP8 `quantization_config`, None for
+    GPT-OSS's MXFP4 experts, else UsageError."""
+    hint = ("tpsim reads unquantized checkpoints, DeepSeek-V3's block-wise fp8 (quant_method fp8, fmt e4m3) "
+            "and GPT-OSS's mxfp4 experts")
     if not isinstance(q, dict):
         raise UsageError(f"{source}: quantization_config must be a mapping; {hint}")
+    if q.get("quant_method") == "mxfp4" and model_type in (None, "gpt_oss"):
+        return None
     if q.get("quant_method") != "fp8":
         raise UsageError(f"{source}: quantization_config quant_method={q.get('quant_method')!r} is not supported; {hint}")
     if q.get("fmt", "e4m3") != "e4m3":
@@ -272,7 +302,7 @@ def check_quantization_config(q, source: str) -> tuple[int, int]:
 def _check_consistency(cfg: ModelConfig, source: str) -> None:
     quant = cfg.extra.get("quantization_config")
     if quant is not None:
-        check_quantization_config(quant, source)
+        check_quantization_config(quant, source, cfg.model_type)
     if cfg.hidden_act != "silu":
         raise UsageError(f"{source}: hidden_act={cfg.hidden_act!r} is not supported; use silu")
     (_check_mla if cfg.mla else _check_gqa)(cfg, source)
@@ -308,6 +338,12 @@ def _check_gqa(cfg: ModelConfig, source: str) -> None:
                          "give head_dim")
     if cfg.attention_head_dim % 2:
         raise UsageError(f"{source}: head_dim={cfg.attention_head_dim} must be even for RoPE")
+    if cfg.family.sinks and len(cfg.layer_types) < cfg.num_hidden_layers:
+        raise UsageError(f"{source}: layer_types names {len(cfg.layer_types)} layers, num_hidden_layers is "
+                         f"{cfg.num_hidden_layers}; give one type per layer")
+    if "sliding_attention" in cfg.layer_types and not cfg.sliding_window:
+        raise UsageError(f"{source}: layer_types has sliding_attention layers but sliding_window is "
+                         f"{cfg.sliding_window!r}; give the window (GPT-OSS: 128)")
     for flag, what in (("mlp_bias", "MLP biases"), ("use_sliding_window", "sliding-window attention")):
         if cfg.extra.get(flag):
             raise UsageError(f"{source}: {flag}=true ({what}) is not supported for {cfg.model_type}; "

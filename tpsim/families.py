@@ -24,6 +24,14 @@ class MoeLayout(Enum):
     NONE = "dense"
     DEEPSEEK = "k >= first_k_dense_replace and k % moe_layer_freq == 0"
     QWEN = "k not in mlp_only_layers and (k + 1) % decoder_sparse_step == 0"
+    EVERY = "every layer"
+
+
+class MoeBlock(Enum):
+    """What an MoE layer is made of (tpsim.layers.moe.MoE or tpsim.layers.gptoss.GptOssMoE)."""
+
+    ROUTED = "router over softmax or sigmoid scores, SwiGLU experts, optional shared experts"
+    GPT_OSS = "biased router (softmax over the top-k logits), biased experts with the clamped SwiGLU"
 
 
 COMMON = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -51,6 +59,9 @@ class Family:
     implied: dict[str, dict] = field(default_factory=dict)  # model_type -> values its model file fixes (a config
     # may leave them out)
     qk_norm: bool = False  # an RMSNorm over each query and key head before rope (Qwen3)
+    moe_block: MoeBlock = MoeBlock.ROUTED
+    sinks: bool = False  # a learned per-head logit in each softmax's denominator (GPT-OSS)
+    copies: dict[str, str] = field(default_factory=dict)  # field -> the field whose value it takes
 
     def hf_name(self, name: str) -> str:
         return self.hf_names.get(name, name)
@@ -81,7 +92,17 @@ QWEN3_MOE = Family(
     # softmax over every expert, top-k, no shared experts, no scaling (transformers Qwen3MoeSparseMoeBlock)
     implied={"qwen3_moe": {"topk_method": "greedy", "scoring_func": "softmax"}})
 
-FAMILIES = (DEEPSEEK, LLAMA, QWEN3, QWEN3_MOE)
+# GPT-OSS (transformers GptOssConfig): every layer MoE, experts of intermediate_size, attention with sinks,
+# sliding-window and full attention alternating by layer_types; its published weights are MXFP4
+GPT_OSS = Family(
+    "gpt_oss", {"gpt_oss": "GptOssForCausalLM"}, Attention.GQA, MoeLayout.EVERY,
+    COMMON + GQA_FIELDS + ("n_routed_experts", "num_experts_per_tok", "sliding_window", "layer_types",
+                           "swiglu_limit"),
+    required=(*QWEN3.required, "n_routed_experts", "num_experts_per_tok"),
+    hf_names={"n_routed_experts": "num_local_experts"}, aliases={"num_experts": "num_local_experts"},
+    moe_block=MoeBlock.GPT_OSS, sinks=True, copies={"moe_intermediate_size": "intermediate_size"})
+
+FAMILIES = (DEEPSEEK, LLAMA, QWEN3, QWEN3_MOE, GPT_OSS)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 MODEL_TYPES = tuple(BY_MODEL_TYPE)
 DEFAULT_MODEL_TYPE = "deepseek_v2"

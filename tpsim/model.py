@@ -16,6 +16,8 @@ from torch import nn
 
 from tpsim.config import ModelConfig
 from tpsim.layers import GQA, MLA, AttentionShape, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
+from tpsim.families import MoeBlock
+from tpsim.layers.gptoss import GptOssMoE
 from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
 from tpsim.modes import Mode, Stages, Stream, split_sizes
@@ -29,6 +31,11 @@ def own_tokens_view(mode: Mode, group: TPGroup, probe: Probe) -> tuple[TPGroup, 
     """The group and probe of the layers that a rank-local mode runs whole on each rank's own
     tokens (embedding, attention, head), else the model's."""
     return (group.local_view(), probe.own_tokens()) if mode.rank_local else (group, probe)
+
+
+def moe_class(cfg: ModelConfig) -> type:
+    """The MoE block of the config's family (both take `(cfg, group, prefix, dtype, ...)`)."""
+    return GptOssMoE if cfg.family.moe_block is MoeBlock.GPT_OSS else MoE
 
 
 class DecoderLayer(Tapped, nn.Module):
@@ -49,14 +56,14 @@ class DecoderLayer(Tapped, nn.Module):
         local, local_probe = own_tokens_view(mode, group, probe)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, group, f"{prefix}.input_layernorm", dtype)
         self.self_attn = (MLA(cfg, local, f"{prefix}.self_attn", dtype, reduce_results=False, probe=local_probe)
-                          if cfg.mla else GQA(AttentionShape.of(cfg), local, f"{prefix}.self_attn", dtype,
+                          if cfg.mla else GQA(AttentionShape.of(cfg, k), local, f"{prefix}.self_attn", dtype,
                                               reduce_results=False, probe=local_probe))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, group, f"{prefix}.post_attention_layernorm",
                                                 dtype)
         self.group, self.point, self.prefix, self.k, self.probe = group, f"layers.{k}", prefix, k, probe
         self.is_moe = cfg.is_moe_layer(k)
-        self.mlp = (MoE(cfg, group, f"{prefix}.mlp", dtype, reduce_results=False,
-                        expert_parallel=mode.expert_parallel, probe=probe) if self.is_moe
+        self.mlp = (moe_class(cfg)(cfg, group, f"{prefix}.mlp", dtype, reduce_results=False,
+                                   expert_parallel=mode.expert_parallel, probe=probe) if self.is_moe
                     else DenseMLP(cfg.hidden_size, cfg.intermediate_size, group, f"{prefix}.mlp", dtype,
                                   reduce_results=False, probe=probe))
 
@@ -64,7 +71,7 @@ class DecoderLayer(Tapped, nn.Module):
     def points(cls, cfg: ModelConfig, k: int) -> list[NamedPoint]:
         """Layer k's points, its sublayers' included, in forward order."""
         base = f"layers.{k}"
-        mlp = MoE if cfg.is_moe_layer(k) else DenseMLP
+        mlp = moe_class(cfg) if cfg.is_moe_layer(k) else DenseMLP
         attention = MLA if cfg.mla else GQA
         return (cls.declared(base, "attn.in") + attention.points(f"{base}.attn") + cls.declared(base, "mid", "mlp.in")
                 + mlp.points(f"{base}.mlp") + cls.declared(base, "out", k=k))

@@ -94,6 +94,8 @@ def _scaling(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
         return 0.05, 0.0
     if name.endswith("embed_tokens.weight") or len(shape) <= 1:
         return 1.0, 0.0
+    if len(shape) == 3:  # stacked experts, transformers' layout [E, in, out] (GPT-OSS gate_up_proj, down_proj)
+        return 1 / shape[-2] ** 0.5, 0.0
     return 1 / shape[-1] ** 0.5, 0.0
 
 

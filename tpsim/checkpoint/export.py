@@ -32,7 +32,9 @@ from tpsim.model import CausalLM, DecoderLayer, layer_kinds
 from tpsim.parallel.group import TPGroup
 from tpsim.weights import init_tensor, weight_specs
 
-FP32_TENSORS = ("e_score_correction_bias",)  # tpsim (and the engines) keep it in float32
+# kept in float32 by tpsim: the noaux_tc correction bias (as the engines keep it) and GPT-OSS's sink
+# logits (its softmax runs in float32); exported so, the seeded model and its export agree bit for bit
+FP32_TENSORS = ("e_score_correction_bias", "self_attn.sinks")
 
 
 def tensor_dtype(name: str, dtype: torch.dtype) -> torch.dtype:

@@ -1,4 +1,5 @@
-"""Read an HF DeepSeek-V2/V3 checkpoint directory, each rank only its own slices.
+"""Read an HF checkpoint directory of any tpsim family, each rank only its own slices (block-FP8
+weights and GPT-OSS's MXFP4 experts dequantized per slice).
 
 A directory holds `config.json` and one or more `*.safetensors`, with or without
 `model.safetensors.index.json`. The launcher validates it once from the file headers
@@ -21,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from tpsim.checkpoint.fp8 import Fp8Source, scale_shape
+from tpsim.checkpoint.mxfp4 import GROUP, Mxfp4Source
 from tpsim.config import ModelConfig, check_quantization_config
 from tpsim.errors import UsageError
 from tpsim.model import CausalLM
@@ -30,7 +32,8 @@ from tpsim.weights import fill_weights, weight_specs
 INDEX = "model.safetensors.index.json"
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
             "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-WEIGHT_DTYPES = ("F32", "BF16", "F16", "F8_E4M3")
+MXFP4 = "MXFP4"  # not a safetensors dtype: a {name}_blocks / {name}_scales pair read as one tensor
+WEIGHT_DTYPES = ("F32", "BF16", "F16", "F8_E4M3", MXFP4)
 LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -135,6 +138,10 @@ class Checkpoint:
         for fname in files:
             for name, info in read_header(self.path / fname).items():
                 self.tensors[name] = (fname, info["dtype"], tuple(info["shape"]))
+        for name in [n.removesuffix("_blocks") for n in self.tensors if n.endswith("_blocks")]:
+            if name not in self.tensors and f"{name}_scales" in self.tensors:  # GPT-OSS MXFP4 experts
+                fname, _, (*lead, rows, groups, _) = self.tensors[f"{name}_blocks"]
+                self.tensors[name] = (fname, MXFP4, (*lead, groups * GROUP, rows))
         if self.index is not None:
             for name, fname in self.index.items():
                 if name not in self.tensors or self.tensors[name][0] != fname:
@@ -196,8 +203,12 @@ class Checkpoint:
         with ExitStack() as stack:
             def lazy(n):
                 return stack.enter_context(safe_open(str(self.path / self.tensors[n][0]), framework="pt")).get_slice(n)
-            src = Fp8Source(lazy(name), lazy(f"{name}_scale_inv"), self.block, shape) if dtype == "F8_E4M3" \
-                else lazy(name)
+            if dtype == "F8_E4M3":
+                src = Fp8Source(lazy(name), lazy(f"{name}_scale_inv"), self.block, shape)
+            elif dtype == MXFP4:
+                src = Mxfp4Source(lazy(f"{name}_blocks"), lazy(f"{name}_scales"))
+            else:
+                src = lazy(name)
             yield _Counted(self, src)
 
 
@@ -239,7 +250,7 @@ def validate(ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
                              f"{', '.join(WEIGHT_DTYPES)} weights")
         if dtype == "F8_E4M3":
             _check_fp8(ckpt, name, shape)
-    used = set(expected) | {f"{n}_scale_inv" for n in expected}
+    used = set(expected) | {f"{n}{suffix}" for n in expected for suffix in ("_scale_inv", "_blocks", "_scales")}
     beyond, other = [], []
     for name in ckpt.tensors:
         if name in used:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from einops import einsum, repeat
 from torch import nn
 
+from tpsim.config import ModelConfig
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.layers.moe import MoE, Experts, _inverse, _counts, _top
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
@@ -52,9 +53,9 @@ class GptOssMoEShape:
     swiglu_alpha: float = SWIGLU_ALPHA
 
     @classmethod
-    def from_config(cls, cfg) -> "GptOssMoEShape":
-        return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts, cfg.num_experts_per_tok,
-                   getattr(cfg, "swiglu_limit", 7.0), getattr(cfg, "swiglu_alpha", SWIGLU_ALPHA))
+    def from_config(cls, cfg: ModelConfig) -> "GptOssMoEShape":
+        return cls(cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok,
+                   cfg.swiglu_limit)
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, alpha: float = SWIGLU_ALPHA) -> torch.Tensor:
@@ -174,11 +175,11 @@ class GptOssMoE(Tapped, nn.Module):
     POINTS = (Point("partial", P, "sum of the routed experts' outputs, before the one all-reduce"),
               Point("out", R, "MoE output after its all-reduce"))
 
-    def __init__(self, shape: GptOssMoEShape, group: TPGroup, prefix: str, dtype: torch.dtype,
+    def __init__(self, shape: "GptOssMoEShape | ModelConfig", group: TPGroup, prefix: str, dtype: torch.dtype,
                  reduce_results: bool = True, expert_parallel: bool = False, probe: Probe | None = None):
         super().__init__()
         probe = probe or Probe(group)
-        s = shape
+        s = shape if isinstance(shape, GptOssMoEShape) else GptOssMoEShape.from_config(shape)
         self.group, self.prefix, self.point, self.probe = group, prefix, point_name(prefix), probe
         self.reduce_results, self.ep = reduce_results and not expert_parallel, expert_parallel
         self.router = GptOssRouter(s.hidden_size, s.num_local_experts, s.num_experts_per_tok, group,

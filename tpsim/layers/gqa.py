@@ -1,4 +1,4 @@
-"""Grouped-query attention under TP (Llama, Qwen3; vLLM `LlamaAttention`, `Qwen3Attention`): one QKV column-parallel
+"""Grouped-query attention under TP (Llama, Qwen3, GPT-OSS; vLLM `LlamaAttention`, `Qwen3Attention`): one QKV column-parallel
 GEMM split by heads (KV heads replicated when tp > num_key_value_heads), rotary embedding on
 whole heads, causal attention on this rank's heads, and a row-parallel o_proj with the block's
 one all-reduce."""
@@ -13,6 +13,7 @@ from einops import rearrange
 from torch import nn
 
 from tpsim.config import ModelConfig
+from tpsim.layers.gptoss import AttentionSinks
 from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
@@ -34,14 +35,16 @@ class AttentionShape:
     attention_bias: bool = False  # q/k/v biases (Qwen2; Llama's attention_bias also biases o_proj)
     o_proj_bias: bool = False
     qk_norm_eps: float | None = None  # Qwen3: RMSNorm over each q and k head (weights [head_dim]) before rope
+    sinks: bool = False  # GPT-OSS: a learned logit per head in the softmax denominator
+    window: int | None = None  # GPT-OSS sliding layers: keys a query sees, itself included
 
     @classmethod
-    def of(cls, cfg: ModelConfig) -> "AttentionShape":
-        """A GQA family's attention: Llama's and Qwen3's `attention_bias` biases q, k, v and o_proj
-        (transformers LlamaAttention, Qwen3Attention)."""
+    def of(cls, cfg: ModelConfig, k: int = 0) -> "AttentionShape":
+        """Layer k's attention in a GQA family: `attention_bias` biases q, k, v and o_proj
+        (transformers LlamaAttention, Qwen3Attention, GptOssAttention)."""
         return cls(cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.attention_head_dim, cfg.rope_theta,
                    cfg.rope_scaling, cfg.attention_bias, cfg.attention_bias,
-                   cfg.rms_norm_eps if cfg.family.qk_norm else None)
+                   cfg.rms_norm_eps if cfg.family.qk_norm else None, cfg.family.sinks, cfg.window(k))
 
 
 class GQA(Tapped, nn.Module):
@@ -65,6 +68,8 @@ class GQA(Tapped, nn.Module):
         if self.qk_norm:  # one [head_dim] weight shared by every head: replicated, whatever the split
             self.q_norm = RMSNorm(d, s.qk_norm_eps, group, f"{prefix}.q_norm", dtype)
             self.k_norm = RMSNorm(d, s.qk_norm_eps, group, f"{prefix}.k_norm", dtype)
+        self.sinks = AttentionSinks(s.num_attention_heads, group, prefix) if s.sinks else None
+        self.window = s.window
         self.heads, self.kv_heads, self.head_dim = self.qkv_proj.heads, self.qkv_proj.kv_heads, d
         self.group, self.point, self.probe = group, point_name(prefix), probe
 
@@ -79,6 +84,10 @@ class GQA(Tapped, nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
+        if self.sinks is not None:
+            out = rearrange(self.sinks(q, k, v, self.window, self.head_dim ** -0.5), "t h d -> t (h d)")
+            self.tap("out", out)
+            return self.o_proj(out)
         group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
         q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))

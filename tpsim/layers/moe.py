@@ -202,6 +202,11 @@ class MoE(Tapped, nn.Module):
                                            f"{prefix}.shared_experts", dtype, reduce_results=False, tap_act=False,
                                            probe=probe)
 
+    @property
+    def router(self) -> MoEGate:
+        """The router (its `last_ids`, `last_margin`), by the name every MoE block shares."""
+        return self.gate
+
     @classmethod
     def points(cls, base: str) -> list[NamedPoint]:
         """This MoE's points under `base`, its gate's first, in forward order."""

@@ -170,7 +170,7 @@ def routing_rows(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = N
     for k, layer in enumerate(model.model.layers):
         if not hasattr(layer.mlp, "gate"):
             continue
-        ids = layer.mlp.gate.last_ids.sort(-1).values
+        ids = layer.mlp.router.last_ids.sort(-1).values
         if group is not None and group.size > 1:
             ids = mode.routing_rows(ids, group, T)
         out[k] = ids
@@ -184,7 +184,7 @@ def routing_margins(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None 
     for k, layer in enumerate(model.model.layers):
         if not hasattr(layer.mlp, "gate"):
             continue
-        m = layer.mlp.gate.last_margin.unsqueeze(-1)
+        m = layer.mlp.router.last_margin.unsqueeze(-1)
         if group is not None and group.size > 1:
             m = mode.routing_rows(m, group, T)
         out[k] = m.squeeze(-1)
