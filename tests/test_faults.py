@@ -39,7 +39,15 @@ CASES = {  # id: (TPSIM_FAULT, expected exit, substrings of the one error line)
     "layer-stall": (f"1:{LAYER}:stall", 3, ["rank 1 stalled", f"all_reduce in {LAYER}", "gave up waiting"]),
     "write-raise": ("launcher:write:raise", 4, ["could not write the output", "nothing was replaced"]),
     "write-kill": ("launcher:write:kill", -signal.SIGKILL, []),
+    # the other families: the same contract, faults in their own modules (GQA's o_proj, GPT-OSS's MoE all-reduce)
+    "llama-layer-stall": (f"1:{LAYER}:stall", 3, ["rank 1 stalled", f"all_reduce in {LAYER}", "gave up waiting"]),
+    "qwen3-moe-layer-kill": ("2:model.layers.3.mlp:kill", 3, ["rank 2 was killed by SIGKILL",
+                                                              "all_reduce in model.layers.3.mlp"]),
+    "gpt-oss-moe-raise": ("3:model.layers.1.mlp:raise", 3, ["rank 3 failed", "all_reduce in model.layers.1.mlp",
+                                                            "injected fault"]),
 }
+MODELS = {"llama-layer-stall": "tiny-llama", "qwen3-moe-layer-kill": "tiny-qwen3-moe",
+          "gpt-oss-moe-raise": "tiny-gpt-oss"}  # the rest run the default, tiny
 
 
 def marked_processes(marker: str) -> list[int]:
@@ -63,7 +71,8 @@ def run_fault(case: str, tmp: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     env.update(TPSIM_FAULT=fault, TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp), OMP_NUM_THREADS="1")
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "tpsim", "capture", "--tp", "4", "--timeout", str(TIMEOUT_S),
+    p = subprocess.run([sys.executable, "-m", "tpsim", "capture", "--model", MODELS.get(case, "tiny"), "--tp", "4",
+                        "--timeout", str(TIMEOUT_S),
                         "--seq-len", "4", "--out", str(out), "--force"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     seconds = time.monotonic() - t0
