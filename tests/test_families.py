@@ -14,7 +14,6 @@ config loads, and test_parity covers the architecture.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from test_parity import hf_reference, positions_for, randomize
 from tpsim.config import load_config
 from tpsim.run.jobs import rel_err
 from tpsim.testing.jobs import model_job
@@ -92,22 +92,6 @@ def hf_configs(draw):
     return hf_config(model_type, **over)
 
 
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Random weights everywhere: transformers' init leaves norms at 1 and biases at 0, which
-    would hide a norm or a bias applied to the wrong slice."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, t in model.named_parameters():
-            x = torch.randn(t.shape, generator=g)
-            if name.endswith("norm.weight"):
-                x = 1 + 0.1 * x
-            elif name.endswith("bias"):
-                x = 0.1 * x
-            elif not name.endswith("embed_tokens.weight"):
-                x = x / math.sqrt(t.shape[-1])
-            t.copy_(x)
-
-
 def hf_kwargs(cfg: dict) -> dict:
     """transformers >= 5 takes rope_theta and the scaling as `rope_parameters`."""
     kw = {k: v for k, v in cfg.items() if k not in ("model_type", "rope_theta", "rope_scaling")}
@@ -125,16 +109,6 @@ def save_hf(cfg: dict, seed: int, d: Path) -> torch.nn.Module:
     randomize(model, seed)
     model.save_pretrained(d)
     return model
-
-
-def hf_reference(model, ids: list[int]):
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), output_hidden_states=True)
-    return [h[0] for h in out.hidden_states], out.logits[0]
-
-
-def positions_for(L: int) -> list[str]:
-    return ["embed", *[f"out({k})" for k in range(L - 1)], "final"]
 
 
 def degrees(cfg: dict) -> list[int]:

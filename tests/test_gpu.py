@@ -154,8 +154,14 @@ def test_forward_makes_no_host_sync(v2_lite_2_layers):
     """After warm-up, a whole forward (capture and logits included) never waits for the GPU:
     no .item()/.tolist()/nonzero()/pageable copy to the host. The inputs are made first."""
     cfg, model = v2_lite_2_layers
+    forward_without_host_sync(model, input_ids_for(cfg, 1, 128))
+
+
+def forward_without_host_sync(model, ids: list[int]):
+    """Warm up, then one captured forward under `set_sync_debug_mode("error")`: (capture, logits),
+    or the test fails naming the tpsim line that synchronized."""
     positions = list(resolve("hf", [0, 1, 2], 2).positions)
-    ids = torch.tensor(input_ids_for(cfg, 1, 128), device=model.group.device)
+    ids = torch.tensor(ids, device=model.group.device)
     with torch.inference_mode():
         for _ in range(2):
             model(ids, recorder=Recorder(positions))
@@ -163,8 +169,8 @@ def test_forward_makes_no_host_sync(v2_lite_2_layers):
         torch.cuda.set_sync_debug_mode("error")
         try:
             rec = Recorder(positions)
-            model(ids, recorder=rec)
-            rec.concat()
+            logits = model(ids, recorder=rec)
+            cap = rec.concat()
         except RuntimeError as e:
             import traceback
             frames = [f for f in traceback.extract_tb(e.__traceback__) if "tpsim" in f.filename]
@@ -173,6 +179,7 @@ def test_forward_makes_no_host_sync(v2_lite_2_layers):
         finally:
             torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
+    return cap, logits
 
 
 def test_cuda_graph_replay_is_the_eager_forward(v2_lite_2_layers):
@@ -231,21 +238,9 @@ def test_full_width_family_forward_bf16_without_host_sync(name):
     warm-up, never synchronizes with the host (GPT-OSS's sink attention and biased experts too)."""
     cfg = with_overrides(load_config(ROOT / "configs" / f"{name}.yaml"), ["num_hidden_layers=2"])
     model = build_model(cfg, TPGroup(device=torch.device("cuda", torch.cuda.current_device())), 0, "bfloat16")
-    positions = list(resolve("hf", [0, 1, 2], 2).positions)
-    ids = torch.tensor(input_ids_for(cfg, 1, 256), device=model.group.device)
     try:
-        with torch.inference_mode():
-            for _ in range(2):
-                model(ids, recorder=Recorder(positions))
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                rec = Recorder(positions)
-                logits = model(ids, recorder=rec)
-                cap = rec.concat()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-            assert torch.isfinite(cap).all() and torch.isfinite(logits).all()
+        cap, logits = forward_without_host_sync(model, input_ids_for(cfg, 1, 256))
+        assert torch.isfinite(cap).all() and torch.isfinite(logits).all()
     finally:
         del model
         torch.cuda.empty_cache()

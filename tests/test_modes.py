@@ -96,6 +96,10 @@ def naive_placement(mode: Mode, cfg, p: Position, T: int, tp: int) -> str:
             list(range(16))))
 @example(c=(Mode("ep", ep_output="scattered"), 4, TINY, [Position("embed"), Position("out", 3), Position("final")],
             0, list(range(13))))
+@example(c=(Mode("dp-attention", fusion_max_tokens=2), 2,  # found in CI: o_proj's bias was lost on own-token attention
+            {"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 2,
+             "intermediate_size": 16, "num_key_value_heads": 1, "head_dim": 4, "rope_scaling": None,
+             "attention_bias": True, "tie_word_embeddings": False}, [Position("embed"), Position("final")], 0, [0, 0]))
 @example(c=(Mode("ep"), 2, {**TINY, "num_hidden_layers": 1, "first_k_dense_replace": 0, "topk_method": "greedy",
                            "n_group": 1, "topk_group": 1}, [Position("embed"), Position("final")], 0, [0]))
 # SGLang fuses at exactly fusion_max_tokens tokens: pin both sides of the boundary with two or more layers

@@ -108,6 +108,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
                 x = 1 + 0.1 * x
             elif name.endswith("e_score_correction_bias"):
                 x = 0.05 * x
+            elif name.endswith("bias"):  # the GQA families' projection, router and expert biases
+                x = 0.1 * x
             elif not name.endswith("embed_tokens.weight"):
                 x = x / math.sqrt(t.shape[-1])
             t.copy_(x)

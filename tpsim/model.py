@@ -113,7 +113,8 @@ class DecoderLayer(Tapped, nn.Module):
         """A sublayer's output `y` as computed (`src`) → `dst`, tapped as `sub`'s points: a partial
         sum before its reduction and after it (by the next layer when deferred), whole rows as
         computed."""
-        if src is not P:
+        if src is not P:  # whole rows (dp-attention's own-token attention): complete already, bias aside
+            y = sub.add_bias(y) if isinstance(sub, RowParallelLinear) else y
             sub.tap("out", y, src)
             return stream.move(y, src, dst, **callers)
         sub.tap("partial", y, P)
