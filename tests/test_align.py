@@ -27,7 +27,7 @@ from tpsim.profiles.replay import replay
 from tpsim.profiles.sides import align_profiles, side_from_config
 from tpsim.capture import Position, ids_for, resolve
 from tpsim.cli import run_command
-from tpsim.cli.scenario import load
+from tpsim.run.scenarios import load
 from tpsim.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -369,7 +369,9 @@ def test_the_three_align_scenarios_exist():
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario(path, monkeypatch, tmp_path):
     s = yaml.safe_load(path.read_text())
-    assert set(s) == {"description", "argv", "expect_exit", "expect"} and s["argv"][0] == "align"
+    assert {"description", "bug_class", "sources", "argv", "expect_exit", "finding"} <= set(s) <= \
+        {"description", "bug_class", "sources", "argv", "expect_exit", "finding", "expect"}
+    assert s["argv"][0] == "align"
     monkeypatch.chdir(tmp_path)  # the commands run from anywhere
     scenario = load(path.stem)
     out = io.StringIO()

@@ -309,7 +309,10 @@ CASES = [
     case("scenario-relative-path", "scenario ../tiny", "unknown scenario '../tiny'"),
     case("scenario-absolute-path", f"scenario {ROOT}/configs/tiny", "unknown scenario", "--list"),
     case("scenario-empty-name", ["scenario", ""], "unknown scenario ''"),
-    case("scenario-list-and-name", "scenario --list align-default-fallback", "--list and a scenario name"),
+    case("scenario-list-and-name", "scenario --list align-default-fallback",
+         "--list and 'align-default-fallback' both given", "pass one of --list, --all or a scenario name"),
+    case("scenario-all-and-name", "scenario --all align-default-fallback", "--all and 'align-default-fallback'"),
+    case("scenario-json-without-all", "scenario --json", "--json reports a run of every scenario", "--all"),
     # --- verify --------------------------------------------------------------------------------------
     case("verify-missing", "verify nope.safetensors", "nope.safetensors does not exist"),
     case("verify-fifo", "verify {fifo}", "fifo is not a regular file"),

@@ -289,7 +289,7 @@ def test_an_unsupported_model_type_is_named_with_the_supported_ones(tmp_path, mo
 
 
 def test_scenario_list_cuts_descriptions_at_a_word():
-    from tpsim.cli.scenario import available, load
+    from tpsim.run.scenarios import available, load
     r = run_cli("scenario", "--list")
     for line, name in zip(r.stdout.splitlines(), available()):
         shown = line.split(None, 1)[1]

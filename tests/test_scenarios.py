@@ -1,27 +1,66 @@
-"""Every ready-made scenario in configs/scenarios/ runs through `tpsim scenario NAME` and is
-caught as its file says (exit code and the reason in the output)."""
+"""`tpsim scenario --all`: every ready-made scenario in configs/scenarios/ runs and is caught with
+its expected finding (this is where CI runs them); a scenario whose expectation does not hold is
+reported as not caught; one scenario by name prints its class, sources and verdict."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from clirun import run_cli
-from tpsim.cli.scenario import available, load
+from tpsim.run.scenarios import BUG_CLASSES, Scenario, available, load, run
+
+# the issue that filed the scenarios asks for at least this many, over at least this many classes
+MIN_SCENARIOS, MIN_CLASSES = 15, 13
 
 
-def test_there_are_scenarios_for_each_known_failure():
-    names = available()
-    for prefix in ("align-vllm-top-level-copy", "align-embed-slot-never-trained", "align-default-fallback",
-                   "diagnose-capture-before-all-reduce"):
-        assert prefix in names
+def test_every_scenario_file_loads_with_a_known_class_and_sources():
+    specs = [load(n) for n in available()]
+    assert len(specs) >= MIN_SCENARIOS
+    assert len({s.bug_class for s in specs}) >= MIN_CLASSES
+    for s in specs:
+        assert s.bug_class in BUG_CLASSES and s.sources and all(s.sources), s.name
+        assert s.finding and s.expect_exit in (0, 1), s.name
 
 
-@pytest.mark.parametrize("name", available())
-def test_scenario_is_caught(name):
+@pytest.fixture(scope="module")
+def every_scenario():
+    r = run_cli("scenario", "--all", "--json")
+    return r, json.loads(r.stdout)
+
+
+def test_scenario_all_catches_every_scenario(every_scenario):
+    r, report = every_scenario
+    assert r.returncode == 0, r
+    assert [o["name"] for o in report] == available()
+    for o in report:
+        assert set(o) >= {"name", "bug_class", "sources", "caught", "reason"}
+        assert o["caught"] is True, o
+        spec = load(o["name"])
+        assert spec.finding in o["reason"], o
+        assert o["bug_class"] == spec.bug_class and o["sources"] == list(spec.sources)
+
+
+def test_a_scenario_whose_finding_is_not_printed_is_not_caught():
+    """The same real command, an expectation it does not meet: caught is False, with the reason."""
+    good = load("resolve-vllm-deepseek-embed-crash")
+    wrong_finding = Scenario("x", "x", good.bug_class, good.sources, good.steps, good.expect_exit,
+                             "a finding tpsim never prints", ())
+    out = run(wrong_finding)
+    assert not out.caught and "the output lacks 'a finding tpsim never prints'" in out.reason
+    wrong_exit = Scenario("x", "x", good.bug_class, good.sources, good.steps, 0, good.finding, ())
+    out = run(wrong_exit)
+    assert not out.caught and out.reason.startswith("exit 1, expected 0")
+
+
+def test_one_scenario_by_name_prints_its_class_sources_and_verdict():
+    name = "resolve-vllm-dropped-final-id"
     spec = load(name)
     r = run_cli("scenario", name)
     assert r.returncode == 0, r
-    assert f"scenario {name}: caught as expected" in r.stdout, r
+    assert f"[{spec.bug_class}]" in r.stdout and "sources: " + "; ".join(spec.sources) in r.stdout
+    assert f"scenario {name}: caught as expected" in r.stdout
     for e in spec.expected():
         assert e in r.stdout
 

@@ -1,104 +1,71 @@
-"""`tpsim scenario NAME`: run one of the ready-made cases in `configs/scenarios/` and show
-the failure it is about being caught.
-
-A scenario is a YAML file: `description` (the real bug, with its source), `argv` (one tpsim
-command) or `steps` (several), and what the last command must do: `expect_exit` and `expect`
-(substrings of its output). In commands and expectations `{tmp}` is a fresh temporary directory
-and `{configs}` the built-in configs' directory, so each command printed runs from anywhere.
-"""
+"""`tpsim scenario`: run the ready-made cases in `configs/scenarios/` (tpsim.run.scenarios) and
+show each bug being caught: one by name, or `--all` with a table (or `--json`) of every case."""
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
-import tempfile
 import textwrap
-from dataclasses import dataclass
 
-import yaml
-
-from tpsim.config import BUILTIN_CONFIGS
+from tpsim.cli.options import emit_json
 from tpsim.errors import UsageError
-
-SCENARIOS = BUILTIN_CONFIGS / "scenarios"
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    description: str
-    steps: tuple[tuple[str, ...], ...]
-    expect_exit: int
-    expect: tuple[str, ...]
-
-    def commands(self, tmp: str) -> list[list[str]]:
-        return [[fill(a, tmp) for a in step] for step in self.steps]
-
-    def expected(self, tmp: str = "") -> list[str]:
-        return [fill(e, tmp) for e in self.expect]
-
-    @property
-    def summary(self) -> str:
-        return " ".join(self.description.split())
-
-
-def fill(text, tmp: str) -> str:
-    return str(text).replace("{configs}", str(BUILTIN_CONFIGS)).replace("{tmp}", tmp)
-
-
-def available() -> list[str]:
-    return sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
-
-
-def load(name: str) -> Scenario:
-    if name not in available():  # not a path: ../tiny would name configs/tiny.yaml
-        raise UsageError(f"unknown scenario {name!r}; tpsim scenario --list shows {', '.join(available())}")
-    raw = yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
-    steps = raw.get("steps") or [raw["argv"]]
-    return Scenario(name, str(raw["description"]), tuple(tuple(str(a) for a in st) for st in steps),
-                    int(raw["expect_exit"]), tuple(str(e) for e in raw.get("expect", [])))
-
-
-def run(name: str, echo: bool = True) -> tuple[bool, str]:
-    """Run scenario `name`; (expectation met, last command's output)."""
-    spec = load(name)
-    with tempfile.TemporaryDirectory(prefix="tpsim-scenario-") as tmp:
-        for i, argv in enumerate(spec.commands(tmp)):
-            if echo:
-                print(f"$ tpsim {shlex.join(argv)}", flush=True)
-            p = subprocess.run([sys.executable, "-m", "tpsim", *argv], cwd=tmp, capture_output=True, text=True)
-            text = p.stdout + p.stderr
-            if echo:
-                print(text, end="" if text.endswith("\n") else "\n", flush=True)
-            last = i == len(spec.steps) - 1
-            if not last and p.returncode != 0:
-                return False, text
-        ok = p.returncode == spec.expect_exit and all(e in text for e in spec.expected(tmp))
-        return ok, text
+from tpsim.run.scenarios import BUG_CLASSES, available, load, run
+from tpsim.ui import ProgressLine, say, table
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("scenario", help="run a ready-made case that shows a known capture bug being caught",
-                       description="Run a ready-made case: a real capture bug (its source in the description), "
-                                   "the tpsim commands that show it, and whether tpsim catches it as expected.",
-                       epilog="examples:\n  tpsim scenario --list\n  tpsim scenario align-vllm-top-level-copy")
+    p = sub.add_parser("scenario", help="run ready-made cases that show known capture bugs being caught",
+                       description="Run a ready-made case: a real capture bug (its class and sources in the "
+                                   "file), the tpsim commands that show it, and whether tpsim catches it with the "
+                                   "expected finding. --all runs every case; exit 0 only if all are caught.",
+                       epilog="examples:\n  tpsim scenario --list\n  tpsim scenario align-vllm-top-level-copy\n"
+                              "  tpsim scenario --all --json")
     p.add_argument("name", nargs="?", help="scenario name (see --list)")
     p.add_argument("--list", action="store_true", help="list the scenarios")
+    p.add_argument("--all", action="store_true", help="run every scenario and report which were caught")
+    p.add_argument("--json", action="store_true", help="with --all: the report as JSON on stdout")
     p.set_defaults(func=cmd_scenario)
 
 
 def cmd_scenario(args) -> int:
-    if args.list and args.name is not None:
-        raise UsageError(f"--list and a scenario name ({args.name!r}) both given; pass --list, or the name to run it")
+    given = [f for f, on in (("--list", args.list), ("--all", args.all), (repr(args.name), args.name is not None))
+             if on]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both given; pass one of --list, --all or a scenario name")
+    if args.json and not args.all:
+        raise UsageError("--json reports a run of every scenario; pass --all with it")
+    if args.all:
+        return run_all(args.json)
     if args.list or args.name is None:
         width = max(map(len, available()))
         for name in available():
             print(f"{name:{width}}  {textwrap.shorten(load(name).summary, 98 - width, placeholder=' ...')}")
         return 0
     spec = load(args.name)
-    print(spec.summary, end="\n\n")
-    ok, _ = run(args.name)
-    print(f"scenario {args.name}: {'caught as expected' if ok else 'NOT as expected'} "
+    print(f"[{spec.bug_class}] {spec.summary}", end="\n\n")
+    print("sources: " + "; ".join(spec.sources), end="\n\n")
+    out = run(spec, echo=lambda text: print(text, flush=True))
+    print(f"scenario {args.name}: {'caught as expected' if out.caught else 'NOT as expected'} "
           f"(expected exit {spec.expect_exit} and {spec.expected()})")
-    return 0 if ok else 1
+    return 0 if out.caught else 1
+
+
+def run_all(as_json: bool) -> int:
+    specs = [load(n) for n in available()]
+    progress = ProgressLine()
+    outcomes = []
+    try:
+        for i, spec in enumerate(specs):
+            progress(f"scenario {i + 1}/{len(specs)}: {spec.name}")
+            outcomes.append(run(spec))
+    finally:
+        progress.stop()
+    caught = sum(o.caught for o in outcomes)
+    if as_json:
+        emit_json([o.to_dict() for o in outcomes])
+    else:
+        table(["scenario", "bug class", "caught", "reason"],
+              [[o.scenario.name, o.scenario.bug_class, "yes" if o.caught else "NO", o.reason] for o in outcomes],
+              notes=("reason",))
+        classes = {o.scenario.bug_class for o in outcomes if o.caught}
+        say(f"{'PASS' if caught == len(outcomes) else 'FAIL'}: {caught} of {len(outcomes)} scenarios caught, "
+            f"{len(classes)} of {len(BUG_CLASSES)} bug classes")
+    return 0 if caught == len(outcomes) else 1
