@@ -27,10 +27,11 @@ from tpsim.parallel.placement import P, R, Placement
 __all__ = ["CausalLM", "DecoderLayer", "DecoderModel", "layer_kinds", "shard_bytes", "split_sizes"]
 
 
-def own_tokens_view(mode: Mode, group: TPGroup, probe: Probe) -> tuple[TPGroup, Probe]:
+def own_tokens_view(mode: Mode, group: TPGroup, probe: Probe, local: bool | None = None) -> tuple[TPGroup, Probe]:
     """The group and probe of the layers that a rank-local mode runs whole on each rank's own
-    tokens (embedding, attention, head), else the model's."""
-    return (group.local_view(), probe.own_tokens()) if mode.rank_local else (group, probe)
+    tokens (embedding, attention; the head when `local`, default mode.rank_local), else the model's."""
+    local = mode.rank_local if local is None else local
+    return (group.local_view(), probe.own_tokens()) if local else (group, probe)
 
 
 def moe_class(cfg: ModelConfig) -> type:
@@ -141,11 +142,12 @@ class DecoderModel(Tapped, nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, group, "model.norm", dtype)
         self.config, self.group, self.mode, self.probe, self.point = cfg, group, mode, probe, ""
 
-    def forward(self, input_ids, positions):
+    def forward(self, input_ids, positions, stream: Stream | None = None):
         """input_ids `[T]` (under dp-attention: this rank's own sequence) → final normed hidden
-        `[T, hidden]`, Replicate() (dp-attention: this rank's tokens)."""
+        `[T, hidden]`, Replicate() (dp-attention: this rank's tokens). `stream`: the forward's token
+        split when the caller made it (it runs a collective under dp-attention)."""
         T = input_ids.shape[0]
-        stream = self.mode.stream(T, self.group)
+        stream = stream or self.mode.stream(T, self.group)
         plan = self.mode.plan(self.config, self.group.size, T)
         if stream.length is not None:  # sp: pad to a multiple of tp; causal attention keeps pads out of real rows
             input_ids = torch.cat([input_ids, input_ids.new_zeros(stream.length - T)])
@@ -172,6 +174,12 @@ class CausalLM(nn.Module):
     """input_ids `[T]` (identical on every rank; under dp-attention each rank's own sequence)
     → logits `[T, vocab_size]` Replicate() (dp-attention: this rank's tokens).
 
+    Under dp-attention the head is replicated on each rank's own tokens with `dp_lm_head`
+    (SGLang --enable-dp-lm-head), else vocab-parallel over the group: every rank's final hidden
+    states gathered (SGLang's logits gather: always by all-reduce, SUM_LEN), the logits all-gathered
+    along vocab, and this rank's rows kept (tpsim.modes.kinds.DpAttention has the sources). With tied
+    embeddings a vocab-parallel head holds its rows of the replicated embedding.
+
     `probe`: where a capture attaches (`with model.probe.attach(sink):`), hearing every named
     point and the residual stream at every position."""
 
@@ -180,7 +188,8 @@ class CausalLM(nn.Module):
         mode.check(cfg, group.size)
         self.config, self.group, self.mode, self.probe = cfg, group, mode, Probe(group)
         self.model = DecoderModel(cfg, group, dtype, mode, self.probe)
-        head_group, head_probe = own_tokens_view(mode, group, self.probe)
+        head_group, head_probe = own_tokens_view(mode, group, self.probe, local=mode.local_head)
+        self.gathered_head = mode.rank_local and not mode.local_head and group.size > 1
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, head_group, "lm_head", dtype,
                                       tie_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
                                       probe=head_probe)
@@ -198,8 +207,14 @@ class CausalLM(nn.Module):
         if positions is None:
             positions = torch.arange(input_ids.shape[0], device=input_ids.device)
         with self.probe.attach(recorder) if recorder is not None else nullcontext():
-            hidden = self.model(input_ids, positions)
-            return self.lm_head(hidden) if logits else hidden
+            stream = self.mode.stream(input_ids.shape[0], self.group)
+            hidden = self.model(input_ids, positions, stream)
+            if not logits:
+                return hidden
+            if not self.gathered_head:
+                return self.lm_head(hidden)
+            every = stream.gather(hidden, "lm_head.dp_gather", by_sum=True)  # SGLang: dp_gather_replicate, SUM_LEN
+            return stream.own_rows(self.lm_head(every))  # dp_scatter: a local copy
 
 
 def layer_kinds(cfg: ModelConfig) -> list[tuple[int, int]]:

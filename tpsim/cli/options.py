@@ -9,7 +9,7 @@ import json
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
 from tpsim.config import ModelConfig, builtin_names
 from tpsim.errors import UsageError
-from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, MODES, Mode
+from tpsim.modes import DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
 from tpsim.capture.align import read_draft_config
 from tpsim.profiles.draft import read_ids
@@ -171,6 +171,14 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
     p.add_argument("--ep-output", metavar="{" + ",".join(EP_OUTPUTS) + "}",
                    help="ep: keep the stream token-scattered after MoE layers (scattered, default: SGLang's "
                         "DeepEP path) or all-gather the MoE output (replicated, matches no SGLang path)")
+    p.add_argument("--dp-padding", metavar="{" + ",".join(DP_PADDINGS) + "}",
+                   help="dp-attention: how the MLP/MoE input is gathered over the ranks, SGLang's DpPaddingMode: "
+                        "sum-len (default: SGLang's choice for a prefill batch; all-reduce of a zero buffer of every "
+                        "rank's rows, output all-reduced) or max-len (rows padded to the longest rank, all-gather, "
+                        "output reduce-scattered; SGLang's CUDA-graph decode default)")
+    p.add_argument("--enable-dp-lm-head", action="store_true", default=None,
+                   help="dp-attention: SGLang's --enable-dp-lm-head, the LM head replicated on each rank's own "
+                        "tokens (default off, as in SGLang: vocab-parallel over all ranks' gathered tokens)")
 
 
 def dtype_for(args) -> str:
@@ -211,13 +219,16 @@ def tokens_for(args, cfg: ModelConfig) -> list[int]:
 def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tuple[Mode, str]:
     """The Mode the options name and its capture strategy, checked against the config, every
     TP degree and the token count before any rank starts."""
-    for option, field, owner in (("--fusion-max-tokens", "fusion_max_tokens", "ar-fusion"),
-                                 ("--ep-output", "ep_output", "ep")):
-        if getattr(args, field) is not None and not Mode.uses_option(args.mode, field):
+    for option, attr, field, owner in (("--fusion-max-tokens", "fusion_max_tokens", "fusion_max_tokens", "ar-fusion"),
+                                       ("--ep-output", "ep_output", "ep_output", "ep"),
+                                       ("--dp-padding", "dp_padding", "dp_padding", "dp-attention"),
+                                       ("--enable-dp-lm-head", "enable_dp_lm_head", "dp_lm_head", "dp-attention")):
+        if getattr(args, attr) is not None and not Mode.uses_option(args.mode, field):
             raise UsageError(f"{option} applies to --mode {owner} only, not --mode {args.mode}")
     fusion = DEFAULT_FUSION_MAX_TOKENS if args.fusion_max_tokens is None \
         else integer(args.fusion_max_tokens, "--fusion-max-tokens")
-    mode = Mode(args.mode, fusion, args.ep_output or "scattered")
+    mode = Mode(args.mode, fusion, args.ep_output or "scattered", args.dp_padding or DEFAULT_DP_PADDING,
+                bool(args.enable_dp_lm_head))
     strategy = mode.strategy(getattr(args, "strategy", None))
     for t in tps:
         mode.check(cfg, t, tokens)

@@ -78,8 +78,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size, hidden_size, group, prefix, dtype, tie_to: VocabParallelEmbedding | None = None,
                  probe: Probe | None = None):
         super().__init__(vocab_size, hidden_size, group, prefix, dtype, probe)
-        if tie_to is not None:
+        if tie_to is not None and tie_to.per_rank == self.per_rank:
             self.weight = tie_to.weight
+        elif tie_to is not None:  # a vocab-parallel head tied to a replicated embedding (dp-attention): its rows, shared
+            self.weight = nn.Parameter(tie_to.weight.data[self.start:self.end], requires_grad=False)
         self.tied = tie_to is not None
         self.point = ""
 

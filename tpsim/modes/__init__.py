@@ -10,7 +10,7 @@ layers and which collectives move it (L layers, M of them MoE, D = L - M dense, 
 | `ar-fusion`    | SGLang `--enable-flashinfer-allreduce-fusion`      | Partial(sum) hidden + Replicate() residual after layers 0..L-2 when T <= fusion_max_tokens | as `tp`, but layer k's MLP all-reduce runs in layer k+1's input_layernorm |
 | `sp`           | Megatron sequence parallelism                      | Shard(dim=0) (tokens padded to a multiple of tp) | reduce_scatter 1 + 2L; all_gather 2L + 2; no all_reduce |
 | `ep`           | SGLang `--moe-a2a-backend deepep` / `--ep N`       | Shard(dim=0) after the first MoE layer (ep_output="scattered", default); Replicate() with "replicated" | all_to_all 3M (emulating DeepEP dispatch/combine); see `expected_collectives` |
-| `dp-attention` | SGLang `--enable-dp-attention` (DeepSeek-V3 serving) | each rank its own sequence         | all_gather L + 1; reduce_scatter L; no all_reduce |
+| `dp-attention` | SGLang `--enable-dp-attention` (DeepSeek-V3 serving) | each rank its own sequence         | sum-len (default): all_reduce 2L, all_gather 1; max-len: all_gather L + 1, reduce_scatter L; vocab-parallel head (default) + all_reduce 1, all_gather 1 |
 
 Capture strategies (the first of each mode is the right one; the others are what a naive
 capture gets):
@@ -27,7 +27,8 @@ activations live at each stage of a layer (tpsim.modes.stages: SGLang's LayerSca
 moves them between stages through one transition, `Stream.move`.
 """
 
-from tpsim.modes.base import DEFAULT_FUSION_MAX_TOKENS, EP_OUTPUTS, Mode, expected_collectives
+from tpsim.modes.base import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_PADDINGS, EP_OUTPUTS, DpPadding, Mode,
+                              expected_collectives)
 from tpsim.modes.kinds import ArFusion, DpAttention, ExpertParallel, SequenceParallel, TensorParallel
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
 
@@ -35,6 +36,6 @@ KINDS = (TensorParallel, ArFusion, SequenceParallel, ExpertParallel, DpAttention
 STRATEGIES = {kind.name: kind.strategies for kind in KINDS}
 MODES = tuple(STRATEGIES)
 
-__all__ = ["DEFAULT_FUSION_MAX_TOKENS", "EP_OUTPUTS", "MODES", "STRATEGIES", "KINDS", "Mode", "expected_collectives",
+__all__ = ["DEFAULT_DP_PADDING", "DEFAULT_FUSION_MAX_TOKENS", "DP_PADDINGS", "DpPadding", "EP_OUTPUTS", "MODES", "STRATEGIES", "KINDS", "Mode", "expected_collectives",
            "ArFusion", "DpAttention", "ExpertParallel", "SequenceParallel", "TensorParallel", "Plan", "Stages",
            "Stream", "split_sizes"]

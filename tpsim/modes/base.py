@@ -1,13 +1,14 @@
 """`Mode`: a communication mode with its options, as one class per mode (tpsim.modes.kinds).
 
-`Mode(name, fusion_max_tokens, ep_output)` builds the instance of that mode's class; the
-instance holds plain values only, so it pickles to every rank, and `to_dict()` / `from_dict()`
-round-trip it through JSON.
+`Mode(name, fusion_max_tokens, ep_output, dp_padding, dp_lm_head)` builds the instance of that
+mode's class; the instance holds plain values only (DpPadding is an Enum of strings), so it pickles
+to every rank, and `to_dict()` / `from_dict()` round-trip it through JSON.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import ClassVar
 
 import torch
@@ -19,6 +20,27 @@ from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R
 
 EP_OUTPUTS = ("replicated", "scattered")
+
+
+class DpPadding(Enum):
+    """How dp-attention gathers every rank's tokens for the MLP/MoE and hands the output back: SGLang's
+    `DpPaddingMode` (python/sglang/srt/layers/dp_attention.py, sgl-project/sglang@00161092eb7c).
+
+    MAX_LEN: every rank's rows padded to the longest rank's count, one all-gather
+    (`_dp_gather_via_all_gather`) of a `[max_len * tp, hidden]` buffer before the MLP, one
+    reduce-scatter after it (`dp_reduce_scatter_tensor`; the MLP skips its all-reduce).
+    SUM_LEN: a zero `[sum_len, hidden]` buffer in which each rank writes its rows at its offset, one
+    all-reduce (`_dp_gather_via_all_reduce`); the MLP all-reduces its partial sums over the same
+    buffer, and each rank copies its own rows back (`dp_scatter`, no collective)."""
+
+    MAX_LEN = "max-len"
+    SUM_LEN = "sum-len"
+
+
+DP_PADDINGS = tuple(p.value for p in DpPadding)
+# SGLang's choice for an extend (prefill) batch over more than one DP rank (`get_dp_padding_mode`:
+# `is_extend_in_batch and gather_width > 1` -> SUM_LEN); tpsim's batch is one prefill
+DEFAULT_DP_PADDING = DpPadding.SUM_LEN
 DEFAULT_FUSION_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE
 _KINDS: dict[str, type["Mode"]] = {}  # name -> class, in the order the classes are defined
 
@@ -36,6 +58,8 @@ class Mode:
     name: str = "tp"
     fusion_max_tokens: int = DEFAULT_FUSION_MAX_TOKENS  # ar-fusion: fuse only when T <= this
     ep_output: str = "scattered"  # ep: the stream left token-scattered (SGLang DeepEP), or the MoE output all-gathered
+    dp_padding: DpPadding = DEFAULT_DP_PADDING  # dp-attention: how the MLP input is gathered (DpPadding)
+    dp_lm_head: bool = False  # dp-attention: SGLang --enable-dp-lm-head (head replicated on own tokens), else vocab-parallel
 
     strategies: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[str, ...]] = ()  # the option fields this mode reads
@@ -57,6 +81,10 @@ class Mode:
                              f"(SGLang's default is {DEFAULT_FUSION_MAX_TOKENS})")
         if self.ep_output not in EP_OUTPUTS:
             raise UsageError(f"unknown --ep-output {self.ep_output!r}; use one of {', '.join(EP_OUTPUTS)}")
+        if not isinstance(self.dp_padding, DpPadding):  # the CLI's and JSON's string form
+            if self.dp_padding not in DP_PADDINGS:
+                raise UsageError(f"unknown --dp-padding {self.dp_padding!r}; use one of {', '.join(DP_PADDINGS)}")
+            object.__setattr__(self, "dp_padding", DpPadding(self.dp_padding))
 
     @staticmethod
     def kind(name: str) -> type["Mode"]:
@@ -70,6 +98,11 @@ class Mode:
         """Whether mode `name` reads option field `option` (False for an unknown mode)."""
         return name in _KINDS and option in _KINDS[name].options
 
+
+    @property
+    def local_head(self) -> bool:
+        """Whether the LM head runs whole on each rank's own tokens (a rank-local mode's replicated head)."""
+        return self.rank_local
 
     @property
     def right_strategy(self) -> str:
@@ -139,7 +172,7 @@ class Mode:
         return {"all_reduce": 1 + 2 * cfg.num_hidden_layers, "all_gather": 1}
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v.value if isinstance(v, Enum) else v for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Mode":

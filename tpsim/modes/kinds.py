@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
-from tpsim.modes.base import TP_STAGES, Mode
+from tpsim.modes.base import TP_STAGES, DpPadding, Mode
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
@@ -146,12 +146,43 @@ class ExpertParallel(Mode):
 @dataclass(frozen=True)
 class DpAttention(Mode):
     """SGLang `--enable-dp-attention` (DeepSeek-V3 serving): each rank runs its own sequence through
-    replicated embedding, attention and head; the MLP/MoE runs over every rank's tokens, gathered
-    before it and reduce-scattered back."""
+    replicated embedding, attention and norms; the MLP/MoE runs tensor-parallel over every rank's
+    tokens, gathered before it and handed back after it in one of two ways (`dp_padding`, SGLang's
+    `DpPaddingMode`), and the LM head is vocab-parallel over all ranks or replicated (`dp_lm_head`).
+
+    Sources (sgl-project/sglang):
+    - python/sglang/srt/layers/dp_attention.py@00161092eb7c: `DpPaddingMode.get_dp_padding_mode` (an
+      extend batch over more than one DP rank takes SUM_LEN; otherwise the cheaper of the two,
+      MAX_LEN when `sum_len * 2 >= max_len * dp_size`; MAX_LEN is also the default under CUDA graphs),
+      `_dp_gather_via_all_reduce`, `_dp_gather_via_all_gather`, `dp_scatter`, `dp_reduce_scatter_tensor`.
+    - python/sglang/srt/model_executor/forward_batch_info.py@003bbaf9ab79 (`prepare_mlp_sync_batch`):
+      MAX_LEN sets every rank's count to max_len and the buffer to max_len * dp_size rows (and pads the
+      rank's inputs to max_len); SUM_LEN's buffer is sum(counts) rows.
+    - python/sglang/srt/layers/communicator.py@fd3907ee4618: with attn_tp_size == 1 (tp == dp, tpsim's
+      case) `_gather_hidden_states_and_residual` adds the residual, applies post_attention_layernorm on
+      the rank's own rows, then `dp_gather_partial`s the normed rows; `_scatter_hidden_states` runs
+      `dp_reduce_scatter_tensor` under MAX_LEN (the MLP skipped its all-reduce: `should_use_reduce_scatter`)
+      and `dp_scatter` otherwise (the MLP all-reduced itself).
+    - python/sglang/srt/layers/logits_processor.py@5993251f1c6c (`LogitsProcessor._get_logits`): without
+      `--enable-dp-lm-head` (server_args default False) the hidden states are `dp_gather_replicate`d with
+      `LogitsMetadata.dp_padding_mode = SUM_LEN` (always, whatever the MLP's mode), logits computed
+      vocab-parallel, `tensor_model_parallel_all_gather`ed along vocab, and `dp_scatter`ed to the rank's
+      rows; with it the head is `ParallelLMHead(..., use_attn_tp_group=True)` over the attention-TP
+      group, of size 1 when tp == dp: the whole vocabulary on every rank, no collective.
+
+    What tpsim does not model: SGLang's MAX_LEN pads each rank's inputs to max_len and runs the pad
+    rows through attention and the MLP (outputs discarded); tpsim pads the collective buffers alike
+    (same shapes and bytes) but computes only real rows. SGLang's logits cover only the tokens whose
+    logprobs are needed (the last one per request in a plain prefill); tpsim's cover every token."""
 
     name: str = "dp-attention"
     strategies = ("local",)
+    options = ("dp_padding", "dp_lm_head")
     rank_local = True
+
+    @property
+    def local_head(self) -> bool:
+        return self.dp_lm_head
 
     def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
         super().check(cfg, tp, tokens)
@@ -166,10 +197,10 @@ class DpAttention(Mode):
         return input_ids[start:start + sizes[rank]]
 
     def _split(self, T: int, group: TPGroup) -> Stream:
-        """Collective: the ranks exchange their token counts."""
+        """Collective: the ranks exchange their token counts (SGLang all-gathers `global_num_tokens`)."""
         mine = torch.tensor([T], dtype=torch.long, device=group.device)
         sizes = group.all_gather(mine, "model.dp_token_counts", dim=0).tolist()
-        return Stream(group, T, tuple(sizes), T, shared=False)
+        return Stream(group, T, tuple(sizes), T, shared=False, by_sum=self.dp_padding is DpPadding.SUM_LEN)
 
     def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
         if tp == 1:
@@ -183,8 +214,39 @@ class DpAttention(Mode):
         return ids[sum(sizes[:group.rank]):sum(sizes[:group.rank + 1])]
 
     def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+        """The token-count all-gather; per layer the MLP's gather and hand-back (max-len: all-gather +
+        reduce-scatter; sum-len: two all-reduces); the vocab-parallel head: an all-reduce gathering
+        the hidden states (always SUM_LEN) and the all-gather of the logits along vocab."""
         L = cfg.num_hidden_layers
-        return {"all_gather": L + 1, "reduce_scatter": L}
+        if self.dp_padding is DpPadding.MAX_LEN:
+            counts = {"all_gather": 1 + L, "reduce_scatter": L}
+        else:
+            counts = {"all_gather": 1, "all_reduce": 2 * L}
+        if not self.dp_lm_head:
+            counts["all_gather"] += 1
+            counts["all_reduce"] = counts.get("all_reduce", 0) + 1
+        return counts
+
+    def collective_bytes(self, cfg: ModelConfig, tp: int, counts: list[int], itemsize: int) -> dict[str, int]:
+        """{op: bytes of this rank's inputs} of one forward at TP=tp > 1 where rank r holds counts[r]
+        tokens (every rank the same): max-len moves max(counts) rows per rank into the all-gather and
+        max(counts) * tp rows into the reduce-scatter; sum-len all-reduces sum(counts) rows; the token
+        counts are one int64; the head all-reduces sum(counts) rows and all-gathers its logits slice."""
+        L, H, n, S = cfg.num_hidden_layers, cfg.hidden_size, max(counts), sum(counts)
+        if self.dp_padding is DpPadding.MAX_LEN:
+            out = {"all_gather": 8 + L * n * H * itemsize, "reduce_scatter": L * tp * n * H * itemsize}
+        else:
+            out = {"all_gather": 8, "all_reduce": L * 2 * S * H * itemsize}
+        if not self.dp_lm_head:
+            out["all_reduce"] = out.get("all_reduce", 0) + S * H * itemsize
+            out["all_gather"] += S * (cfg.padded_vocab_size // tp) * itemsize
+        return out
 
     def _effect(self, tokens: int, num_layers: int) -> str:
-        return "each rank runs its own sequence (the tokens split in rank order); MLP/MoE over all ranks"
+        gather = ("--dp-padding sum-len: MLP input all-reduced from a zero buffer of every rank's rows, output "
+                  "all-reduced, own rows kept" if self.dp_padding is DpPadding.SUM_LEN else
+                  "--dp-padding max-len: MLP input all-gathered (rows padded to the longest rank), output "
+                  "reduce-scattered")
+        head = ("LM head replicated on own tokens (--enable-dp-lm-head)" if self.dp_lm_head else
+                "LM head vocab-parallel over all ranks' gathered tokens (SGLang's default)")
+        return f"each rank runs its own sequence (the tokens split in rank order); {gather}; {head}"

@@ -7,8 +7,8 @@ placement to another with the collective that needs:
 | from → to                   | what runs                                                     |
 |-----------------------------|---------------------------------------------------------------|
 | Partial(sum) → Replicate()  | all-reduce                                                    |
-| Partial(sum) → Shard(dim=0) | reduce-scatter of rows: this rank keeps its `sizes[rank]` rows |
-| Shard(dim=0) → Replicate()  | all-gather of rows                                            |
+| Partial(sum) → Shard(dim=0) | reduce-scatter of rows: this rank keeps its `sizes[rank]` rows (`by_sum`: all-reduce, then this rank's rows) |
+| Shard(dim=0) → Replicate()  | all-gather of rows (`by_sum`: all-reduce of a zero buffer holding each rank's rows at its offset) |
 | Replicate() → Shard(dim=0)  | nothing: this rank takes its rows                             |
 | p → p                       | nothing (Partial → Partial: a deferred all-reduce stays pending) |
 """
@@ -71,7 +71,9 @@ class Stream:
     """One forward's tokens over the group: `total` tokens; Shard(dim=0) puts `sizes[r]` rows on
     rank r, the first `real` of this rank's rows real tokens. `length`: the rows the model runs
     when the mode pads the batch (sp), else None. `shared`: Shard(dim=0) rows are shares of one
-    batch (False under dp-attention, where a rank's rows are its own whole batch)."""
+    batch (False under dp-attention, where a rank's rows are its own whole batch). `by_sum`: rows move
+    between Shard(dim=0) and the whole batch by all-reduces of a `[sum(sizes), ...]` buffer instead of
+    an all-gather / reduce-scatter of rows padded to max(sizes) (dp-attention's SUM_LEN padding)."""
 
     group: TPGroup
     total: int
@@ -79,6 +81,7 @@ class Stream:
     real: int
     length: int | None = None
     shared: bool = True
+    by_sum: bool = False
     _rows: dict[bool, Rows] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):  # the two answers of `rows`, made once per forward rather than at every layer
@@ -92,14 +95,28 @@ class Stream:
         if src is dst:
             return x
         g, sizes = self.group, list(self.sizes)
-        if src is P and reduce is not None and dst in (R, S0):
-            return g.all_reduce(x, reduce) if dst is R else g.scatter_rows(x, sizes, reduce)
+        if src is P and reduce is not None and dst is R:
+            return g.all_reduce(x, reduce)
+        if src is P and reduce is not None and dst is S0:
+            return self.own_rows(g.all_reduce(x, reduce)) if self.by_sum else g.scatter_rows(x, sizes, reduce)
         if src is S0 and dst is R and gather is not None:
-            return g.gather_rows(x, sizes, gather)
+            return self.gather(x, gather)
         if src is R and dst is S0:
-            start = sum(sizes[:g.rank])
-            return x[start:start + sizes[g.rank]]
+            return self.own_rows(x)
         raise ValueError(f"no transition from {src} to {dst} at this stage (reduce={reduce}, gather={gather})")
+
+    def gather(self, x: torch.Tensor, caller: str, by_sum: bool | None = None) -> torch.Tensor:
+        """Every rank's Shard(dim=0) rows, concatenated in rank order, on every rank (`by_sum`: how,
+        default this stream's)."""
+        by_sum = self.by_sum if by_sum is None else by_sum
+        gather = self.group.gather_rows_by_sum if by_sum else self.group.gather_rows
+        return gather(x, list(self.sizes), caller)
+
+    def own_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's `sizes[rank]` rows of a tensor of all ranks' rows in rank order (no collective:
+        SGLang's `dp_scatter` is a local copy)."""
+        start = sum(self.sizes[:self.group.rank])
+        return x[start:start + self.sizes[self.group.rank]]
 
     def rows(self, placement: Placement) -> Rows:
         """Which token rows a residual-stream tensor of this placement holds here."""

@@ -172,6 +172,17 @@ class TPGroup:
         every = self.all_gather(padded, caller, dim=0)
         return torch.cat([every[r * n:r * n + s] for r, s in enumerate(sizes)])
 
+    def gather_rows_by_sum(self, x: torch.Tensor, sizes: list[int], caller: str) -> torch.Tensor:
+        """As gather_rows, by one all-reduce instead: a zero `[sum(sizes), ...]` buffer in which this
+        rank writes its rows at its offset, summed over the group (SGLang's `_dp_gather_via_all_reduce`,
+        dp-attention's SUM_LEN padding). Exact: every other rank adds zeros to each row."""
+        if self.size == 1:
+            return x
+        start = sum(sizes[:self.rank])
+        buffer = x.new_zeros((sum(sizes), *x.shape[1:]))
+        buffer[start:start + x.shape[0]] = x
+        return self.all_reduce(buffer, caller)
+
     def scatter_rows(self, x: torch.Tensor, sizes: list[int], caller: str) -> torch.Tensor:
         """Sum of `x` `[sum(sizes), ...]` over the group, this rank's rows `[sizes[rank], ...]`
         only: one reduce-scatter of the rows padded to max(sizes) per rank."""

@@ -253,8 +253,9 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
              mode: dict, strategies: list[str]):
     """One float32 model at TP=tp in `mode`, one forward per capture strategy. Per group rank:
     {strategy: this rank's capture per position}, the logits, the model's collectives of the
-    last forward (op, caller; the capture's own gathers left out) and the routing of every MoE
-    layer over all T tokens in order ([T, top_k] sorted; gathered from the ranks under ep)."""
+    last forward (op, caller; the capture's own gathers left out; `collective_bytes`: the same
+    as (op, bytes of this rank's input)) and the routing of every MoE layer over all T tokens in
+    order ([T, top_k] sorted; gathered from the ranks under ep)."""
     if not ctx.participates(tp):
         return None
     m, config, group = Mode.from_dict(mode), config_from_dict(cfg), ctx.groups[tp]
@@ -270,8 +271,10 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
         every = [None] * tp
         torch.distributed.all_gather_object(every, {k: v.cpu() for k, v in route.items()}, group=group.pg)
         route = {k: torch.cat([e[k] for e in every]) for k in route}
+    model_records = [r for r in group.tracer.records if not r.caller.startswith("capture.")]
     return {"captures": caps, "logits": logits, "routing": route,
-            "collectives": [(r.op, r.caller) for r in group.tracer.records if not r.caller.startswith("capture.")]}
+            "collectives": [(r.op, r.caller) for r in model_records],
+            "collective_bytes": [(r.op, r.bytes) for r in model_records]}
 
 
 def gptoss_moe_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int, ep: bool = False):

@@ -1,0 +1,129 @@
+"""dp-attention's gather modes and LM head on real gloo ranks (tpsim.modes.kinds.DpAttention, with
+the SGLang sources): for drawn configs x TP degrees x token counts (uneven over the ranks) x
+`--dp-padding` {sum-len, max-len} x `--enable-dp-lm-head` {off, on}, every rank's capture and
+logits equal its own sequence through a TP=1 replica, the trace is the formula of
+`DpAttention.collectives` op by op and its bytes those of `DpAttention.collective_bytes`, and
+each collective runs where SGLang runs it (the MLP input gathered by all-reduce or all-gather,
+the head's gather an all-reduce whatever the MLP's padding)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from strategies import config_dicts
+from test_modes import reference
+from test_properties import TINY
+from tpsim.capture import Position
+from tpsim.config import config_from_dict
+from tpsim.model import split_sizes
+from tpsim.modes import DpPadding, Mode, expected_collectives
+from tpsim.run.jobs import rel_err
+from tpsim.testing.jobs import mode_job
+
+TOL = 1e-5  # float32 ‖Δ‖/‖ref‖
+
+
+@st.composite
+def dp_cases(draw):
+    tp = draw(st.sampled_from([2, 4, 8]), label="tp")
+    cfg = draw(config_dicts(tp, max_layers=2))
+    T = draw(st.integers(tp, 13), label="T")
+    mode = Mode("dp-attention", dp_padding=draw(st.sampled_from(list(DpPadding)), label="dp_padding"),
+                dp_lm_head=draw(st.booleans(), label="dp_lm_head"))
+    L = cfg["num_hidden_layers"]
+    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=3))},
+                       key=Position.sort_key) + [Position("final")]
+    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
+    return mode, tp, cfg, positions, seed, ids
+
+
+def op_counts(pairs) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for op, _ in pairs:
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def op_bytes(pairs) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for op, n in pairs:
+        total[op] = total.get(op, 0) + n
+    return total
+
+
+TIED_GQA = {"model_type": "qwen3", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "vocab_size": 70, "intermediate_size": 16, "num_key_value_heads": 2, "head_dim": 8, "rope_scaling": None,
+            "attention_bias": False, "tie_word_embeddings": True}
+
+
+@settings(max_examples=max(5, settings.default.max_examples // 20))
+# uneven token counts (5 over 2 ranks) in both padding modes: max-len's buffers are padded, sum-len's are not
+@example(c=(Mode("dp-attention", dp_padding=DpPadding.MAX_LEN), 2, TINY,
+            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(5))))
+@example(c=(Mode("dp-attention", dp_padding=DpPadding.SUM_LEN), 2, TINY,
+            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(5))))
+# a tied head, vocab-parallel over 4 ranks, holding its rows of the replicated embedding
+@example(c=(Mode("dp-attention"), 2, TIED_GQA, [Position("embed"), Position("final")], 3, [5, 69, 0, 64, 1]))
+@example(c=(Mode("dp-attention", dp_lm_head=True), 2, TIED_GQA, [Position("final")], 3, [5, 69, 0]))
+@given(c=dp_cases())
+def test_dp_gather_modes_compute_tp1_and_run_their_formula(rank_pool, c):
+    mode, tp, cfg_d, positions, seed, ids = c
+    cfg, T, H = config_from_dict(cfg_d), len(ids), cfg_d["hidden_size"]
+    out = rank_pool.run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids, positions=[str(p) for p in positions], tp=tp,
+                        mode=mode.to_dict(), strategies=["local"])
+    ranks = [out[r] for r in range(tp)]
+    sizes, L = split_sizes(T, tp), cfg.num_hidden_layers
+    sum_len = mode.dp_padding is DpPadding.SUM_LEN
+
+    # the trace is the formula: counts and bytes, on every rank
+    for r in ranks:
+        assert op_counts(r["collectives"]) == expected_collectives(mode, cfg, tp), r["collectives"]
+        assert op_bytes(r["collective_bytes"]) == mode.collective_bytes(cfg, tp, sizes, 4), r["collective_bytes"]
+    # ... and each collective is where SGLang runs it
+    callers = dict((c, op) for op, c in ranks[0]["collectives"])
+    assert callers["model.dp_token_counts"] == "all_gather"
+    for k in range(L):
+        assert callers[f"model.layers.{k}.mlp_gather"] == ("all_reduce" if sum_len else "all_gather")
+        assert callers[f"model.layers.{k}.mlp"] == ("all_reduce" if sum_len else "reduce_scatter")
+    assert ("lm_head.dp_gather" in callers, "lm_head" in callers) == (not mode.dp_lm_head,) * 2
+    if not mode.dp_lm_head:
+        assert (callers["lm_head.dp_gather"], callers["lm_head"]) == ("all_reduce", "all_gather")
+
+    # each rank's capture and logits: its own sequence through a TP=1 replica
+    ref_parts, ref_logits, ref_route, _ = reference(cfg, seed, ids, positions, mode, tp)
+    for r, n in zip(ranks, sizes):
+        assert tuple(r["logits"].shape) == (n, cfg.vocab_size)
+        assert all(tuple(t.shape) == (n, H) for t in r["captures"]["local"])
+    logits = torch.cat([r["logits"] for r in ranks])
+    caps = [torch.cat([r["captures"]["local"][i] for r in ranks]) for i in range(len(positions))]
+    route = ranks[0]["routing"]
+    if all(torch.equal(route[k], ref_route[k]) for k in ref_route):  # else a near-tie flipped (test_modes)
+        assert rel_err(logits, ref_logits) <= TOL
+        for t, ref in zip(caps, ref_parts):
+            assert rel_err(t, ref) <= TOL
+
+
+@pytest.mark.parametrize("argv", [["--dp-padding", "max-len"], ["--enable-dp-lm-head"],
+                                  ["--dp-padding", "sum-len", "--enable-dp-lm-head"]])
+def test_check_cli_passes_in_each_dp_setting(argv):
+    """`tpsim check --mode dp-attention` end to end in the settings the default run does not take
+    (check compares the trace with the formula and each rank with its TP=1 replica)."""
+    r = subprocess.run([sys.executable, "-m", "tpsim", "check", "--tp", "1,2", "--seq-len", "7", "--mode",
+                        "dp-attention", *argv], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1].startswith("PASS: "), r.stdout
+
+
+def test_mode_round_trips_padding_and_head():
+    """The options travel to the ranks as JSON (agree_on_run, check --json) and back."""
+    m = Mode("dp-attention", dp_padding="max-len", dp_lm_head=True)
+    assert m.dp_padding is DpPadding.MAX_LEN and m.to_dict()["dp_padding"] == "max-len"
+    assert Mode.from_dict(m.to_dict()) == m
+    assert Mode("dp-attention").dp_padding is DpPadding.SUM_LEN and not Mode("dp-attention").dp_lm_head
