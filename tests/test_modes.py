@@ -19,6 +19,7 @@ from strategies import config_dicts
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.capture.points import Taps
+from tpsim.capture.recorder import GATHERED_AFTER_3, UNCLONED
 from tpsim.config import config_from_dict
 from tpsim.capture.diagnosis import diagnose_tensors
 from tpsim.run.jobs import build_model, rel_err, routing_rows, run_captured
@@ -112,7 +113,8 @@ def naive_placement(mode: Mode, cfg, p: Position, T: int, tp: int) -> str:
 def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c
     cfg, T, H = config_from_dict(cfg_d), len(ids), cfg_d["hidden_size"]
-    right, naive = STRATEGIES[mode.name][0], STRATEGIES[mode.name][1:]
+    right = STRATEGIES[mode.name][0]
+    naive = [s for s in STRATEGIES[mode.name][1:] if s not in (UNCLONED, GATHERED_AFTER_3)]  # tested on their own
     out = rank_pool.run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids,
                         positions=[str(p) for p in positions], tp=tp, mode=mode.to_dict(),
                         strategies=[right, *naive])
@@ -156,6 +158,24 @@ def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
                 continue  # a flipped near-tie changed the values, not the placement
             assert v.placement == want, (s, str(p), v.reason)
             assert v.correct == (want == "Replicate()")
+
+
+@settings(max_examples=max(5, settings.default.max_examples // 15))
+@example(c=(Mode("ep", ep_output="scattered"), 2, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
+            list(range(8))))
+@given(c=mode_cases().filter(lambda c: c[0].name == "ep"))
+def test_the_first_revision_of_14280_gathers_only_after_layer_3(rank_pool, c):
+    """PR #14280's first revision gathers before layers i > 3 only: each slot is the gathered
+    capture there and the local one elsewhere, so a V2-Lite-shaped model (first_k_dense_replace
+    1) mixes token counts while a V3-shaped one (3) gets every slot whole."""
+    mode, tp, cfg_d, positions, seed, ids = c
+    out = rank_pool.run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids, positions=[str(p) for p in positions],
+                        tp=tp, mode=mode.to_dict(), strategies=["gathered", "local", GATHERED_AFTER_3])
+    for r in range(tp):
+        caps = out[r]["captures"]
+        for i, p in enumerate(positions):
+            late = p.kind == "final" or p.boundary > 3
+            assert torch.equal(caps[GATHERED_AFTER_3][i], caps["gathered" if late else "local"][i]), (r, str(p))
 
 
 def test_check_mode_cli_passes_right_and_names_placement_for_naive():

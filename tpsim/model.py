@@ -34,6 +34,18 @@ def own_tokens_view(mode: Mode, group: TPGroup, probe: Probe, local: bool | None
     return (group.local_view(), probe.own_tokens()) if local else (group, probe)
 
 
+def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor, in_place: bool):
+    """The fused add-RMSNorm: (norm(hidden + residual), hidden + residual). `in_place`: the sum is
+    written into `residual`'s storage, as the engines' fused_add_rms_norm kernels do, so a capture
+    that kept a reference to the residual sees every later add (tpsim's norms are out of place
+    otherwise, so nothing a capture kept can change under it)."""
+    hidden, total = norm(hidden, residual)
+    if not in_place:
+        return hidden, total
+    residual.copy_(total)
+    return hidden, residual
+
+
 def moe_class(cfg: ModelConfig) -> type:
     """The MoE block of the config's family (both take `(cfg, group, prefix, dtype, ...)`)."""
     return GptOssMoE if cfg.family.moe_block is MoeBlock.GPT_OSS else MoE
@@ -93,13 +105,13 @@ class DecoderLayer(Tapped, nn.Module):
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+            hidden, residual = add_norm(self.input_layernorm, hidden, residual, self.probe.in_place)
         self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
         hidden = move(hidden, stages.middle, stages.attn_input, gather=f"{p}.attn_gather")
         self.tap("attn.in", hidden, stages.attn_input)
         hidden = self._complete(self.self_attn.o_proj, self.self_attn(positions, hidden), stages.attn_output,
                                 stages.middle, stream, reduce=f"{p}.self_attn.o_proj")
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden, residual = add_norm(self.post_attention_layernorm, hidden, residual, self.probe.in_place)
         self.tap("mid", residual, stages.middle)
         hidden = move(hidden, stages.middle, stages.mlp_input, gather=f"{p}.mlp_gather")
         self.tap("mlp.in", hidden, stages.mlp_input)
@@ -162,7 +174,7 @@ class DecoderModel(Tapped, nn.Module):
             where, previous = stages.layer_output, layer
         rows = stream.rows(where)
         self.probe.boundary(len(self.layers), hidden, residual, rows)
-        hidden, residual = self.norm(hidden, residual)
+        hidden, residual = add_norm(self.norm, hidden, residual, self.probe.in_place)
         self.probe.in_layer(len(self.layers), residual, rows)
         self.probe.final(hidden, rows)
         hidden = stream.move(hidden, where, plan.final, gather="model.norm")[:T]

@@ -8,6 +8,10 @@ from tpsim.capture.positions import Position
 from tpsim.layers.probe import Rows, Sink
 
 
+UNCLONED = "in-layer-uncloned"
+GATHERED_AFTER_3 = "gathered-after-3"
+
+
 class Recorder(Sink):
     """Captures `hidden_states + residual` at the start of the layer a position names (the
     embedding output where residual is None, `final` after the final norm) and concatenates
@@ -18,27 +22,53 @@ class Recorder(Sink):
     - `model-level`: `hidden + residual` between layers, as it stands on this rank;
     - `local`: the same, this rank's real token rows only (padding dropped);
     - `gathered`: all-gathered over the group when the stream is token-sharded;
+    - `gathered-after-3`: all-gathered only before layers i > 3, local before the others: the
+      first revision of SGLang PR #14280 (`if self.enable_a2a_moe and i > 3`, hard-coded for
+      DeepSeek-V3's first_k_dense_replace = 3; the review asked what 3 stands for and the merged
+      code tests `i > self.first_k_dense_replace`, which `gathered` replays);
     - `in-layer`: the residual right after the next consumer's add (`input_layernorm`, or the
-      final norm for position L): after a fused all-reduce there.
+      final norm for position L): after a fused all-reduce there, cloned;
+    - `in-layer-uncloned`: the same residual kept by reference while the model's fused
+      add-RMSNorms update it in place, as the engine kernels do: every later add lands in the
+      captured tensor (SGLang clones it for this reason; Gemma's capture did not, PR #39286).
+      The recorder keeps a copy of what it saw at capture time, to tell (`modified`) which slots
+      changed afterwards.
     """
 
     def __init__(self, positions: list[Position], strategy: str = "model-level"):
         self.positions, self.strategy = list(positions), strategy
         self.wanted = set(self.positions)
         self.store: dict[Position, torch.Tensor] = {}
+        self.in_place = strategy == UNCLONED
+        self.in_layer_site = strategy in ("in-layer", UNCLONED)
+        self.seen: dict[Position, torch.Tensor] = {}  # uncloned: each slot as it was when captured
+        self.last: tuple[Position, torch.Tensor] | None = None  # uncloned: the latest residual heard
 
     def _keep(self, p: Position, x: torch.Tensor, rows: Rows) -> None:
-        self.store[p] = rows.gathered(x, f"capture.{p}") if self.strategy == "gathered" else rows.local(x)
+        gather = self.strategy == "gathered" or (self.strategy == GATHERED_AFTER_3 and (p.kind == "final" or p.boundary > 3))
+        self.store[p] = rows.gathered(x, f"capture.{p}") if gather else rows.local(x)
 
     def boundary(self, b: int, hidden: torch.Tensor, residual: torch.Tensor | None, rows: Rows) -> None:
         p = Position.at_boundary(b)
-        if p in self.wanted and self.strategy != "in-layer":
+        if p in self.wanted and not self.in_layer_site:
             self._keep(p, hidden if residual is None else hidden + residual, rows)
 
     def in_layer(self, b: int, residual: torch.Tensor, rows: Rows) -> None:
         p = Position.at_boundary(b)
-        if p in self.wanted and self.strategy == "in-layer":
+        if self.in_place:  # the latest add's residual: what every aliased slot holds once the forward is done
+            self.last = (Position.at_boundary(b), rows.local(residual))
+        if p in self.wanted and self.in_layer_site:
             self._keep(p, residual, rows)
+            if self.in_place:
+                self.seen[p] = self.store[p].clone()
+
+    def modified(self) -> list[tuple[Position, Position | None]]:
+        """(slot, the position it holds now, None when no later state matches) for each slot whose
+        tensor changed after it was captured (only an uncloned capture's can)."""
+        last = self.last
+        return [(p, last[0] if last is not None and last[1].shape == self.store[p].shape
+                 and torch.equal(last[1], self.store[p]) else None)
+                for p in self.positions if p in self.seen and not torch.equal(self.seen[p], self.store[p])]
 
     def final(self, normed: torch.Tensor, rows: Rows) -> None:
         if Position("final") in self.wanted:

@@ -76,7 +76,10 @@ class Rows:
 
 class Sink:
     """What a capture attaches to a Probe. Every hook does nothing here; a capture overrides
-    the ones it needs."""
+    the ones it needs. `in_place`: the capture keeps references into the residual stream, so the
+    model must update the residual in place as the engines' fused add-RMSNorm kernels do."""
+
+    in_place = False
 
     def point(self, name: str, x: Lazy, placement: Placement, order: int) -> None:
         """Named point `name`; `order`: how many collectives this rank had run when it was made."""
@@ -115,6 +118,11 @@ class Probe:
         finally:
             # by identity: two sinks may compare equal
             del self.sinks[next(i for i, s in enumerate(self.sinks) if s is sink)]
+
+    @property
+    def in_place(self) -> bool:
+        """Whether an attached capture needs the residual updated in place (tpsim.model.add_norm)."""
+        return any(s.in_place for s in self.sinks)
 
     def offer(self, name: str, x: Lazy, placement: Placement) -> None:
         where = R if self.size == 1 else S0 if self.owned else placement

@@ -23,7 +23,7 @@ class TensorParallel(Mode):
     """SGLang/vLLM `--tp N`: the stream replicated, two all-reduces per layer."""
 
     name: str = "tp"
-    strategies = ("model-level", "in-layer")
+    strategies = ("model-level", "in-layer", "in-layer-uncloned")
     plain = True
 
 
@@ -34,7 +34,7 @@ class ArFusion(Mode):
     so between layers each rank holds its own summand plus the residual (Partial(sum))."""
 
     name: str = "ar-fusion"
-    strategies = ("in-layer", "model-level")
+    strategies = ("in-layer", "model-level", "in-layer-uncloned")
     options = ("fusion_max_tokens",)
 
     def fused(self, tp: int, tokens: int, k: int, num_layers: int) -> bool:
@@ -96,7 +96,7 @@ class ExpertParallel(Mode):
     MoE output is all-gathered (ep_output="replicated", matches no SGLang path)."""
 
     name: str = "ep"
-    strategies = ("gathered", "local")
+    strategies = ("gathered", "local", "gathered-after-3")
     options = ("ep_output",)
     expert_parallel = True
 

@@ -53,12 +53,19 @@ def run_captured(model: CausalLM, input_ids: list[int], positions: list[Position
 def run_captured_parts(model: CausalLM, input_ids: list[int], positions: list[Position],
                        strategy: str = "model-level"):
     """As run_captured, with the capture as one tensor per position (their token counts may differ)."""
+    recorder, logits = run_recorded(model, input_ids, positions, strategy)
+    return recorder.parts(), logits
+
+
+def run_recorded(model: CausalLM, input_ids: list[int], positions: list[Position],
+                 strategy: str = "model-level") -> tuple[Recorder, torch.Tensor]:
+    """One forward with a Recorder attached: (the recorder, after the forward; the logits)."""
     group = model.group
     group.tracer.clear()
     recorder = Recorder(positions, strategy)
     with model.probe.attach(recorder):
         logits = model(torch.tensor(input_ids, dtype=torch.long, device=group.device))
-    return recorder.parts(), logits
+    return recorder, logits
 
 
 def own_tokens(input_ids: list[int], mode: Mode, group: TPGroup) -> list[int]:
@@ -119,7 +126,8 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
         with model.probe.attach(Taps(wanted=set(residual_points.values()) if tp == 1 else set(),
                                      watch_finite=True)) as taps:
             ctx.progress(f"TP={tp}: forward")
-            parts, logits = run_captured_parts(model, mine, pos, strategy if tp > 1 else "model-level")
+            recorder, logits = run_recorded(model, mine, pos, strategy if tp > 1 else "model-level")
+            parts, modified = recorder.parts(), recorder.modified()
         records = list(group.tracer.records)
         route = routing_rows(model, m if tp > 1 else Mode(), group, len(input_ids))
         margins = routing_margins(model, m if tp > 1 else Mode(), group, len(input_ids))
@@ -155,6 +163,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
             logits_rel_err=_rel_or_none(logits[:flipped], ref and ref["logits"][:flipped]) if flipped != 0 else None,
             routing_flip=flipped,
             real_flip=(real[0].layer, real[0].token, real[0].margin) if real else None,
+            modified=[(str(p), None if now is None else str(now)) for p, now in modified],
             all_reduces=sum(r.op == "all_reduce" for r in records),
             all_reduce_bytes=sum(r.bytes for r in records if r.op == "all_reduce"),
             collectives=[(r.op, r.caller, r.bytes) for r in records]))

@@ -100,13 +100,24 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         expected_shape = [f"[{n}, {width}]" for n in sizes]
     else:
         expected_shape = [T, width]
-        if shapes != [json.dumps(expected_shape)]:
+        mixed = next((r.shape[0] for r in mine if isinstance(r.shape[0], list)), None)
+        if mixed is not None:  # a local capture of scattered positions next to gathered or replicated ones
+            rows = ", ".join(f"{p} {n}" for p, n in zip(spec.positions, mixed))
+            failures.append(f"mixed shapes: the captured positions hold different token counts on a rank ({rows} "
+                            f"rows of {T}): the engine's torch.cat of the aux hidden states fails")
+        elif shapes != [json.dumps(expected_shape)]:
             failures.append(f"capture shapes {', '.join(shapes)} != {expected_shape}")
     if any(r.identical is False for r in mine):
         bad = sorted(r.rank for r in mine if r.identical is False and r.group_rank != 0)
         failures.append(f"ranks {bad} differ from their group's rank 0")
     for v in (v for r in mine for v in (r.verdicts or []) if not v.correct):
         failures.append(f"{v.position}: {v.placement}: {v.reason}")
+    aliased = next((r.modified for r in mine if r.modified), [])
+    for slot, now in aliased:
+        holds = f"it now holds {now}, not {slot}" if now else f"it no longer holds {slot}"
+        failures.append(f"{slot}: modified after capture (aliasing): the capture kept a reference to the residual "
+                        f"and the fused in-place add-RMSNorms after it wrote into it: {holds}; clone the residual "
+                        "when capturing (SGLang communicator.py clones it; sglang PR #39286 fixes the same in Gemma)")
     finite = all(r.finite for r in mine)
     if not finite:
         first = next((r for r in mine if not r.finite and r.first_nonfinite), None)

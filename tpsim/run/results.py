@@ -40,6 +40,7 @@ class RankCheck:
     all_reduces: int
     all_reduce_bytes: int
     collectives: list[tuple[str, str, int]] = field(default_factory=list)  # (op, caller, bytes)
+    modified: list[tuple[str, str | None]] = field(default_factory=list)  # (slot, what it holds now): aliasing
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from dataclasses import replace
 import torch
 
 from tpsim.capture import Position
+from tpsim.capture.recorder import UNCLONED
 from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.config import config_from_dict
-from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured,
+from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured, run_recorded,
                             run_captured_parts)
 from tpsim.model import CausalLM
 from tpsim.modes import Mode
@@ -275,6 +276,22 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     return {"captures": caps, "logits": logits, "routing": route,
             "collectives": [(r.op, r.caller) for r in model_records],
             "collective_bytes": [(r.op, r.bytes) for r in model_records]}
+
+
+def aliasing_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int,
+                 mode: dict):
+    """Per group rank: the in-layer capture cloned and uncloned (the residual updated in place),
+    each forward's logits, and the uncloned recorder's `modified` list as strings."""
+    if not ctx.participates(tp):
+        return None
+    m, config, group = Mode.from_dict(mode), config_from_dict(cfg), ctx.groups[tp]
+    model = build_model(config, group, seed, "float32", mode=m)
+    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    ids = own_tokens(input_ids, m, group)
+    uncloned, logits_u = run_recorded(model, ids, pos, UNCLONED)
+    cloned, logits_c = run_recorded(model, ids, pos, "in-layer")
+    return {"uncloned": uncloned.parts(), "cloned": cloned.parts(), "logits": (logits_u, logits_c),
+            "modified": [(str(p), None if now is None else str(now)) for p, now in uncloned.modified()]}
 
 
 def gptoss_moe_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int, ep: bool = False):

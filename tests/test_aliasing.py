@@ -1,0 +1,80 @@
+"""In-place aliasing: the engines' fused add-RMSNorm writes the sum into the residual's storage,
+so a capture that keeps a reference to the residual (no clone) ends up holding whatever the last
+in-place add left there. On real gloo ranks, for drawn configs x tp x modes x token counts x
+captured positions:
+
+- updating the residual in place computes the same model (logits bitwise equal to the
+  out-of-place run);
+- the cloned in-layer capture holds the positions asked for (equal to the between-layers one);
+- every uncloned slot before the last boundary is reported modified after capture, now holding
+  out(L-1) (all of them the same buffer's final state), and `check` fails naming the aliasing;
+  the clone passes.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from clirun import run_cli
+from strategies import config_dicts
+from test_properties import TINY
+from tpsim.capture import Position
+from tpsim.config import config_from_dict
+from tpsim.modes import Mode
+from tpsim.parallel import TPGroup
+from tpsim.run.jobs import build_model, rel_err, run_captured_parts
+from tpsim.testing.jobs import aliasing_job
+
+TOL = 1e-5
+
+
+@st.composite
+def aliasing_cases(draw):
+    tp = draw(st.sampled_from([1, 2, 4]), label="tp")
+    cfg = draw(config_dicts(tp, max_layers=3))
+    L = cfg["num_hidden_layers"]
+    T = draw(st.integers(1, 9), label="T")
+    mode = Mode(draw(st.sampled_from(["tp", "ar-fusion"]), label="mode"),
+                fusion_max_tokens=draw(st.sampled_from([T, 2048])))
+    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=3))},
+                       key=Position.sort_key)
+    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
+    return mode, tp, cfg, positions, seed, ids
+
+
+@settings(max_examples=max(6, settings.default.max_examples // 10))
+@example(c=(Mode("tp"), 2, TINY, [Position("embed"), Position("out", 3), Position("out", 7)], 0, list(range(8))))
+@example(c=(Mode("ar-fusion"), 4, TINY, [Position("out", 1), Position("out", 4)], 1, list(range(5))))
+@given(c=aliasing_cases())
+def test_an_uncloned_capture_holds_the_last_residual_and_is_reported(rank_pool, c):
+    mode, tp, cfg_d, positions, seed, ids = c
+    cfg = config_from_dict(cfg_d)
+    L = cfg.num_hidden_layers
+    out = rank_pool.run(aliasing_job, cfg=cfg_d, seed=seed, input_ids=ids, positions=[str(p) for p in positions],
+                        tp=tp, mode=mode.to_dict())
+    last = Position.at_boundary(L)
+    *truth, truth_last = run_captured_parts(build_model(cfg, TPGroup(), seed, "float32"), ids, [*positions, last])[0]
+    for r in range(tp):
+        got = out[r]
+        in_place, out_of_place = got["logits"]
+        assert torch.equal(in_place, out_of_place), "the in-place residual changed the model"
+        for p, cloned, ref in zip(positions, got["cloned"], truth):
+            assert rel_err(cloned, ref) <= TOL, f"the cloned in-layer capture of {p} is not {p}"
+        want = [(str(p), str(last)) for p in positions if p.boundary < L]
+        assert got["modified"] == want
+        aliased = [u for p, u in zip(positions, got["uncloned"]) if p.boundary < L]
+        assert all(torch.equal(a, aliased[0]) for a in aliased), "the aliased slots are not one buffer's final state"
+        for p, uncloned, cloned in zip(positions, got["uncloned"], got["cloned"]):
+            assert rel_err(uncloned, truth_last if p.boundary < L else cloned) <= TOL, p
+
+
+def test_check_names_the_aliasing_and_the_clone_passes():
+    bad = run_cli("check", "--strategy", "in-layer-uncloned", "--tp", "1,2", "--seq-len", "6", "--layers", "0,3")
+    assert bad.returncode == 1, bad
+    assert "out(0): modified after capture (aliasing)" in bad.stdout and "it now holds out(7), not out(0)" in bad.stdout
+    assert "clone the residual when capturing" in bad.stdout
+    good = run_cli("check", "--strategy", "in-layer", "--tp", "1,2", "--seq-len", "6", "--layers", "0,3")
+    assert good.returncode == 0, good
