@@ -89,6 +89,11 @@ class RankContext:
     def participates(self, tp: int) -> bool:
         return tp in self.groups and (self.all_blocks or self.rank < tp)
 
+    def in_pipeline(self, tp: int, pp: int) -> bool:
+        """Whether this rank is one of the pp * tp ranks of a PP x TP world (stage `rank // tp`):
+        under torchrun the world must be exactly that; a self-spawned pool uses its first pp * tp ranks."""
+        return tp in self.groups and self.rank < pp * tp and (not self.all_blocks or self.world_size == pp * tp)
+
     def progress(self, msg: str) -> None:
         if self.rank == 0 and self.progress_fn is not None:
             self.progress_fn(msg)
@@ -112,7 +117,7 @@ def build_groups(rank: int, world: int, device: torch.device, timeout_s: float) 
                                              backend="gloo")
             if rank in members:
                 groups[tp] = TPGroup(rank=rank - start, size=tp, pg=pg, ranks=members, device=device,
-                                     verify=verify_collectives(device), loading_pg=loading)
+                                     verify=verify_collectives(device), loading_pg=loading, timeout_s=timeout_s)
     return groups
 
 

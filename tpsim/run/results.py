@@ -40,6 +40,8 @@ class RankCheck:
     all_reduces: int
     all_reduce_bytes: int
     collectives: list[tuple[str, str, int]] = field(default_factory=list)  # (op, caller, bytes)
+    stage: int | None = None         # the PP stage of this rank (None: no pipeline parallelism)
+    slots: list[str] | None = None   # PP, last stage: the positions that reached the draft, in order
 
 
 @dataclass(frozen=True)
