@@ -264,7 +264,7 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
             mode[0].check(src.cfg, t, len(tokens))
     mode, strategy = mode or (mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else
                               (Mode(), "model-level"))
-    pipe = pipeline_from(args, src.cfg, tps, mode.name) if hasattr(args, "pp") else None
+    pipe = pipeline_from(args, src.cfg, tps, mode) if hasattr(args, "pp") else None
     if pipe is None:
         check_world(max(tps), args.device, args.ignore_limits)
     else:

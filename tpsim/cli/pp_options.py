@@ -8,6 +8,7 @@ import argparse
 from tpsim.capture.pipeline import PP_CAPTURES, Handoff
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
+from tpsim.modes import Mode
 from tpsim.parallel.launch import under_torchrun
 from tpsim.parallel.pipeline import SPLITS, Split, check_pp
 from tpsim.profiles.registry import lookup
@@ -53,7 +54,7 @@ def pp_tp_degrees(args, pp: int) -> list[int] | None:
     return [t for t in (1, 2, 4, 8) if pp * t <= max_cpu_ranks()] or [1]
 
 
-def pipeline_from(args, cfg: ModelConfig, tps: list[int], mode_name: str) -> Pipeline | None:
+def pipeline_from(args, cfg: ModelConfig, tps: list[int], mode: Mode) -> Pipeline | None:
     """The Pipeline the options name (None without --pp > 1), checked against the config, the mode,
     every TP degree and, under torchrun, the world."""
     pp = pp_degree(args)
@@ -65,8 +66,8 @@ def pipeline_from(args, cfg: ModelConfig, tps: list[int], mode_name: str) -> Pip
                 raise UsageError(f"{option} applies with --pp 2 or more; add --pp N or drop {option}")
         return None
     check_pp(pp, cfg.num_hidden_layers)
-    if mode_name != "tp":
-        raise UsageError(f"--pp {pp} runs with --mode tp only, not --mode {mode_name}; drop --mode or --pp")
+    if not mode.plain:
+        raise UsageError(f"--pp {pp} runs with --mode tp only, not --mode {mode.name}; drop --mode or --pp")
     if under_torchrun():
         bad = next((t for t in tps if pp * t != torchrun_world()), None)
         if bad is not None:
@@ -89,3 +90,17 @@ def pipeline_from(args, cfg: ModelConfig, tps: list[int], mode_name: str) -> Pip
         raise UsageError(f"unknown --pp-capture {capture!r}; use one of {', '.join(PP_CAPTURES)}")
     handoff = PP_CAPTURES[capture] if capture else Handoff.HANDOFF
     return Pipeline(pp, Split(split or "sglang"), handoff, f"--pp-capture {capture}" if capture else "")
+
+
+def stage_rows(pipe: Pipeline, num_layers: int, tp: int, tokens: int, hidden: int) -> list[dict]:
+    """One row per stage for `explain --pp`: its layers and ranks, what it holds, what it receives and sends."""
+    out = []
+    for st in pipe.stages(num_layers, tp):
+        holds = (["embedding"] if st.first else []) + [f"layers {st.start}..{st.end - 1}"] + \
+            (["final norm", "lm_head"] if st.last else [])
+        out.append({"stage": st.index, "layers": [st.start, st.end - 1], "ranks": list(st.ranks), "holds": holds,
+                    "recv": [] if st.first else [f"hidden_states [{tokens}, {hidden}] from rank {r - tp}"
+                                                 for r in st.ranks] + ["residual, the same"],
+                    "send": [] if st.last else [f"hidden_states [{tokens}, {hidden}] to rank {r + tp}"
+                                                for r in st.ranks] + ["residual, the same"]})
+    return out
