@@ -89,6 +89,7 @@ class TPGroup:
     verify: bool = False  # check op, caller, dtype and shape across the group before each collective
     loading_pg: dist.ProcessGroup | None = None  # gloo: the same ranks with LOADING_TIMEOUT_S, for wait_loaded
     timeout_s: float = 60.0  # how long a point-to-point send or recv waits for its peer
+    p2p_pg: dist.ProcessGroup | None = None  # PP: this rank and its peers on the other stages (None: the world)
 
     def local_view(self) -> "TPGroup":
         """A size-1 group of this rank alone, sharing this group's tracer: for layers that are
@@ -220,14 +221,14 @@ class TPGroup:
         x = x.contiguous()
         self._enter_p2p("send", caller, dst)
         self.tracer.record("send", caller, x)
-        dist.isend(x, dst=dst).wait(timedelta(seconds=self.timeout_s))
+        dist.isend(x, dst=dst, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, caller: str) -> torch.Tensor:
         """A tensor of `shape` and `dtype` from global rank `src`, waiting at most `timeout_s`."""
         x = torch.empty(shape, dtype=dtype, device=self.device)
         self._enter_p2p("recv", caller, src)
         self.tracer.record("recv", caller, x)
-        dist.irecv(x, src=src).wait(timedelta(seconds=self.timeout_s))
+        dist.irecv(x, src=src, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
         return x
 
     def _enter_p2p(self, op: str, caller: str, peer: int) -> None:

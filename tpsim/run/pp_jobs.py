@@ -41,9 +41,11 @@ def pp_check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCh
     agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": spec.strategy})
     cfg, rows, reference = spec.cfg, [], None
     for tp in sorted(tps):
+        peers = ctx.pipeline_group(tp)  # on every rank of the world, in the same order
         if not ctx.in_pipeline(tp, pipe.size):
             continue
         group = ctx.groups[tp]
+        group.p2p_pg = peers
         stage = pipe.stages(cfg.num_hidden_layers, tp)[ctx.rank // tp]
         model = build_model(cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), Mode(), stage)
         ctx.progress(f"PP={pipe.size} x TP={tp}: forward")
