@@ -5,6 +5,12 @@ A decoder layer returns `(hidden_states, residual)`; `hidden_states + residual` 
 start of layer k+1 is `out(k)`. Before layer 0 the residual is None. The communication mode
 (tpsim.modes) declares where that stream and each layer's activations live, stage by stage,
 and moves them between stages; the layers tap their named points through the model's Probe.
+
+Under pipeline parallelism (tpsim.parallel.pipeline) a model holds one PP stage: its decoder
+layers (keeping their global index k, so their seeded weights are the full model's), the
+embedding on the first stage, the final norm and LM head on the last; a stage other than the
+first receives (hidden, residual) from the previous stage and one other than the last sends
+them on, with real point-to-point send/recv.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
 from tpsim.modes import Mode, Stages, Stream, split_sizes
 from tpsim.parallel.group import TPGroup
+from tpsim.parallel.pipeline import Stage
 from tpsim.parallel.placement import P, R, Placement
 
 __all__ = ["CausalLM", "DecoderLayer", "DecoderModel", "layer_kinds", "shard_bytes", "split_sizes"]
@@ -139,47 +146,78 @@ class DecoderLayer(Tapped, nn.Module):
         return y
 
 
+def whole_model(cfg: ModelConfig, group: TPGroup) -> Stage:
+    """The one stage of a model without pipeline parallelism: every layer."""
+    return Stage(0, 1, 0, cfg.num_hidden_layers, group.size)
+
+
 class DecoderModel(Tapped, nn.Module):
     POINTS = (Point("final", R, "final norm output = position final"),)
 
     def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype, mode: Mode = Mode(),
-                 probe: Probe | None = None):
+                 probe: Probe | None = None, stage: Stage | None = None):
         super().__init__()
         probe = probe or Probe(group)
+        stage = stage or whole_model(cfg, group)
         local, local_probe = own_tokens_view(mode, group, probe)
+        # the last stage holds the embedding too when the head is tied to it (SGLang's llama.py does the same)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, local, "model.embed_tokens",
-                                                   dtype, probe=local_probe)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, k, group, dtype, mode, probe)
-                                    for k in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, group, "model.norm", dtype)
+                                                   dtype, probe=local_probe) \
+            if stage.first or (stage.last and cfg.tie_word_embeddings) else None
+        self.layers = nn.ModuleList(DecoderLayer(cfg, k, group, dtype, mode, probe) for k in stage.layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, group, "model.norm", dtype) if stage.last else None
         self.config, self.group, self.mode, self.probe, self.point = cfg, group, mode, probe, ""
+        self.stage, self.dtype = stage, dtype
 
     def forward(self, input_ids, positions, stream: Stream | None = None):
         """input_ids `[T]` (under dp-attention: this rank's own sequence) → final normed hidden
-        `[T, hidden]`, Replicate() (dp-attention: this rank's tokens). `stream`: the forward's token
-        split when the caller made it (it runs a collective under dp-attention)."""
+        `[T, hidden]`, Replicate() (dp-attention: this rank's tokens); on a PP stage other than
+        the last: None, after sending (hidden, residual) to the next stage. `stream`: the forward's
+        token split when the caller made it (it runs a collective under dp-attention)."""
         T = input_ids.shape[0]
         stream = stream or self.mode.stream(T, self.group)
         plan = self.mode.plan(self.config, self.group.size, T)
+        st = self.stage
         if stream.length is not None:  # sp: pad to a multiple of tp; causal attention keeps pads out of real rows
             input_ids = torch.cat([input_ids, input_ids.new_zeros(stream.length - T)])
             positions = torch.arange(stream.length, device=input_ids.device)
-        hidden = stream.move(self.embed_tokens.lookup(input_ids), plan.embed, plan.start,
-                             reduce=self.embed_tokens.prefix)
-        self.embed_tokens.tap("out", hidden, plan.start)
-        residual, where, previous = None, plan.start, None
-        for k, (layer, stages) in enumerate(zip(self.layers, plan.layers)):
-            self.probe.boundary(k, hidden, residual, stream.rows(where))
+        if st.first:
+            hidden = stream.move(self.embed_tokens.lookup(input_ids), plan.embed, plan.start,
+                                 reduce=self.embed_tokens.prefix)
+            self.embed_tokens.tap("out", hidden, plan.start)
+            residual = None
+        else:
+            hidden, residual = self._receive(T)
+        where, previous = plan.layers[st.start].layer_input, None
+        for layer, stages in zip(self.layers, plan.layers[st.start:st.end]):
+            self.probe.boundary(layer.k, hidden, residual, stream.rows(where))
             hidden, residual = layer(positions, hidden, residual, stream, stages, previous)
             where, previous = stages.layer_output, layer
+        if not st.last:
+            self._send(hidden, residual)
+            return None
         rows = stream.rows(where)
-        self.probe.boundary(len(self.layers), hidden, residual, rows)
+        self.probe.boundary(st.end, hidden, residual, rows)
         hidden, residual = add_norm(self.norm, hidden, residual, self.probe.in_place)
-        self.probe.in_layer(len(self.layers), residual, rows)
+        self.probe.in_layer(st.end, residual, rows)
         self.probe.final(hidden, rows)
         hidden = stream.move(hidden, where, plan.final, gather="model.norm")[:T]
         self.tap("final", hidden, plan.final)
         return hidden
+
+    def _send(self, hidden: torch.Tensor, residual: torch.Tensor) -> None:
+        """(hidden, residual) to this rank's peer on the next stage (SGLang's PPProxyTensors, vLLM's
+        IntermediateTensors)."""
+        g, st = self.group, self.stage
+        peer = st.peer(g.rank, st.index + 1)
+        g.send(hidden, peer, "pipeline.hidden_states")
+        g.send(residual, peer, "pipeline.residual")
+
+    def _receive(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g, st = self.group, self.stage
+        peer, shape = st.peer(g.rank, st.index - 1), (T, self.config.hidden_size)
+        return (g.recv(shape, self.dtype, peer, "pipeline.hidden_states"),
+                g.recv(shape, self.dtype, peer, "pipeline.residual"))
 
 
 class CausalLM(nn.Module):
@@ -195,16 +233,18 @@ class CausalLM(nn.Module):
     `probe`: where a capture attaches (`with model.probe.attach(sink):`), hearing every named
     point and the residual stream at every position."""
 
-    def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype = torch.float32, mode: Mode = Mode()):
+    def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype = torch.float32, mode: Mode = Mode(),
+                 stage: Stage | None = None):
         super().__init__()
         mode.check(cfg, group.size)
+        self.stage = stage or whole_model(cfg, group)
         self.config, self.group, self.mode, self.probe = cfg, group, mode, Probe(group)
-        self.model = DecoderModel(cfg, group, dtype, mode, self.probe)
+        self.model = DecoderModel(cfg, group, dtype, mode, self.probe, self.stage)
         head_group, head_probe = own_tokens_view(mode, group, self.probe, local=mode.local_head)
         self.gathered_head = mode.rank_local and not mode.local_head and group.size > 1
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, head_group, "lm_head", dtype,
                                       tie_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
-                                      probe=head_probe)
+                                      probe=head_probe) if self.stage.last else None
 
     @staticmethod
     def points(cfg: ModelConfig) -> list[NamedPoint]:
@@ -215,13 +255,14 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids, positions=None, recorder: Sink | None = None, logits: bool = True):
-        """`recorder`: a capture attached to the probe for this forward only."""
+        """`recorder`: a capture attached to the probe for this forward only. A PP stage other
+        than the last returns None (it sent its stream on)."""
         if positions is None:
             positions = torch.arange(input_ids.shape[0], device=input_ids.device)
         with self.probe.attach(recorder) if recorder is not None else nullcontext():
             stream = self.mode.stream(input_ids.shape[0], self.group)
             hidden = self.model(input_ids, positions, stream)
-            if not logits:
+            if not logits or hidden is None:  # hidden None: a PP stage before the last sent its stream on
                 return hidden
             if not self.gathered_head:
                 return self.lm_head(hidden)

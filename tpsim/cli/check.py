@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from tpsim.capture import Resolution
 from tpsim.cli.options import add_json, add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
+from tpsim.cli.pp_options import add_pp_options, pp_degree, pp_tp_degrees
 from tpsim.run.jobs import check_job
+from tpsim.run.pp_jobs import pp_check_job
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
 from tpsim.run.report import TOLERANCE_METRIC, CheckReport, ops_text, summarize
 from tpsim.run.spec import RunSpec
@@ -19,16 +21,18 @@ def add_parser(sub) -> None:
                                    "the reason.",
                        epilog="examples:\n  tpsim check --layers -1,2,5 --tp 1,2\n"
                               "  tpsim check --mode ar-fusion --strategy model-level --tp 1,2\n"
-                              "  tpsim check --server sglang@0.5.6 --layers 0,1,2")
+                              "  tpsim check --server sglang@0.5.6 --layers 0,1,2\n"
+                              "  tpsim check --pp 2 --tp 1,2 --pp-capture last-stage")
     add_run_options(p)
     add_mode_options(p)
+    add_pp_options(p)
     p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "
                                 "torchrun every divisor of the world size)")
     add_json(p, cmd_check)
 
 
 def cmd_check(args) -> int:
-    tps = tp_degrees(args)
+    tps = pp_tp_degrees(args, pp_degree(args)) or tp_degrees(args)
     spec, res = run_spec(args, tps)
     if res.failed:  # the engine fails before it captures anything
         return engine_failure(args, res)
@@ -46,7 +50,9 @@ def run_check(spec: RunSpec, res: Resolution, tps: list[int]) -> CheckReport | N
     """Run check_job at every degree in `tps` on real ranks (None on torchrun ranks other than 0)."""
     progress = ProgressLine(enabled=is_reporting_process())
     try:
-        results = run_on_ranks(check_job, max(tps), device=spec.device, backend=spec.backend,
+        pp = spec.pipeline.size if spec.pipeline else 1
+        results = run_on_ranks(check_job if pp == 1 else pp_check_job, pp * max(tps), device=spec.device,
+                               backend=spec.backend,
                                timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
     finally:
         progress.stop()
@@ -81,9 +87,15 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     note = mode.note(spec.strategy, len(spec.tokens), L)
     if note:
         say(f"note: {note}")
+    pipe = spec.pipeline
+    if pipe is not None:
+        stages = ", ".join(f"{s}" for s in pipe.stages(L, 1))
+        say(f"note: pipeline parallel --pp {pipe.size} ({pipe.split.value}'s get_pp_indices: {stages}; stage s on "
+            f"ranks s*tp..s*tp+tp-1); a stage's aux hidden states are {pipe.handoff.value}"
+            + (f" ({pipe.why})" if pipe.why else ""))
     say(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}); "
         "ranks identical means bitwise equal to the group's rank 0")
-    plain = mode.plain
+    plain = mode.plain and pipe is None
     table(
         ["TP", "ranks", "capture shape per rank", "expected", "ranks identical", "rel err vs TP=1",
          "logits rel err", "all-reduces (expected)" if plain else "collectives (expected)", "ok"],
@@ -93,7 +105,9 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
           "-" if r.rel_err is None else f"{r.rel_err:.2e}",
           "-" if r.logits_rel_err is None else f"{r.logits_rel_err:.2e}",
           f"{r.all_reduces} ({r.expected_all_reduces})" if plain
-          else f"{ops_text(r.collectives)} ({ops_text(r.expected_collectives)})",
+          else f"{ops_text(r.collectives)} ({ops_text(r.expected_collectives)})" if not r.stage_collectives
+          else "; ".join(f"stage {c['stage']}: {ops_text(c['collectives'])} ({ops_text(c['expected'])})"
+                         for c in r.stage_collectives),
           "ok" if r.ok else "FAIL"]
          for r in report.rows], notes=("capture shape per rank", "expected", "collectives (expected)"))
     for r in report.rows:
@@ -106,7 +120,8 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
             f"on that rank's sequence at TP {degrees}")
     elif all(r.ok for r in report.rows):
         say(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
-            f"at TP {degrees}" + ("" if plain else f" (mode {mode.name}, strategy {spec.strategy})")
+            f"at TP {degrees}" + (f" x PP {pipe.size}, against TP=1, PP=1" if pipe else "")
+            + ("" if plain or pipe else f" (mode {mode.name}, strategy {spec.strategy})")
             + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows) else ""))
     for r in report.rows:
         for why in r.failures:

@@ -21,6 +21,7 @@ from tpsim.cli.diagram import Step, draw
 from tpsim.cli.options import (add_execution_options, add_json, add_mode_options, add_model_option, add_tp, dtype_for,
                                emit_json, integer, load_source, mode_from, one_tp, tokens_for)
 from tpsim.cli.outputs import add_force, check_output
+from tpsim.cli.pp_options import add_pp_options, pipeline_from, stage_rows
 from tpsim.config import with_overrides
 from tpsim.errors import UsageError
 from tpsim.files.atomic import write_text
@@ -130,10 +131,12 @@ def add_parser(sub) -> None:
                                    "bytes, and which id of each convention captures each point. Also drawn as an SVG "
                                    "with one lane per rank.",
                        epilog="examples:\n  tpsim explain --model deepseek-v3 --tp 8 --layer 3\n"
-                              "  tpsim explain --tp 4 --mode ar-fusion --svg ar-fusion.svg")
+                              "  tpsim explain --tp 4 --mode ar-fusion --svg ar-fusion.svg\n"
+                              "  tpsim explain --pp 2 --tp 2")
     add_model_option(p)
     add_execution_options(p)
     add_mode_options(p, strategy=False)
+    add_pp_options(p)
     p.set_defaults(seq_len="16", dtype="bfloat16")
     add_tp(p)
     p.add_argument("--layer", help="decoder layer to explain (default: the first MoE layer, else 0)")
@@ -157,11 +160,14 @@ def cmd_explain(args) -> int:
         raise UsageError(f"--layer {k} does not exist: layers are 0..{L - 1}")
     # run layers 0..k; under ar-fusion also layer k+1, whose norm holds layer k's fused all-reduce
     mode = mode_from(args, src.cfg, [tp], None)[0]
+    pipe = pipeline_from(args, src.cfg, [tp], mode)
     cfg = with_overrides(src.cfg, [f"num_hidden_layers={mode.layers_to_explain(k, L)}"])
     tokens = tokens_for(args, cfg)
     mode.check(cfg, tp, len(tokens))
     check_world(tp, args.device, args.ignore_limits)
     dtype = dtype_for(args)
+    stages = None if pipe is None else stage_rows(pipe, L, tp, len(tokens), c.hidden_size)
+    home = None if stages is None else next(s for s in stages if s["layers"][0] <= k <= s["layers"][1])
     spec = RunSpec(ModelSource(src.name, cfg), args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy,
                    args.device, args.backend, args.timeout)
     results = on_ranks(points_job, spec, tp, points=[], everything=True, weights=False)
@@ -177,8 +183,18 @@ def cmd_explain(args) -> int:
     if args.json:
         emit_json({"model": str(args.model), "layer": k, "kind": kind, "tp": tp, "mode": mode.to_dict(),
                    "tokens": len(tokens), "dtype": dtype,
-                   "same_on_every_rank": same, "rows": [r.__dict__ for r in rows]})
+                   "same_on_every_rank": same, "rows": [r.__dict__ for r in rows],
+                   "pipeline": None if pipe is None else {**pipe.to_dict(), "stages": stages}})
     else:
+        if stages is not None:
+            say(f"pipeline parallel --pp {pipe.size} x --tp {tp} = {pipe.size * tp} ranks, layers split by "
+                f"{pipe.split.value}'s get_pp_indices ({pipe.split.rule}):")
+            table(["stage", "layers", "ranks", "holds", "receives", "sends"],
+                  [[str(s["stage"]), f"{s['layers'][0]}..{s['layers'][1]}", ",".join(map(str, s["ranks"])),
+                    ", ".join(s["holds"]), "; ".join(s["recv"]) or "-", "; ".join(s["send"]) or "-"] for s in stages],
+                  notes=("holds", "receives", "sends"))
+            say(f"layer {k} runs on stage {home['stage']} (ranks {','.join(map(str, home['ranks']))}); below, its "
+                f"dataflow in that stage's TP={tp} group")
         say(title)
         note = mode.note(mode.right_strategy, len(tokens), L)
         if note:

@@ -12,6 +12,7 @@ from tpsim.errors import UsageError
 from tpsim.modes import DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
 from tpsim.capture.align import read_draft_config
+from tpsim.cli.pp_options import pipeline_from
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings, resolution
 from tpsim.profiles.registry import lookup
@@ -275,9 +276,13 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
             mode[0].check(src.cfg, t, len(tokens))
     mode, strategy = mode or (mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else
                               (Mode(), "model-level"))
-    check_world(max(tps), args.device, args.ignore_limits)
+    pipe = pipeline_from(args, src.cfg, tps, mode) if hasattr(args, "pp") else None
+    if pipe is None:
+        check_world(max(tps), args.device, args.ignore_limits)
+    else:
+        check_world(pipe.size * max(tps), args.device, args.ignore_limits, f"--pp {pipe.size} x --tp {max(tps)}")
     dtype = dtype_for(args)
     check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model))
     spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
-                   mode, strategy, args.device, args.backend, args.timeout)
+                   mode, strategy, args.device, args.backend, args.timeout, pipe)
     return spec, res

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -87,11 +88,14 @@ class TPGroup:
     tracer: Tracer = field(default_factory=Tracer)
     verify: bool = False  # check op, caller, dtype and shape across the group before each collective
     loading_pg: dist.ProcessGroup | None = None  # gloo: the same ranks with LOADING_TIMEOUT_S, for wait_loaded
+    timeout_s: float = 60.0  # how long a point-to-point send or recv waits for its peer
+    p2p_pg: dist.ProcessGroup | None = None  # PP: this rank and its peers on the other stages (None: the world)
 
     def local_view(self) -> "TPGroup":
         """A size-1 group of this rank alone, sharing this group's tracer: for layers that are
         replicated (not split) inside a bigger group, as dp-attention's attention."""
-        return TPGroup(rank=0, size=1, ranks=(self.ranks[self.rank],), device=self.device, tracer=self.tracer)
+        return TPGroup(rank=0, size=1, ranks=(self.ranks[self.rank],), device=self.device, tracer=self.tracer,
+                       timeout_s=self.timeout_s)
 
     def wait_loaded(self) -> None:
         """Wait until every rank of the group holds its weights. Seeding or reading a full-size
@@ -219,3 +223,26 @@ class TPGroup:
         self.tracer.record("broadcast", caller, x)
         dist.broadcast(x, src=self.ranks[src], group=self.pg)
         return x
+
+    # --- point to point (pipeline parallelism): between this rank and one rank of another group ---
+
+    def send(self, x: torch.Tensor, dst: int, caller: str) -> None:
+        """Send `x` to global rank `dst` (its `recv` must ask for the same shape and dtype), waiting
+        at most `timeout_s` for it to go. Recorded at every group size: the peer is outside the group."""
+        x = x.contiguous()
+        self._enter_p2p("send", caller, dst)
+        self.tracer.record("send", caller, x)
+        dist.isend(x, dst=dst, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, caller: str) -> torch.Tensor:
+        """A tensor of `shape` and `dtype` from global rank `src`, waiting at most `timeout_s`."""
+        x = torch.empty(shape, dtype=dtype, device=self.device)
+        self._enter_p2p("recv", caller, src)
+        self.tracer.record("recv", caller, x)
+        dist.irecv(x, src=src, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
+        return x
+
+    def _enter_p2p(self, op: str, caller: str, peer: int) -> None:
+        me = self.ranks[self.rank]
+        faults.doing(f"{op} in {caller} (rank {me} {'to' if op == 'send' else 'from'} rank {peer})")
+        faults.at(caller, me)

@@ -85,9 +85,32 @@ class RankContext:
     groups: dict[int, TPGroup] = field(default_factory=dict)
     all_blocks: bool = True  # torchrun: every block of every degree runs
     progress_fn: object = None
+    _stage_peers: dict = field(default_factory=dict)  # tp -> this rank's pipeline group (pipeline_group)
 
     def participates(self, tp: int) -> bool:
         return tp in self.groups and (self.all_blocks or self.rank < tp)
+
+    def pipeline_group(self, tp: int) -> dist.ProcessGroup | None:
+        """The process group of this rank and its peers on the other stages (ranks r, r+tp, r+2tp,
+        ... of the world), where the stages' send/recv run, apart from the world group's
+        collectives (whose sequence numbers TORCH_DISTRIBUTED_DEBUG=DETAIL checks on every rank).
+        Collective over the world: every rank calls it, in the same order; made once per degree."""
+        if tp not in self._stage_peers:
+            mine = None
+            if self.world_size // tp > 1:
+                timeout = timedelta(seconds=self.groups[tp].timeout_s)
+                for r in range(tp):
+                    members = list(range(r, self.world_size, tp))
+                    pg = dist.new_group(members, timeout=timeout)
+                    if self.rank in members:
+                        mine = pg
+            self._stage_peers[tp] = mine
+        return self._stage_peers[tp]
+
+    def in_pipeline(self, tp: int, pp: int) -> bool:
+        """Whether this rank is one of the pp * tp ranks of a PP x TP world (stage `rank // tp`):
+        under torchrun the world must be exactly that; a self-spawned pool uses its first pp * tp ranks."""
+        return tp in self.groups and self.rank < pp * tp and (not self.all_blocks or self.world_size == pp * tp)
 
     def progress(self, msg: str) -> None:
         if self.rank == 0 and self.progress_fn is not None:
@@ -112,7 +135,7 @@ def build_groups(rank: int, world: int, device: torch.device, timeout_s: float) 
                                              backend="gloo")
             if rank in members:
                 groups[tp] = TPGroup(rank=rank - start, size=tp, pg=pg, ranks=members, device=device,
-                                     verify=verify_collectives(device), loading_pg=loading)
+                                     verify=verify_collectives(device), loading_pg=loading, timeout_s=timeout_s)
     return groups
 
 

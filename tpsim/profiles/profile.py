@@ -12,6 +12,8 @@ from datetime import date
 from enum import Enum
 from typing import Generic, TypeVar
 
+from tpsim.capture.pipeline import Handoff
+
 T = TypeVar("T")
 
 
@@ -232,9 +234,10 @@ class Behaviour:
     graphs: Cited[GraphIds] | None = None  # None: no CUDA-graph path (trainers)
     fusion_auto: Cited[FusionAuto] | None = None  # None: the engine has no all-reduce fusion
     scattered: Cited[Gather] | None = None  # None: the engine has no token-scattered stream
+    pp: Cited[Handoff] | None = None  # under pipeline parallelism; None: not profiled (trainers)
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp")
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,7 @@ def describe(c: Cited | None) -> str:
 
 
 __all__ = ["Behaviour", "Change", "Cited", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty",
-           "FusionAuto", "Gather", "Gpu", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
+           "FusionAuto", "Gather", "Gpu", "Handoff", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
            "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "Versions", "differences", "describe",
            "releases"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import date
 
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
-                                    Duplicates, EmbedId, Empty, FusionAuto, Gather, GraphIds, Line, Numbering, Order,
-                                    OutOfRange, Site, Source, releases)
+                                    Duplicates, EmbedId, Empty, FusionAuto, Gather, GraphIds, Handoff, Line, Numbering,
+                                    Order, OutOfRange, Site, Source, releases)
 
 REPO = "sgl-project/sglang"
 RELEASES = releases(
@@ -64,6 +64,15 @@ GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured"
                       {"graphs": Cited(GraphIds.CONFIG, src("model_executor/model_runner.py", "v0.5.11",
                                       "init_aux_hidden_state_capture() runs before init_device_graphs()"))})
 SERVER_ARGS = "server_args.py"
+# --pp-size: every model file's capture ends on a stage other than the last. Read in llama.py at 00239548 (no
+# release tag known for that commit); PR #39644 (open) says the same of every EAGLE-3 target model file.
+PP_EARLY_RETURN = Cited(Handoff.LAST_STAGE_ONLY, src(
+    "models/llama.py", "00239548f1cd1a06ca145a5447a86738090a48f1",
+    "LlamaModel.forward: `if not self.pp_group.is_last_rank: return PPProxyTensors({'hidden_states': ..., "
+    "'residual': ...})`, the aux_hidden_states of the stage's own layers not included; and "
+    "set_eagle3_layers_to_capture returns at once `if not self.pp_group.is_last_rank`; PR #39644 (open, "
+    "'Reject EAGLE3/DFLASH aux hidden-state capture under pipeline parallelism') says every target model file "
+    "returns early on stages other than the last, so the draft gets only the last stage's slots"))
 FUSION_057 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(SERVER_ARGS, "v0.5.7",
                    "flashinfer all-reduce fusion on for DeepseekV3/GptOss/Glm4Moe/Qwen3Moe when SM90 or Blackwell, "
                    "not DP attention, nnodes == 1, not H20, moe_a2a_backend == 'none' (commit 1ab9b8e0a; PR #16283, "
@@ -94,7 +103,7 @@ def _setter(path: str, ref: str) -> dict:
 
 DEEPSEEK = Line(
     "sglang", "deepseek_v2", ("deepseek_v2", "deepseek_v3", "kimi_k2"),
-    Behaviour(**_setter(DS, "v0.5.6"), **_loop(DS, "v0.5.6", guarded=False), config=CONFIG, graphs=GRAPHS_BEFORE,
+    Behaviour(**_setter(DS, "v0.5.6"), **_loop(DS, "v0.5.6", guarded=False), config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.SM100, src(SERVER_ARGS, "v0.5.6",
                                 "fusion auto-enabled for DeepSeek only on SM100, not DP attention, nnodes == 1")),
               scattered=Cited(Gather.LOCAL, src(DS, "v0.5.6", "under DeepEP the stream between MoE layers is "
@@ -127,7 +136,7 @@ DEEPSEEK = Line(
 LLAMA = Line(
     "sglang", "llama", ("llama", "mistral"),
     Behaviour(**_setter("models/llama.py", "v0.5.12"), **_loop("models/llama.py", "v0.5.12", guarded=False),
-              config=CONFIG, graphs=GRAPHS_BEFORE,
+              config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.14",
                                 "LlamaForCausalLM is on no fusion auto-enable list"))),
     starts=OLDEST, changes=(GRAPHS_FIXED,),
@@ -137,7 +146,7 @@ LLAMA = Line(
 QWEN = Line(
     "sglang", "qwen2", ("qwen2", "qwen3"),
     Behaviour(**_setter("models/qwen2.py", "v0.5.12"), **_loop("models/qwen2.py", "v0.5.12", guarded=True),
-              config=CONFIG, graphs=GRAPHS_BEFORE,
+              config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.14",
                                 "Qwen2/Qwen3 (dense) are on no fusion auto-enable list"))),
     starts=OLDEST, changes=(GRAPHS_FIXED,),
@@ -165,7 +174,7 @@ QWEN3_MOE = Line(
     Behaviour(**_setter("models/qwen3_moe.py", "v0.5.12"), embed=Cited(EmbedId.CAPTURED, _COMM),
               out_of_range=Cited(OutOfRange.REFUSED, _QSET), order=Cited(Order.ASCENDING, _COMM),
               duplicates=Cited(Duplicates.CAPTURED_ONCE, _QSET), site=Cited(Site.AFTER_FUSED_ADD, _COMM),
-              cloned=Cited(True, _COMM), last_boundary=Cited(False, _QSET), config=CONFIG, graphs=GRAPHS_BEFORE,
+              cloned=Cited(True, _COMM), last_boundary=Cited(False, _QSET), config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.6", "Qwen3Moe joins the list in 0.5.7"))),
     starts=OLDEST, changes=FUSION_HISTORY,
 )
@@ -173,7 +182,7 @@ QWEN3_MOE = Line(
 GO = "models/gpt_oss.py"
 GPT_OSS = Line(
     "sglang", "gpt_oss", ("gpt_oss",),
-    Behaviour(**_setter(GO, "v0.5.16"), **_loop(GO, "v0.5.16", guarded=False), config=CONFIG, graphs=GRAPHS_BEFORE,
+    Behaviour(**_setter(GO, "v0.5.16"), **_loop(GO, "v0.5.16", guarded=False), config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.SM100, src(SERVER_ARGS, "v0.5.6", "GptOss: is_blackwell_supported()"))),
     starts=OLDEST,
     changes=(

@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
-                                    Duplicates, EmbedId, Empty, Gather, Line, Numbering, Order, OutOfRange, Site,
-                                    Source, releases)
+                                    Duplicates, EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange,
+                                    Site, Source, releases)
 
 REPO = "vllm-project/vllm"
 RELEASES = releases(
@@ -46,6 +46,21 @@ CONFIG_V2 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(("dflash_config", "targe
 RUNNER_V2 = Change((), "model runner v2 the default for this architecture", None, "0.24.0",
                    {"config": CONFIG_V2})
 
+# --pipeline-parallel-size: before the PP aux handoff, a stage other than the last returns IntermediateTensors with
+# hidden_states and residual only (#45985, open, describes it); #50514 (merged) carries the aux states to the last
+# stage, on model runner v2 only. Its merge date and first release are not known here: the change is in `latest` only.
+PP_DROPPED = Cited(Handoff.LAST_STAGE_ONLY, Source(
+    REPO, "", "#45985", "(open) 'auxiliary hidden states ... residing on non-last PP ranks are silently discarded "
+    "-- the drafter receives fewer aux states than expected and combine_hidden_states fails with a k-axis shape "
+    "mismatch': every EAGLE-3 model's forward returns IntermediateTensors({hidden_states, residual}) on non-last "
+    "ranks (llama.py, deepseek_v2.py)"))
+PP_HANDOFF = Change(("#50514",), "EAGLE-3 aux hidden states handed to the last PP stage (model runner v2)", None,
+                    None, {"pp": Cited(Handoff.HANDOFF, Source(
+                        REPO, "", "#50514", "(merged) '[Core][MRV2] Support eagle3 spec decode with pipeline "
+                        "parallel': the stage before the last sends its aux taps with its IntermediateTensors, stages "
+                        "further back isend them straight to the last rank, which receives them into buffers shaped "
+                        "like its hidden states; model runner v2 only; merge date and first release unknown here"))})
+
 _loop = Source(REPO, DS, "v0.24.0",
                "before layer idx, `if idx in self.aux_hidden_state_layers: aux_hidden_states.append(hidden_states + "
                "residual)`, no `residual is not None` guard (residual is None before layer 0); states in layer order")
@@ -55,7 +70,7 @@ def _deepseek(family: str, models: tuple[str, ...], changes: tuple[Change, ...],
         Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _loop), defaults=_DEFAULTS,
                   embed=Cited(EmbedId.CRASHES, _loop), out_of_range=Cited(OutOfRange.DROPPED, _loop),
                   order=Cited(Order.ASCENDING, _loop), duplicates=Cited(Duplicates.CAPTURED_ONCE, _loop),
-                  config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop),
+                  config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop), pp=PP_DROPPED,
                   last_boundary=Cited(False, Source(REPO, "", "#46973", "before it, an id of num_hidden_layers "
                                                     "matched no iteration and was silently dropped")),
                   scattered=Cited(Gather.GATHERED, Source(REPO, DS, "002d6073",
@@ -73,7 +88,7 @@ FINAL_LAYER = Change(("#46973",), "capture the final layer's output (id L)", Non
                      {"last_boundary": Cited(True, Source(REPO, DS, "v0.25.0",
                                              "after the loop, `if self.end_layer in self.aux_hidden_state_layers`: "
                                              "hidden_states + residual, before the final norm"))})
-DEEPSEEK_V2 = _deepseek("deepseek_v2", ("deepseek_v2",), (RUNNER_V2, FINAL_LAYER),
+DEEPSEEK_V2 = _deepseek("deepseek_v2", ("deepseek_v2",), (RUNNER_V2, FINAL_LAYER, PP_HANDOFF),
                         "DeepseekV2ForCausalLM (V2, V2-Lite) runs on model runner v2 by default from 0.24.0 (the "
                         "first release read; it may be earlier), which reads only the top-level key")
 DEEPSEEK_V3 = _deepseek("deepseek_v3", ("deepseek_v3", "kimi_k2"), (FINAL_LAYER,),
@@ -88,13 +103,13 @@ _MIXIN = Source(REPO, INTERFACES, "v0.25.0",
 MIXIN_BASE = Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _MIXIN), defaults=_DEFAULTS,
                        embed=Cited(EmbedId.CAPTURED, _MIXIN), out_of_range=Cited(OutOfRange.DROPPED, _MIXIN),
                        order=Cited(Order.ASCENDING, _MIXIN), duplicates=Cited(Duplicates.CAPTURED_ONCE, _MIXIN),
-                       config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _MIXIN), cloned=Cited(False, _MIXIN),
+                       config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _MIXIN), cloned=Cited(False, _MIXIN), pp=PP_DROPPED,
                        last_boundary=Cited(True, _MIXIN))
 MIXIN_STARTS = Change(("#36063",), "EagleModelMixin (capture the last layer's output too)", None, "0.18.0", {})
 
 MIXIN_DENSE = Line(
     "vllm", "llama", ("llama", "qwen2", "qwen3", "mistral"), MIXIN_BASE, starts=MIXIN_STARTS,
-    changes=(RUNNER_V2,),
+    changes=(RUNNER_V2, PP_HANDOFF),
     notes=("runner v2 is the default for Llama, Qwen3 and Mistral from 0.24.0 (the first release read; it may be "
            "earlier) and for Qwen2 from 0.25.0; VLLM_USE_V2_MODEL_RUNNER=0 brings back runner v1, which reads the "
            "nested key",),

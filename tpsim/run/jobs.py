@@ -21,6 +21,7 @@ from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
+from tpsim.parallel.pipeline import Stage
 from tpsim.run.results import CaptureResult, PointsResult, RankCheck, SlotVerdict
 from tpsim.run.spec import RunSpec
 from tpsim.weights import init_random_weights
@@ -29,10 +30,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
-                checkpoint: str | None = None, progress=None, mode: Mode = Mode()) -> CausalLM:
-    """This rank's shard of the model in `mode`: weights from the checkpoint directory when
-    given (read slice by slice), else seeded from `seed`."""
-    model = CausalLM(cfg, group, DTYPES[dtype], mode)
+                checkpoint: str | None = None, progress=None, mode: Mode = Mode(), stage: Stage | None = None) -> CausalLM:
+    """This rank's shard of the model in `mode` (of its PP `stage`, when given): weights from the
+    checkpoint directory when given (read slice by slice), else seeded from `seed`."""
+    model = CausalLM(cfg, group, DTYPES[dtype], mode, stage)
     if checkpoint is None:
         init_random_weights(model, seed, progress)
     else:
@@ -93,7 +94,7 @@ def agree_on_run(ctx: RankContext, spec: RunSpec, capture: dict, weights: bool =
     agree(ctx.world_size, {"config": spec.cfg.to_dict(),
                            "weights": {"checkpoint": Checkpoint(ckpt).fingerprint()} if ckpt else {"seed": spec.seed},
                            "input ids": list(spec.tokens), "dtype": spec.dtype, "mode": spec.mode.to_dict(),
-                           "capture spec": capture})
+                           "pipeline": spec.pipeline and spec.pipeline.to_dict(), "capture spec": capture})
 
 
 def _progress(ctx: RankContext, tp: int):
@@ -176,7 +177,8 @@ def routing_rows(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = N
     sorted}: the whole batch, in token order (ep: gathered from the ranks' token shards; sp:
     padding dropped; dp-attention: this rank's own sequence's rows)."""
     out = {}
-    for k, layer in enumerate(model.model.layers):
+    for layer in model.model.layers:
+        k = layer.k
         if not hasattr(layer.mlp, "gate"):
             continue
         ids = layer.mlp.router.last_ids.sort(-1).values
@@ -190,7 +192,8 @@ def routing_margins(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None 
                     T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: `[T_own]` router margin of each token in the last forward} (rows as routing_rows)."""
     out = {}
-    for k, layer in enumerate(model.model.layers):
+    for layer in model.model.layers:
+        k = layer.k
         if not hasattr(layer.mlp, "gate"):
             continue
         m = layer.mlp.router.last_margin.unsqueeze(-1)

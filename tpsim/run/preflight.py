@@ -40,8 +40,9 @@ def max_cpu_ranks() -> int:
     return max(8, os.cpu_count() or 1)
 
 
-def check_world(world: int, device: str, ignore_limits: bool) -> None:
-    """Refuse a self-spawned world the machine should not run without --ignore-limits."""
+def check_world(world: int, device: str, ignore_limits: bool, what: str | None = None) -> None:
+    """Refuse a self-spawned world the machine should not run without --ignore-limits (`what`: the
+    options that ask for it, default `--tp {world}`)."""
     if under_torchrun():
         return
     if device == "cuda":
@@ -50,7 +51,7 @@ def check_world(world: int, device: str, ignore_limits: bool) -> None:
         return
     limit = max_cpu_ranks()
     if world > limit and not ignore_limits:
-        raise UsageError(f"--tp {world} would spawn {world} CPU ranks on a {os.cpu_count()}-core machine; "
+        raise UsageError(f"{what or f'--tp {world}'} would spawn {world} CPU ranks on a {os.cpu_count()}-core machine; "
                          f"the limit is {limit}: pass --ignore-limits to run it anyway")
 
 

@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, field
 
 from tpsim import __version__
 from tpsim.capture import Resolution
+from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
 from tpsim.run.jobs import NEAR_TIE
+from tpsim.run.pipeline import stage_collectives
 from tpsim.run.results import RankCheck, SlotVerdict
 from tpsim.run.spec import TOLERANCE, RunSpec
 
@@ -35,6 +37,7 @@ class CheckRow:
     verdicts: list[SlotVerdict] | None
     ok: bool
     failures: list[str]
+    stage_collectives: list[dict] | None = None  # PP: per stage, its layers, ranks, traced and expected collectives
 
 
 @dataclass
@@ -56,6 +59,7 @@ class CheckReport:
         """`tpsim check --json` (fields are added, never renamed)."""
         s = self.spec
         return {"model": s.cfg.to_dict(), "convention": self.resolution.to_dict(), "dtype": s.dtype,
+                "pipeline": s.pipeline and s.pipeline.to_dict(),
                 "tokens": len(s.tokens), "mode": s.mode.to_dict(), "tolerance": self.tolerance,
                 "tolerance_metric": TOLERANCE_METRIC, "rows": [asdict(r) for r in self.rows], "ok": self.ok,
                 "tpsim_version": __version__, "capture_strategy": s.strategy, "weights": s.source.weights,
@@ -79,7 +83,8 @@ def ops_text(counts: dict[str, int]) -> str:
 
 
 def summarize(spec: RunSpec, res: Resolution, tps: list[int], results: list[RankCheck]) -> CheckReport:
-    return CheckReport(spec, res, [_row(spec, tp, [r for r in results if r.tp == tp]) for tp in tps])
+    row = _row if spec.pipeline is None else pp_row
+    return CheckReport(spec, res, [row(spec, tp, [r for r in results if r.tp == tp]) for tp in tps])
 
 
 def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
@@ -154,3 +159,69 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         expected_all_reduces=expected.get("all_reduce", 0), collectives=traced[0] if traced else {},
         expected_collectives=expected, all_reduce_bytes=mine[0].all_reduce_bytes if mine else 0,
         verdicts=next((r.verdicts for r in mine if r.verdicts), None), ok=not failures, failures=failures)
+
+
+def pp_row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
+    """One TP degree under pipeline parallelism: every stage's collectives against its formula, and
+    on the last stage (where the draft runs) the slots that reached it, compared with TP=1, PP=1."""
+    cfg, pipe, pos, tol = spec.cfg, spec.pipeline, list(spec.positions), TOLERANCE[spec.dtype]
+    every = pipe.stages(cfg.num_hidden_layers, tp)
+    T, H = len(spec.tokens), cfg.hidden_size
+    expected_shape = [T, len(pos) * H]
+    last = sorted((r for r in mine if r.stage == every[-1].index), key=lambda r: r.group_rank)
+    failures, per_stage = [], []
+    got = list(last[0].slots) if last else []
+    lost = []
+    for p in pos:
+        if str(p) in got:
+            got.remove(str(p))
+        else:
+            lost.append(p)
+    for p in lost:
+        s = stage_of(p, every)
+        failures.append(f"pipeline parallel: {p} is captured on stage {s.index} (layers {s.start}..{s.end - 1}, ranks "
+                        f"{s.ranks[0]}..{s.ranks[-1]}), which returns "
+                        f"early (not the last PP rank): the slot never reaches the draft; the capture is "
+                        f"{len(pos) - len(lost)} x {H}, the draft's fc expects {len(pos)} x {H}"
+                        f"{f' ({pipe.why})' if pipe.why else ''}; fix: hand the aux hidden states to the last stage "
+                        f"(vLLM PR #50514; --pp-capture handoff), or capture only positions on {every[-1]}")
+    shapes = sorted({json.dumps(r.shape) for r in last})
+    if not lost and shapes != [json.dumps(expected_shape)]:
+        failures.append(f"capture shapes {', '.join(shapes)} != {expected_shape}")
+    if any(r.identical is False for r in last):
+        failures.append(f"ranks {sorted(r.rank for r in last if r.identical is False and r.group_rank)} differ from "
+                        "their group's rank 0")
+    for v in (v for r in last for v in (r.verdicts or []) if not v.correct):
+        failures.append(f"{v.position}: {v.placement}: {v.reason}")
+    if not all(r.finite for r in last):
+        failures.append("the capture holds NaN or Inf")
+    errs = [r.rel_err for r in last if r.rel_err is not None]
+    rel = max(errs) if errs else None
+    if rel is not None and not rel <= tol:
+        failures.append(f"relative error {rel:.3e} against TP=1, PP=1 exceeds {tol:.0e}")
+    lerrs = [r.logits_rel_err for r in last if r.logits_rel_err is not None]
+    lrel = max(lerrs) if lerrs else None
+    if lrel is not None and not lrel <= tol:
+        failures.append(f"logits relative error {lrel:.3e} against TP=1, PP=1 exceeds {tol:.0e}")
+    for st in every:
+        ranks = [r for r in mine if r.stage == st.index]
+        want = stage_collectives(cfg, tp, st, every, pos, pipe.handoff)
+        traced = [model_collectives(r.collectives) for r in ranks]
+        per_stage.append({"stage": st.index, "layers": [st.start, st.end - 1], "ranks": list(st.ranks),
+                          "collectives": traced[0] if traced else {}, "expected": want})
+        bad = next((t for t in traced if t != want), None)
+        if bad is not None or len(ranks) != tp:
+            failures.append(f"{st}: collectives per forward {ops_text(bad or {})}, expected {ops_text(want)} "
+                            f"(pipeline parallel PP={pipe.size} x TP={tp}; tpsim.run.pipeline.stage_collectives)"
+                            if bad is not None else f"{st}: {len(ranks)} ranks reported, expected {tp}")
+    head = last[0] if last else None
+    return CheckRow(
+        tp=tp, ranks=len(mine), routing_note=None,
+        shapes=" ".join(f"{s} x{sum(json.dumps(r.shape) == s for r in last)}" for s in shapes),
+        expected_shape=expected_shape, identical=all(r.identical is not False for r in last), rel_err=rel,
+        logits_rel_err=lrel, all_reduces=head.all_reduces if head else 0,
+        expected_all_reduces=per_stage[-1]["expected"].get("all_reduce", 0),
+        collectives=per_stage[-1]["collectives"], expected_collectives=per_stage[-1]["expected"],
+        all_reduce_bytes=head.all_reduce_bytes if head else 0,
+        verdicts=next((r.verdicts for r in last if r.verdicts), None), ok=not failures, failures=failures,
+        stage_collectives=per_stage)

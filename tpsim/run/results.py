@@ -41,6 +41,8 @@ class RankCheck:
     all_reduce_bytes: int
     collectives: list[tuple[str, str, int]] = field(default_factory=list)  # (op, caller, bytes)
     modified: list[tuple[str, str | None]] = field(default_factory=list)  # (slot, what it holds now): aliasing
+    stage: int | None = None         # the PP stage of this rank (None: no pipeline parallelism)
+    slots: list[str] | None = None   # PP, last stage: the positions that reached the draft, in order
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from tpsim.capture import Position
 from tpsim.checkpoint import Checkpoint, validate
 from tpsim.config import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
 from tpsim.modes import Mode
+from tpsim.run.pipeline import Pipeline
 
 DEFAULT_MODEL = "tiny"
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}  # ‖TP=t − TP=1‖ / ‖TP=1‖
@@ -82,6 +83,7 @@ class RunSpec:
     device: str = "cpu"
     backend: str | None = None
     timeout_s: float = 60.0
+    pipeline: Pipeline | None = None  # --pp > 1
 
     @property
     def cfg(self) -> ModelConfig:

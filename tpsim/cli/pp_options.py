@@ -1,0 +1,106 @@
+"""`--pp` and its options: a pipeline-parallel world of pp stages x tp ranks, the layers split as the
+engine replayed splits them, the capture handled as that engine does at a stage boundary."""
+
+from __future__ import annotations
+
+import argparse
+
+from tpsim.capture.pipeline import PP_CAPTURES, Handoff
+from tpsim.config import ModelConfig
+from tpsim.errors import UsageError
+from tpsim.modes import Mode
+from tpsim.parallel.launch import under_torchrun
+from tpsim.parallel.pipeline import SPLITS, Split, check_pp
+from tpsim.profiles.registry import lookup
+from tpsim.run.pipeline import Pipeline
+from tpsim.run.preflight import max_cpu_ranks, torchrun_world
+
+
+def add_pp_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pp", help="pipeline-parallel stages (SGLang --pp-size, vLLM --pipeline-parallel-size): "
+                                "pp x tp ranks, stage s on ranks s*tp..s*tp+tp-1 (default 1; --mode tp only)")
+    p.add_argument("--pp-split", metavar="{" + ",".join(SPLITS) + "}",
+                   help="whose get_pp_indices splits the layers (default: the --server engine's, else sglang)")
+    p.add_argument("--pp-capture", metavar="{" + ",".join(PP_CAPTURES) + "}",
+                   help="what a stage other than the last does with its aux hidden states: handoff (sent to the last "
+                        "stage; default) or last-stage (dropped: the early return of SGLang and of vLLM before "
+                        "PR #50514); with --server the profile decides")
+
+
+def pp_degree(args) -> int:
+    text = getattr(args, "pp", None)
+    if text is None:
+        return 1
+    try:
+        pp = int(text)
+    except ValueError:
+        raise UsageError(f"--pp {text!r} is not an integer, e.g. --pp 2") from None
+    if pp < 1:
+        raise UsageError(f"--pp {pp} must be at least 1 (1: no pipeline parallelism)")
+    return pp
+
+
+def pp_tp_degrees(args, pp: int) -> list[int] | None:
+    """The TP degrees of a --pp run without --tp (None: --tp was given): under torchrun the world
+    size over pp, else those of 1, 2, 4, 8 whose pp x tp ranks the guard allows (at least 1)."""
+    if args.tp is not None or pp == 1:
+        return None
+    if under_torchrun():
+        world = torchrun_world()
+        if world % pp:
+            raise UsageError(f"--pp {pp}: the torchrun world of {world} ranks does not split into {pp} stages; "
+                             f"launch pp x tp ranks")
+        return [world // pp]
+    return [t for t in (1, 2, 4, 8) if pp * t <= max_cpu_ranks()] or [1]
+
+
+def pipeline_from(args, cfg: ModelConfig, tps: list[int], mode: Mode) -> Pipeline | None:
+    """The Pipeline the options name (None without --pp > 1), checked against the config, the mode,
+    every TP degree and, under torchrun, the world."""
+    pp = pp_degree(args)
+    split, capture, server = getattr(args, "pp_split", None), getattr(args, "pp_capture", None), \
+        getattr(args, "server", None)
+    if pp == 1:
+        for option, value in (("--pp-split", split), ("--pp-capture", capture)):
+            if value is not None:
+                raise UsageError(f"{option} applies with --pp 2 or more; add --pp N or drop {option}")
+        return None
+    check_pp(pp, cfg.num_hidden_layers)
+    if not mode.plain:
+        raise UsageError(f"--pp {pp} runs with --mode tp only, not --mode {mode.name}; drop --mode or --pp")
+    if under_torchrun():
+        bad = next((t for t in tps if pp * t != torchrun_world()), None)
+        if bad is not None:
+            raise UsageError(f"under torchrun --pp {pp} x --tp {bad} = {pp * bad} ranks, but the world has "
+                             f"{torchrun_world()}; launch {pp * bad} ranks or use --tp {torchrun_world() // pp}")
+    if server is not None:
+        for option, value in (("--pp-split", split), ("--pp-capture", capture)):
+            if value is not None:
+                raise UsageError(f"--server {server} decides {option[5:]} (its engine's behaviour); drop {option}")
+        profile = lookup(server, cfg.model_type)
+        if profile.behaviour.pp is None:
+            raise UsageError(f"profile {profile.name} has no pipeline-parallel behaviour; use an engine profile "
+                             "(sglang, vllm) or --pp-capture")
+        engine = Split(profile.engine) if profile.engine in SPLITS else Split.SGLANG
+        cited = profile.behaviour.pp
+        return Pipeline(pp, engine, cited.value, f"{profile.name}: {cited.value.value}; {cited.source}")
+    if split is not None and split not in SPLITS:
+        raise UsageError(f"unknown --pp-split {split!r}; use one of {', '.join(SPLITS)}")
+    if capture is not None and capture not in PP_CAPTURES:
+        raise UsageError(f"unknown --pp-capture {capture!r}; use one of {', '.join(PP_CAPTURES)}")
+    handoff = PP_CAPTURES[capture] if capture else Handoff.HANDOFF
+    return Pipeline(pp, Split(split or "sglang"), handoff, f"--pp-capture {capture}" if capture else "")
+
+
+def stage_rows(pipe: Pipeline, num_layers: int, tp: int, tokens: int, hidden: int) -> list[dict]:
+    """One row per stage for `explain --pp`: its layers and ranks, what it holds, what it receives and sends."""
+    out = []
+    for st in pipe.stages(num_layers, tp):
+        holds = (["embedding"] if st.first else []) + [f"layers {st.start}..{st.end - 1}"] + \
+            (["final norm", "lm_head"] if st.last else [])
+        out.append({"stage": st.index, "layers": [st.start, st.end - 1], "ranks": list(st.ranks), "holds": holds,
+                    "recv": [] if st.first else [f"hidden_states [{tokens}, {hidden}] from rank {r - tp}"
+                                                 for r in st.ranks] + ["residual, the same"],
+                    "send": [] if st.last else [f"hidden_states [{tokens}, {hidden}] to rank {r + tp}"
+                                                for r in st.ranks] + ["residual, the same"]})
+    return out
