@@ -311,6 +311,16 @@ CASES = [
     case("diagnose-sglang-png", "diagnose {sgl_png} --reference {ref}", "cannot be read with torch.load"),
     case("diagnose-reference-1d", "diagnose {good} --reference {ref_1d}", "[5]", "expected [T, n*hidden]"),
     case("diagnose-file-twice", "diagnose {good} {good} --reference {ref}", "named twice"),
+    # --- --cuda-graph ---------------------------------------------------------------------------------
+    case("graph-ids-without-cuda-graph", "check --graph-ids none", "--graph-ids applies with --cuda-graph"),
+    case("graph-tokens-without-cuda-graph", "check --graph-tokens 2", "--graph-tokens applies with --cuda-graph"),
+    case("graph-ids-unknown", "check --cuda-graph --graph-ids later", "unknown --graph-ids 'later'", "config"),
+    case("graph-tokens-not-fewer", "check --cuda-graph --graph-tokens 8 --seq-len 8",
+         "--graph-tokens 8 must be at least 1 and fewer than the 8 tokens run", "--seq-len 9"),
+    case("graph-tokens-text", "check --cuda-graph --graph-tokens four", "--graph-tokens 'four' is not an integer"),
+    case("graph-ids-with-server", "check --cuda-graph --graph-ids none --server sglang",
+         "--server sglang decides what its graphs capture", "drop --graph-ids"),
+    case("graph-dp-attention", "check --cuda-graph --mode dp-attention", "--cuda-graph runs without --mode dp-attention"),
     # --- scenario ------------------------------------------------------------------------------------
     case("scenario-unknown-case", "scenario Align-Default-Fallback", "unknown scenario 'Align-Default-Fallback'",
          "align-default-fallback"),

@@ -47,7 +47,7 @@ class GraphedForward:
         recorder = Recorder(self.positions, self.strategy)
         with self.model.probe.attach(recorder):
             logits = self.model(self.ids)
-        return recorder.concat(), logits
+        return (recorder.concat() if self.positions else logits.new_zeros((self.ids.shape[0], 0))), logits
 
     def __call__(self, ids: torch.Tensor):
         self.ids.copy_(ids)

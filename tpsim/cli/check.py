@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from tpsim.capture import Resolution
+from tpsim.cli.graph_options import add_graph_options
 from tpsim.cli.options import add_json, add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
 from tpsim.cli.pp_options import add_pp_options, pp_degree, pp_tp_degrees
+from tpsim.run.graph_jobs import graph_job
+from tpsim.run.graphs import GraphCheck
 from tpsim.run.jobs import check_job
 from tpsim.run.pp_jobs import pp_check_job
 from tpsim.run.ranks import is_reporting_process, run_on_ranks
-from tpsim.run.report import TOLERANCE_METRIC, CheckReport, ops_text, summarize
+from tpsim.run.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text, summarize
 from tpsim.run.spec import RunSpec
 from tpsim.ui import ProgressLine, say, table
 
@@ -26,6 +29,7 @@ def add_parser(sub) -> None:
     add_run_options(p)
     add_mode_options(p)
     add_pp_options(p)
+    add_graph_options(p)
     p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "
                                 "torchrun every divisor of the world size)")
     add_json(p, cmd_check)
@@ -37,8 +41,11 @@ def cmd_check(args) -> int:
     if res.failed:  # the engine fails before it captures anything
         return engine_failure(args, res)
     report = run_check(spec, res, tps)
+    graphed = run_graphs(spec, tps) if spec.graphs is not None else None
     if report is None:  # a torchrun rank other than 0
         return 0
+    if graphed is not None:
+        report.graphs = graph_rows(spec, graphed)
     if args.json:
         emit_json(report.to_dict())
     else:
@@ -59,6 +66,17 @@ def run_check(spec: RunSpec, res: Resolution, tps: list[int]) -> CheckReport | N
     if results is None:
         return None
     return summarize(spec, res, tps, [r for per_rank in results.values() for r in per_rank])
+
+
+def run_graphs(spec: RunSpec, tps: list[int]) -> list[GraphCheck] | None:
+    """--cuda-graph: graph_job at every degree (None on torchrun ranks other than 0)."""
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        results = run_on_ranks(graph_job, max(tps), device=spec.device, backend=spec.backend,
+                               timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
+    finally:
+        progress.stop()
+    return None if results is None else [c for per_rank in results.values() for c in per_rank]
 
 
 def engine_failure(args, res) -> int:
@@ -128,3 +146,23 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
             say(f"FAIL TP={r.tp}: {why}")
     for f in res.findings:
         say(f"FAIL: {f}")
+    print_graphs(report)
+
+
+def print_graphs(report: CheckReport) -> None:
+    g = report.spec.graphs
+    if g is None:
+        return
+    say(f"CUDA graphs: {g.why}; one graph of {g.tokens} tokens, captured at start-up"
+        + ("" if report.spec.device == "cuda" else " (CPU: a recorded replay of the capture set it froze)"))
+    table(["TP", f"graphed ({g.tokens} tokens) captures", f"eager ({len(report.spec.tokens)} tokens) captures",
+           "rel err vs TP=1", "ok"],
+          [[str(r.check.tp), ", ".join(r.check.graphed) or "nothing", ", ".join(r.check.eager) or "nothing",
+            "-" if r.check.rel_err is None else f"{r.check.rel_err:.2e}", "ok" if r.ok else "FAIL"]
+           for r in report.graphs])
+    for r in report.graphs:
+        for why in r.failures:
+            say(f"FAIL TP={r.check.tp}: {why}")
+    if report.graphs and all(r.ok for r in report.graphs):
+        say(f"PASS: CUDA-graphed batches capture the configured positions at TP "
+            f"{', '.join(str(r.check.tp) for r in report.graphs)}")

@@ -12,6 +12,7 @@ from tpsim.errors import UsageError
 from tpsim.modes import DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode
 from tpsim.parallel.launch import under_torchrun
 from tpsim.capture.align import read_draft_config
+from tpsim.cli.graph_options import graphs_from
 from tpsim.cli.pp_options import pipeline_from
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings, resolution
@@ -277,6 +278,8 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
     mode, strategy = mode or (mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else
                               (Mode(), "model-level"))
     pipe = pipeline_from(args, src.cfg, tps, mode) if hasattr(args, "pp") else None
+    graphs = graphs_from(args, src.cfg, mode, len(tokens), pipe.size if pipe else 1) \
+        if hasattr(args, "cuda_graph") else None
     if pipe is None:
         check_world(max(tps), args.device, args.ignore_limits)
     else:
@@ -284,5 +287,5 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
     dtype = dtype_for(args)
     check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model))
     spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
-                   mode, strategy, args.device, args.backend, args.timeout, pipe)
+                   mode, strategy, args.device, args.backend, args.timeout, pipe, graphs)
     return spec, res

@@ -9,6 +9,8 @@ from tpsim import __version__
 from tpsim.capture import Resolution
 from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
+from tpsim.run.graphs import GraphCheck
+from tpsim.run.graphs import failures as graph_failures
 from tpsim.run.jobs import NEAR_TIE
 from tpsim.run.pipeline import stage_collectives
 from tpsim.run.results import RankCheck, SlotVerdict
@@ -40,16 +42,33 @@ class CheckRow:
     stage_collectives: list[dict] | None = None  # PP: per stage, its layers, ranks, traced and expected collectives
 
 
+@dataclass(frozen=True)
+class GraphRow:
+    """`--cuda-graph` at one degree: what the graphed and the eager batch captured, and what is wrong."""
+
+    check: GraphCheck
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def graph_rows(spec: RunSpec, checks: list[GraphCheck]) -> list[GraphRow]:
+    return [GraphRow(c, graph_failures(c, TOLERANCE[spec.dtype])) for c in sorted(checks, key=lambda c: c.tp)]
+
+
 @dataclass
 class CheckReport:
     spec: RunSpec
     resolution: Resolution
     rows: list[CheckRow]
     notes: list[str] = field(default_factory=list)
+    graphs: list[GraphRow] = field(default_factory=list)  # --cuda-graph: the graphed batch per degree
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.rows) and not self.resolution.findings
+        return all(r.ok for r in self.rows) and not self.resolution.findings and all(g.ok for g in self.graphs)
 
     @property
     def tolerance(self) -> float:
@@ -63,7 +82,8 @@ class CheckReport:
                 "tokens": len(s.tokens), "mode": s.mode.to_dict(), "tolerance": self.tolerance,
                 "tolerance_metric": TOLERANCE_METRIC, "rows": [asdict(r) for r in self.rows], "ok": self.ok,
                 "tpsim_version": __version__, "capture_strategy": s.strategy, "weights": s.source.weights,
-                "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes)}
+                "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes),
+                "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [asdict(g) for g in self.graphs]}}
 
 
 def model_collectives(collectives) -> dict[str, int]:

@@ -13,6 +13,7 @@ from tpsim.capture import Position
 from tpsim.checkpoint import Checkpoint, validate
 from tpsim.config import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
 from tpsim.modes import Mode
+from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline
 
 DEFAULT_MODEL = "tiny"
@@ -84,6 +85,7 @@ class RunSpec:
     backend: str | None = None
     timeout_s: float = 60.0
     pipeline: Pipeline | None = None  # --pp > 1
+    graphs: CudaGraphs | None = None  # --cuda-graph
 
     @property
     def cfg(self) -> ModelConfig:
