@@ -198,6 +198,31 @@ def test_cuda_graph_replay_is_the_eager_forward(v2_lite_2_layers):
             assert torch.equal(cap, rec.concat()) and torch.equal(logits, ref_logits)
 
 
+@pytest.mark.parametrize("order", ["CONFIG", "DEFAULT", "NONE"])
+def test_real_cuda_graphs_freeze_the_capture_set_of_the_start_up_order(v2_lite_2_layers, order):
+    """tpsim.run.graphs.start with real CUDA graphs (GraphedForward): the graphed batch captures the
+    positions set when the graph was captured (the configured ones, the defaults, or nothing),
+    bitwise what an eager forward with those positions captures; the eager batch the configured."""
+    from tpsim.capture.graphs import CaptureSet, GraphRunner
+    from tpsim.cuda_graph import GraphedForward
+    from tpsim.profiles.profile import GraphIds
+    from tpsim.run.graphs import start
+    cfg, model = v2_lite_2_layers
+    config, default = list(resolve("hf", [0, 2], 2).positions), list(resolve("hf", [1], 2).positions)
+    frozen = {"CONFIG": config, "DEFAULT": default, "NONE": []}[order]
+    ids = torch.tensor(input_ids_for(cfg, 7, 12), device=model.group.device)
+    with torch.inference_mode():
+        runner = GraphRunner(model, CaptureSet(), [8], graph=GraphedForward)
+        start(GraphIds[order], runner, config, default)
+        graphed, eager = runner.run(ids[:8]), runner.run(ids)
+        assert graphed.graphed and not eager.graphed
+        assert list(graphed.positions) == frozen and list(eager.positions) == config
+        rec = Recorder(frozen)
+        model(ids[:8], recorder=rec)
+        want = rec.concat() if frozen else graphed.capture.new_zeros((8, 0))
+        assert torch.equal(graphed.capture, want)
+
+
 def test_transformers_with_tpsim_weights_agrees_on_cuda():
     """benchmarks/forward.py's transformers model computes what tpsim computes (float32, TF32 off)."""
     pytest.importorskip("transformers")

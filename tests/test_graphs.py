@@ -44,6 +44,10 @@ def graph_cases(draw):
 @example(c=(2, TINY, [Position("out", 0), Position("out", 2), Position("out", 5)], GraphIds.DEFAULT, 4, 0,
             list(range(16))))
 @example(c=(2, TINY, [Position("out", 1)], GraphIds.NONE, 1, 0, [3, 4]))
+# found by Hypothesis: on one layer SGLang's default ids all miss, so the workaround's graphs capture nothing
+@example(c=(1, {"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "vocab_size": 2, "intermediate_size": 16, "num_key_value_heads": 1, "head_dim": 4,
+                "rope_scaling": None, "tie_word_embeddings": False}, [Position("embed")], GraphIds.DEFAULT, 1, 0, [0, 0]))
 @given(c=graph_cases())
 def test_a_graph_captures_the_set_frozen_at_start_up(rank_pool, c):
     tp, cfg_d, positions, order, n, seed, ids = c
@@ -62,12 +66,12 @@ def test_a_graph_captures_the_set_frozen_at_start_up(rank_pool, c):
         assert c.identical
         if c.graphed == configured:
             assert c.rel_err is not None and c.rel_err <= TOL
-        broken = failures(c, TOL)
+        broken = failures(c, order, TOL)
         assert bool(broken) == (c.graphed != configured)
-        if order is GraphIds.NONE:
-            assert "captured nothing" in broken[0]
+        if broken and order is GraphIds.NONE:
+            assert "captured nothing" in broken[0] and "before the capture set was set" in broken[0]
         elif broken:
-            assert "mixed within one server" in broken[0]
+            assert "the default ids' positions" in broken[0] and "mixed within one server" in broken[0]
 
 
 def test_check_cuda_graph_follows_the_profile_and_names_the_order():

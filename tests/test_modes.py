@@ -130,6 +130,8 @@ def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
     fused = [c for op, c in ranks[0]["collectives"] if op == "all_reduce" and c.endswith("input_layernorm")]
     want_fused = cfg.num_hidden_layers - 1 if mode.name == "ar-fusion" and T <= mode.fusion_max_tokens else 0
     assert len(fused) == want_fused
+    attn_fused = [c for op, c in ranks[0]["collectives"] if op == "all_reduce" and c.endswith("post_attention_layernorm")]
+    assert len(attn_fused) == (cfg.num_hidden_layers if mode.name == "ar-fusion" and T <= mode.fusion_max_tokens else 0)
 
     # the same model: logits and the right capture equal TP=1 (unless rounding flipped a routing near-tie)
     route = ranks[0]["routing"]

@@ -116,8 +116,9 @@ class DecoderLayer(Tapped, nn.Module):
         self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
         hidden = move(hidden, stages.middle, stages.attn_input, gather=f"{p}.attn_gather")
         self.tap("attn.in", hidden, stages.attn_input)
+        attn_reduce = f"{p}.post_attention_layernorm" if stages.attn_reduce_in_norm else f"{p}.self_attn.o_proj"
         hidden = self._complete(self.self_attn.o_proj, self.self_attn(positions, hidden), stages.attn_output,
-                                stages.middle, stream, reduce=f"{p}.self_attn.o_proj")
+                                stages.middle, stream, reduce=attn_reduce)
         hidden, residual = add_norm(self.post_attention_layernorm, hidden, residual, self.probe.in_place)
         self.tap("mid", residual, stages.middle)
         hidden = move(hidden, stages.middle, stages.mlp_input, gather=f"{p}.mlp_gather")

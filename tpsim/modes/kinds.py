@@ -41,10 +41,20 @@ class ArFusion(Mode):
         """SGLang: tp > 1, not the last layer, at most fusion_max_tokens tokens in the batch."""
         return tp > 1 and k < num_layers - 1 and tokens <= self.fusion_max_tokens
 
+    def attention_fused(self, tp: int, tokens: int) -> bool:
+        """SGLang fuses the attention all-reduce too, into post_attention_layernorm, on the same
+        condition without the last-layer exception (communicator.py's
+        `_mlp_input_reduce_output_and_update_and_read_residual` calls
+        `apply_flashinfer_allreduce_fusion(hidden_states.shape[0])`: the stored main-branch copy;
+        the commit was not returned, so the first release with it is not known). The sum is the
+        same; only where it runs changes."""
+        return tp > 1 and tokens <= self.fusion_max_tokens
+
     def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
-        L = cfg.num_hidden_layers
+        L, attn = cfg.num_hidden_layers, self.attention_fused(tp, tokens)
         layers = tuple(replace(TP_STAGES, layer_input=P if k and self.fused(tp, tokens, k - 1, L) else R,
-                               layer_output=P if self.fused(tp, tokens, k, L) else R) for k in range(L))
+                               layer_output=P if self.fused(tp, tokens, k, L) else R, attn_reduce_in_norm=attn)
+                       for k in range(L))
         return Plan(embed=P, layers=layers, final=R)
 
     def layers_to_explain(self, k: int, num_layers: int) -> int:
@@ -54,7 +64,8 @@ class ArFusion(Mode):
     def _effect(self, tokens: int, num_layers: int) -> str:
         if tokens <= self.fusion_max_tokens:
             return (f"{tokens} tokens <= --fusion-max-tokens {self.fusion_max_tokens}: the MLP all-reduce of layers "
-                    f"0..{num_layers - 2} runs fused in the next layer's input_layernorm")
+                    f"0..{num_layers - 2} runs fused in the next layer's input_layernorm, and every attention "
+                    "all-reduce in its layer's post_attention_layernorm")
         return (f"{tokens} tokens > --fusion-max-tokens {self.fusion_max_tokens}: no fusion in this batch "
                 "(prefill-sized), every MLP all-reduces in its own layer")
 

@@ -43,6 +43,7 @@ class Stages:
     mlp_input: Placement     # what the MLP/MoE reads
     mlp_output: Placement    # the MLP/MoE output as computed
     layer_output: Placement  # hidden + residual leaving; Partial(sum): this layer's MLP all-reduce is deferred
+    attn_reduce_in_norm: bool = False  # the attention all-reduce runs fused in post_attention_layernorm (same sum)
 
     @property
     def residual_output(self) -> Placement:

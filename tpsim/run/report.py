@@ -55,7 +55,8 @@ class GraphRow:
 
 
 def graph_rows(spec: RunSpec, checks: list[GraphCheck]) -> list[GraphRow]:
-    return [GraphRow(c, graph_failures(c, TOLERANCE[spec.dtype])) for c in sorted(checks, key=lambda c: c.tp)]
+    return [GraphRow(c, graph_failures(c, spec.graphs.ids, TOLERANCE[spec.dtype]))
+            for c in sorted(checks, key=lambda c: c.tp)]
 
 
 @dataclass
