@@ -21,6 +21,7 @@ from tpsim.layers.gptoss import GptOssMoE
 from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
 from tpsim.modes import Mode, Stages, Stream, split_sizes
+from tpsim.overlap import Earlier, two_batch_overlap
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, Placement
 
@@ -95,9 +96,11 @@ class DecoderLayer(Tapped, nn.Module):
         return self.mlp if self.is_moe else self.mlp.down_proj
 
     def forward(self, positions, hidden, residual, stream: Stream, stages: Stages,
-                previous: "DecoderLayer | None" = None):
+                previous: "DecoderLayer | None" = None, micro: Earlier | None = None):
         """hidden, residual: this rank's view of the stream at `stages.layer_input` → the same at
-        `stages.layer_output`. `previous`: the layer before, whose deferred MLP output this one completes."""
+        `stages.layer_output`. `previous`: the layer before, whose deferred MLP output this one completes.
+        `micro`: under two-batch overlap, this layer's earlier micro-batches (tpsim.overlap): the
+        rows are one micro-batch, its attention sees theirs, and the capture loop does not hear it."""
         move, p = stream.move, self.prefix
         if stages.layer_input is P:  # the previous layer's MLP all-reduce, fused into this norm (ar-fusion)
             hidden = move(hidden, P, stages.middle, reduce=f"{p}.input_layernorm")
@@ -106,10 +109,13 @@ class DecoderLayer(Tapped, nn.Module):
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = add_norm(self.input_layernorm, hidden, residual, self.probe.in_place)
-        self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
+        if micro is None:
+            self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
         hidden = move(hidden, stages.middle, stages.attn_input, gather=f"{p}.attn_gather")
         self.tap("attn.in", hidden, stages.attn_input)
-        hidden = self._complete(self.self_attn.o_proj, self.self_attn(positions, hidden), stages.attn_output,
+        attended = self.self_attn(positions, hidden) if micro is None else micro.attend(self.self_attn, positions,
+                                                                                         hidden)
+        hidden = self._complete(self.self_attn.o_proj, attended, stages.attn_output,
                                 stages.middle, stream, reduce=f"{p}.self_attn.o_proj")
         hidden, residual = add_norm(self.post_attention_layernorm, hidden, residual, self.probe.in_place)
         self.tap("mid", residual, stages.middle)
@@ -168,14 +174,20 @@ class DecoderModel(Tapped, nn.Module):
                              reduce=self.embed_tokens.prefix)
         self.embed_tokens.tap("out", hidden, plan.start)
         residual, where, previous = None, plan.start, None
-        for k, (layer, stages) in enumerate(zip(self.layers, plan.layers)):
+        L, split = len(self.layers), plan.tbo_from  # SGLang's normal_end_layer under two-batch overlap
+        for k, (layer, stages) in enumerate(zip(self.layers[:split], plan.layers[:split])):
             self.probe.boundary(k, hidden, residual, stream.rows(where))
             hidden, residual = layer(positions, hidden, residual, stream, stages, previous)
             where, previous = stages.layer_output, layer
         rows = stream.rows(where)
-        self.probe.boundary(len(self.layers), hidden, residual, rows)
+        if split is None:
+            self.probe.boundary(L, hidden, residual, rows)
+        else:  # SGLang's model_forward_maybe_tbo, after (outside) the capture loop
+            hidden, residual = two_batch_overlap(self.layers[split:], plan.layers[split:], positions, hidden,
+                                                 residual, stream, self.probe)
         hidden, residual = add_norm(self.norm, hidden, residual, self.probe.in_place)
-        self.probe.in_layer(len(self.layers), residual, rows)
+        if split is None:
+            self.probe.in_layer(L, residual, rows)
         self.probe.final(hidden, rows)
         hidden = stream.move(hidden, where, plan.final, gather="model.norm")[:T]
         self.tap("final", hidden, plan.final)

@@ -41,6 +41,7 @@ class RankCheck:
     all_reduce_bytes: int
     collectives: list[tuple[str, str, int]] = field(default_factory=list)  # (op, caller, bytes)
     modified: list[tuple[str, str | None]] = field(default_factory=list)  # (slot, what it holds now): aliasing
+    missing: list[str] = field(default_factory=list)  # positions never captured (two-batch overlap's split layers)
 
 
 @dataclass(frozen=True)
