@@ -189,6 +189,8 @@ CASES = [
          "first_k_dense_replace=0 leaves no layer to split", "0 < first_k_dense_replace < 8"),
     case("tbo-one-token", "capture --tbo --seq-len 1 --out c.safetensors", "--tbo splits the sequence",
          "at least 2 tokens, got 1"),
+    case("tbo-capture-engine-strategy", "capture --tbo --out c.safetensors", "capture --tbo writes the micro-batch "
+         "capture only", "--strategy micro-batches"),
     case("tbo-server-without-tbo", "check --tbo --server vllm", "profile vllm", "has no two-batch overlap"),
     case("tbo-mode-ep", "check --tbo --mode ep", "--tbo replays SGLang's two-batch overlap in pure TP only",
          "use --mode tp, not --mode ep"),
