@@ -27,6 +27,7 @@ from tpsim.layers.gptoss import GptOssMoE
 from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
 from tpsim.modes import Mode, Stages, Stream, split_sizes
+from tpsim.overlap import Earlier, two_batch_overlap
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.pipeline import Stage
 from tpsim.parallel.placement import P, R, Placement
@@ -102,9 +103,11 @@ class DecoderLayer(Tapped, nn.Module):
         return self.mlp if self.is_moe else self.mlp.down_proj
 
     def forward(self, positions, hidden, residual, stream: Stream, stages: Stages,
-                previous: "DecoderLayer | None" = None):
+                previous: "DecoderLayer | None" = None, micro: Earlier | None = None):
         """hidden, residual: this rank's view of the stream at `stages.layer_input` → the same at
-        `stages.layer_output`. `previous`: the layer before, whose deferred MLP output this one completes."""
+        `stages.layer_output`. `previous`: the layer before, whose deferred MLP output this one completes.
+        `micro`: under two-batch overlap, this layer's earlier micro-batches (tpsim.overlap): the
+        rows are one micro-batch, its attention sees theirs, and the capture loop does not hear it."""
         move, p = stream.move, self.prefix
         if stages.layer_input is P:  # the previous layer's MLP all-reduce, fused into this norm (ar-fusion)
             hidden = move(hidden, P, stages.middle, reduce=f"{p}.input_layernorm")
@@ -113,12 +116,15 @@ class DecoderLayer(Tapped, nn.Module):
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = add_norm(self.input_layernorm, hidden, residual, self.probe.in_place)
-        self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
+        if micro is None:
+            self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
         hidden = move(hidden, stages.middle, stages.attn_input, gather=f"{p}.attn_gather")
         self.tap("attn.in", hidden, stages.attn_input)
+        attended = self.self_attn(positions, hidden) if micro is None else micro.attend(self.self_attn, positions,
+                                                                                         hidden)
         attn_reduce = f"{p}.post_attention_layernorm" if stages.attn_reduce_in_norm else f"{p}.self_attn.o_proj"
-        hidden = self._complete(self.self_attn.o_proj, self.self_attn(positions, hidden), stages.attn_output,
-                                stages.middle, stream, reduce=attn_reduce)
+        hidden = self._complete(self.self_attn.o_proj, attended, stages.attn_output, stages.middle, stream,
+                                reduce=attn_reduce)
         hidden, residual = add_norm(self.post_attention_layernorm, hidden, residual, self.probe.in_place)
         self.tap("mid", residual, stages.middle)
         hidden = move(hidden, stages.middle, stages.mlp_input, gather=f"{p}.mlp_gather")
@@ -190,7 +196,9 @@ class DecoderModel(Tapped, nn.Module):
         else:
             hidden, residual = self._receive(T)
         where, previous = plan.layers[st.start].layer_input, None
-        for layer, stages in zip(self.layers, plan.layers[st.start:st.end]):
+        split = plan.tbo_from  # SGLang's normal_end_layer under two-batch overlap (a whole model: no PP stages)
+        end = st.end if split is None else split
+        for layer, stages in zip(self.layers[:end - st.start], plan.layers[st.start:end]):
             self.probe.boundary(layer.k, hidden, residual, stream.rows(where))
             hidden, residual = layer(positions, hidden, residual, stream, stages, previous)
             where, previous = stages.layer_output, layer
@@ -198,9 +206,14 @@ class DecoderModel(Tapped, nn.Module):
             self._send(hidden, residual)
             return None
         rows = stream.rows(where)
-        self.probe.boundary(st.end, hidden, residual, rows)
+        if split is None:
+            self.probe.boundary(st.end, hidden, residual, rows)
+        else:  # SGLang's model_forward_maybe_tbo, after (outside) the capture loop
+            hidden, residual = two_batch_overlap(self.layers[split - st.start:], plan.layers[split:], positions,
+                                                 hidden, residual, stream, self.probe)
         hidden, residual = add_norm(self.norm, hidden, residual, self.probe.in_place)
-        self.probe.in_layer(st.end, residual, rows)
+        if split is None:
+            self.probe.in_layer(st.end, residual, rows)
         self.probe.final(hidden, rows)
         hidden = stream.move(hidden, where, plan.final, gather="model.norm")[:T]
         self.tap("final", hidden, plan.final)

@@ -6,6 +6,7 @@ import torch
 
 from tpsim.capture.positions import Position
 from tpsim.layers.probe import Rows, Sink
+from tpsim.modes import MICRO_BATCHES
 
 
 UNCLONED = "in-layer-uncloned"
@@ -32,7 +33,13 @@ class Recorder(Sink):
       add-RMSNorms update it in place, as the engine kernels do: every later add lands in the
       captured tensor (SGLang clones it for this reason; Gemma's capture did not, PR #39286).
       The recorder keeps a copy of what it saw at capture time, to tell (`modified`) which slots
-      changed afterwards.
+      changed afterwards;
+    - `micro-batches`: as model-level, and under two-batch overlap also each micro-batch's
+      `hidden + residual` at the boundaries of the split layers, the micro-batches' rows
+      concatenated in token order (sglang PR #32680, closed unmerged: "each sub-batch captures over
+      its own token slice and the results are merged back by token range"). Every other strategy
+      listens where SGLang's capture loop does and never hears the split layers: those slots are
+      missing (`missing`), the capture narrower.
     """
 
     def __init__(self, positions: list[Position], strategy: str = "model-level"):
@@ -43,6 +50,7 @@ class Recorder(Sink):
         self.in_layer_site = strategy in ("in-layer", UNCLONED)
         self.seen: dict[Position, torch.Tensor] = {}  # uncloned: each slot as it was when captured
         self.last: tuple[Position, torch.Tensor] | None = None  # uncloned: the latest residual heard
+        self.pieces: dict[Position, list[tuple[int, torch.Tensor]]] = {}  # micro-batches: (first token, rows)
 
     def _keep(self, p: Position, x: torch.Tensor, rows: Rows) -> None:
         gather = self.strategy == "gathered" or (self.strategy == GATHERED_AFTER_3 and (p.kind == "final" or p.boundary > 3))
@@ -74,9 +82,23 @@ class Recorder(Sink):
         if Position("final") in self.wanted:
             self._keep(Position("final"), normed, rows)
 
+    def micro_batch(self, b: int, start: int, total: int, hidden: torch.Tensor, residual: torch.Tensor) -> None:
+        p = Position.at_boundary(b)
+        if p not in self.wanted or self.strategy != MICRO_BATCHES:
+            return
+        pieces = self.pieces.setdefault(p, [])
+        pieces.append((start, hidden + residual))
+        if sum(x.shape[0] for _, x in pieces) == total:
+            self.store[p] = torch.cat([x for _, x in sorted(pieces, key=lambda piece: piece[0])])
+
+    def missing(self) -> list[Position]:
+        """The positions asked for that this forward never captured (two-batch overlap's split layers,
+        outside the engine's capture loop)."""
+        return [p for p in self.positions if p not in self.store]
+
     def parts(self) -> list[torch.Tensor]:
-        """This rank's capture of each position, in concatenation order."""
-        return [self.store[p] for p in self.positions]
+        """This rank's capture of each position it captured, in concatenation order."""
+        return [self.store[p] for p in self.positions if p in self.store]
 
     def concat(self) -> torch.Tensor:
         """`[rows, len(positions) * hidden]`; positions holding different token counts (a

@@ -13,6 +13,7 @@ from tpsim.capture.points import check_points
 from tpsim.cli.options import add_mode_options, add_run_options, add_tp, load_source, one_tp, run_spec
 from tpsim.cli.outputs import add_force, check_output
 from tpsim.errors import UsageError
+from tpsim.modes import MICRO_BATCHES
 from tpsim.files.capture import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
@@ -68,6 +69,9 @@ def cmd_capture(args) -> int:
     if args.points is not None:
         return capture_points(args, tp, out)
     spec, res = run_spec(args, [tp])
+    if spec.mode.tbo and spec.strategy != MICRO_BATCHES:  # the engine's capture misses the split layers' slots
+        raise UsageError("capture --tbo writes the micro-batch capture only (--strategy micro-batches); "
+                         "tpsim check --tbo replays the engine's narrower capture and names the missing slots")
     check_not_an_input([out], spec.source)
     if res.failed:  # the engine fails before it captures anything
         for f in res.findings:

@@ -125,6 +125,8 @@ def resolution_for(args, cfg: ModelConfig) -> Resolution:
         raise UsageError("--server and --convention both say how ids are numbered; give one of them")
     profile = lookup(args.server, cfg.model_type)
     notes = [f"--server {args.server}: profile {profile.name} ({profile.versions.text()})"]
+    if getattr(args, "tbo", False):
+        notes.append(tbo_note(profile))
     if draft is not None:
         if ids is not None:
             raise UsageError("--layers and --draft-config both give the ids; give one of them")
@@ -139,6 +141,16 @@ def resolution_for(args, cfg: ModelConfig) -> Resolution:
     res.notes[:0] = notes
     res.findings, res.failed = findings(rep, cfg.hidden_size), rep.crashed or rep.refused
     return res
+
+
+def tbo_note(profile) -> str:
+    """--tbo with --server: what the profile's capture does under two-batch overlap (UsageError when
+    its engine has none)."""
+    tbo = profile.behaviour.tbo
+    if tbo is None:
+        raise UsageError(f"--tbo replays SGLang's --enable-two-batch-overlap; profile {profile.name} has no "
+                         "two-batch overlap (tpsim profiles it for sglang's DeepSeek model file only)")
+    return f"two-batch overlap in {profile.name}: {tbo.value.value} ({tbo.source})"
 
 
 EXECUTION_OPTIONS = {"dtype": "--dtype", "seq_len": "--seq-len", "seed": "--seed", "device": "--device",
@@ -179,6 +191,10 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
                         "sum-len (default: SGLang's choice for a prefill batch; all-reduce of a zero buffer of every "
                         "rank's rows, output all-reduced) or max-len (rows padded to the longest rank, all-gather, "
                         "output reduce-scattered; SGLang's CUDA-graph decode default)")
+    p.add_argument("--tbo", action="store_true",
+                   help="SGLang's --enable-two-batch-overlap (tp only, DeepSeek-family MoE models): layers from "
+                        "first_k_dense_replace on run as two micro-batches, outside the engine's capture loop "
+                        "(--strategy micro-batches: the fix of sglang PR #32680)")
     p.add_argument("--enable-dp-lm-head", action="store_true", default=None,
                    help="dp-attention: SGLang's --enable-dp-lm-head, the LM head replicated on each rank's own "
                         "tokens (default off, as in SGLang: vocab-parallel over all ranks' gathered tokens)")
@@ -231,7 +247,7 @@ def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tup
     fusion = DEFAULT_FUSION_MAX_TOKENS if args.fusion_max_tokens is None \
         else integer(args.fusion_max_tokens, "--fusion-max-tokens")
     mode = Mode(args.mode, fusion, args.ep_output or "scattered", args.dp_padding or DEFAULT_DP_PADDING,
-                bool(args.enable_dp_lm_head))
+                bool(args.enable_dp_lm_head), bool(getattr(args, "tbo", False)))
     strategy = mode.strategy(getattr(args, "strategy", None))
     for t in tps:
         mode.check(cfg, t, tokens)

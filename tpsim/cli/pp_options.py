@@ -68,6 +68,9 @@ def pipeline_from(args, cfg: ModelConfig, tps: list[int], mode: Mode) -> Pipelin
     check_pp(pp, cfg.num_hidden_layers)
     if not mode.plain:
         raise UsageError(f"--pp {pp} runs with --mode tp only, not --mode {mode.name}; drop --mode or --pp")
+    if mode.tbo:
+        raise UsageError(f"--pp {pp} and --tbo together are not replayed (whether SGLang runs two-batch overlap on "
+                         "pipeline stages is not known here); drop one of them")
     if under_torchrun():
         bad = next((t for t in tps if pp * t != torchrun_world()), None)
         if bad is not None:

@@ -9,7 +9,8 @@ points once, in forward order, in `POINTS` (suffix, placement at TP>1 in pure TP
 `Replicate()`.
 
 Besides named points the probe reports the residual stream where captures read it (`boundary`,
-`in_layer`, `final`, with the `Rows` the tensor holds): what the EAGLE-3 recorder stores.
+`in_layer`, `final`, with the `Rows` the tensor holds; `micro_batch` under two-batch overlap): what
+the EAGLE-3 recorder stores.
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ class Sink:
     def final(self, normed: torch.Tensor, rows: Rows) -> None:
         """The final norm's output, before any gather."""
 
+    def micro_batch(self, b: int, start: int, total: int, hidden: torch.Tensor, residual: torch.Tensor) -> None:
+        """Two-batch overlap: one micro-batch's stream entering layer b (b=L after the last), its rows
+        the tokens start..start+len of `total`. The engine's capture loop never sees these."""
+
 
 class Probe:
     """Where the layers of one model offer their activations: to every attached sink, with the
@@ -141,6 +146,10 @@ class Probe:
     def final(self, normed: torch.Tensor, rows: Rows) -> None:
         for s in self.sinks:
             s.final(normed, rows)
+
+    def micro_batch(self, b: int, start: int, total: int, hidden: torch.Tensor, residual: torch.Tensor) -> None:
+        for s in self.sinks:
+            s.micro_batch(b, start, total, hidden, residual)
 
 
 class Tapped:

@@ -1,6 +1,6 @@
 """`Mode`: a communication mode with its options, as one class per mode (tpsim.modes.kinds).
 
-`Mode(name, fusion_max_tokens, ep_output, dp_padding, dp_lm_head)` builds the instance of that
+`Mode(name, fusion_max_tokens, ep_output, dp_padding, dp_lm_head, tbo)` builds the instance of that
 mode's class; the instance holds plain values only (DpPadding is an Enum of strings), so it pickles
 to every rank, and `to_dict()` / `from_dict()` round-trip it through JSON.
 """
@@ -16,10 +16,12 @@ import torch
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
+from tpsim.modes.tbo import check_tbo
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R
 
 EP_OUTPUTS = ("replicated", "scattered")
+MICRO_BATCHES = "micro-batches"  # the capture strategy of sglang PR #32680 under two-batch overlap
 
 
 class DpPadding(Enum):
@@ -60,6 +62,7 @@ class Mode:
     ep_output: str = "scattered"  # ep: the stream left token-scattered (SGLang DeepEP), or the MoE output all-gathered
     dp_padding: DpPadding = DEFAULT_DP_PADDING  # dp-attention: how the MLP input is gathered (DpPadding)
     dp_lm_head: bool = False  # dp-attention: SGLang --enable-dp-lm-head (head replicated on own tokens), else vocab-parallel
+    tbo: bool = False  # SGLang --enable-two-batch-overlap: layers >= first_k_dense_replace as two micro-batches (tp only)
 
     strategies: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[str, ...]] = ()  # the option fields this mode reads
@@ -112,6 +115,9 @@ class Mode:
         """The capture strategy `name` (None: the right one), checked against this mode."""
         if name is None:
             return self.right_strategy
+        if name == MICRO_BATCHES and not self.tbo:
+            raise UsageError(f"capture strategy {MICRO_BATCHES!r} captures two-batch overlap's micro-batches "
+                             "(sglang PR #32680); give --tbo too")
         if name not in self.strategies:
             raise UsageError(f"capture strategy {name!r} does not exist for --mode {self.name}; "
                              f"use one of {', '.join(self.strategies)}")
@@ -120,6 +126,8 @@ class Mode:
     def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
         """Raise UsageError if this mode cannot run `cfg` at TP=tp (on `tokens` tokens)."""
         cfg.check_tp(tp)
+        if self.tbo:
+            check_tbo(cfg, self.name, tokens)
 
     def note(self, strategy: str, tokens: int, num_layers: int) -> str | None:
         """What the mode does to this run's capture, in one line (None for plain tp)."""

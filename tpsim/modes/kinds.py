@@ -10,8 +10,9 @@ import torch.distributed as dist
 
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
-from tpsim.modes.base import TP_STAGES, DpPadding, Mode
+from tpsim.modes.base import MICRO_BATCHES, TP_STAGES, DpPadding, Mode
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
+from tpsim.modes.tbo import tbo_split
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
 
@@ -20,11 +21,32 @@ SP_STAGES = Stages(layer_input=S0, attn_input=R, attn_output=P, middle=S0, mlp_i
 
 @dataclass(frozen=True)
 class TensorParallel(Mode):
-    """SGLang/vLLM `--tp N`: the stream replicated, two all-reduces per layer."""
+    """SGLang/vLLM `--tp N`: the stream replicated, two all-reduces per layer. With `tbo` (SGLang
+    --enable-two-batch-overlap, tpsim.modes.tbo) layers first_k_dense_replace..L-1 run the batch as two
+    micro-batches, each with its own attention and MLP/MoE all-reduces."""
 
     name: str = "tp"
-    strategies = ("model-level", "in-layer", "in-layer-uncloned")
+    strategies = ("model-level", "in-layer", "in-layer-uncloned", MICRO_BATCHES)
     plain = True
+
+    def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
+        plan = super().plan(cfg, tp, tokens)
+        return replace(plan, tbo_from=cfg.first_k_dense_replace) if self.tbo else plan
+
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+        """Two-batch overlap: each of the L - first_k_dense_replace split layers all-reduces twice per
+        micro-batch, 4 instead of 2."""
+        if not self.tbo:
+            return super().collectives(cfg, tp)
+        L, f = cfg.num_hidden_layers, cfg.first_k_dense_replace
+        return {"all_reduce": 1 + 2 * f + 4 * (L - f), "all_gather": 1}
+
+    def _effect(self, tokens: int, num_layers: int) -> str | None:
+        if not self.tbo:
+            return None
+        a, b = tbo_split(tokens)
+        return (f"two-batch overlap: layers from first_k_dense_replace on run as two micro-batches of {a} and {b} "
+                "tokens (SGLang's two-chunk split of one sequence), each all-reducing on its own")
 
 
 @dataclass(frozen=True)

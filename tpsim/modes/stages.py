@@ -55,11 +55,13 @@ class Stages:
 @dataclass(frozen=True)
 class Plan:
     """The stages of one forward: the embedding lookup as computed, every decoder layer, and
-    where the final norm's output goes (position `final`, the head's input)."""
+    where the final norm's output goes (position `final`, the head's input); under two-batch
+    overlap, the first layer run as two micro-batches (tpsim.modes.tbo)."""
 
     embed: Placement
     layers: tuple[Stages, ...]
     final: Placement
+    tbo_from: int | None = None  # two-batch overlap: layers from this one on run as two micro-batches
 
     @property
     def start(self) -> Placement:

@@ -217,6 +217,18 @@ class Gather(Enum):
         return "local" if self is Gather.LOCAL else "gathered"
 
 
+class TboCapture(Enum):
+    """What the capture does under two-batch overlap (SGLang --enable-two-batch-overlap)."""
+
+    REGION_NOT_CAPTURED = ("layers from first_k_dense_replace on run as two micro-batches outside the capture loop: "
+                           "no boundary there is captured")
+    MICRO_BATCHES = "each micro-batch captured over its own token slice, merged back by token range"
+
+    @property
+    def strategy(self) -> str:
+        return "model-level" if self is TboCapture.REGION_NOT_CAPTURED else "micro-batches"
+
+
 @dataclass(frozen=True)
 class Behaviour:
     """Everything a profile says about capture (each field cited)."""
@@ -235,9 +247,10 @@ class Behaviour:
     fusion_auto: Cited[FusionAuto] | None = None  # None: the engine has no all-reduce fusion
     scattered: Cited[Gather] | None = None  # None: the engine has no token-scattered stream
     pp: Cited[Handoff] | None = None  # under pipeline parallelism; None: not profiled (trainers)
+    tbo: Cited[TboCapture] | None = None  # None: no two-batch overlap profiled for this model file
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo")
 
 
 @dataclass(frozen=True)
@@ -364,7 +377,7 @@ def describe(c: Cited | None) -> str:
 
 __all__ = ["Behaviour", "Change", "Cited", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty",
            "FusionAuto", "Gather", "Gpu", "Handoff", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
-           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "Versions", "differences", "describe",
+           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "TboCapture", "Versions", "differences", "describe",
            "releases"]
 
 

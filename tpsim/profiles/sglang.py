@@ -12,7 +12,7 @@ from datetime import date
 
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
                                     Duplicates, EmbedId, Empty, FusionAuto, Gather, GraphIds, Handoff, Line, Numbering,
-                                    Order, OutOfRange, Site, Source, releases)
+                                    Order, OutOfRange, Site, Source, TboCapture, releases)
 
 REPO = "sgl-project/sglang"
 RELEASES = releases(
@@ -101,13 +101,23 @@ def _setter(path: str, ref: str) -> dict:
     return dict(numbering=Cited(Numbering.OUTPUT_OF_PLUS_ONE, s), defaults=Cited(Defaults.BEFORE_2_MID_LAST3, s))
 
 
+# two-batch overlap: read at one commit whose release is not known; no change to it is known (PR #32680 closed)
+TBO = Cited(TboCapture.REGION_NOT_CAPTURED, src(
+    DS, "3e4a39ee73308590c5c753108bdcb8d333f7f1c6",
+    "DeepseekV2Model.forward: `if forward_batch.can_run_tbo:` (and start_layer < first_k_dense_replace < end_layer) "
+    "`normal_end_layer = self.first_k_dense_replace`; the capture loop is `for i in range(normal_start_layer, "
+    "normal_end_layer)`, the remaining layers run in model_forward_maybe_tbo after it, so no boundary >= "
+    "first_k_dense_replace is captured (the same structure at 00114aef; PR #32680, closed unmerged, reports "
+    "'0 of 3 layers captured' on DeepSeek-V2-Lite). Which releases have it: not established beyond these commits"))
+
 DEEPSEEK = Line(
     "sglang", "deepseek_v2", ("deepseek_v2", "deepseek_v3", "kimi_k2"),
     Behaviour(**_setter(DS, "v0.5.6"), **_loop(DS, "v0.5.6", guarded=False), config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.SM100, src(SERVER_ARGS, "v0.5.6",
                                 "fusion auto-enabled for DeepSeek only on SM100, not DP attention, nnodes == 1")),
               scattered=Cited(Gather.LOCAL, src(DS, "v0.5.6", "under DeepEP the stream between MoE layers is "
-                                                "token-scattered and the capture adds the local shard"))),
+                                                "token-scattered and the capture adds the local shard")),
+              tbo=TBO),
     starts=OLDEST,
     changes=(
         Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered; fusion auto-enabled on SM90", None,
@@ -129,8 +139,8 @@ DEEPSEEK = Line(
     ),
     notes=("#28343's merge commit is not known; 0.5.14 is the first wheel with the decoder-layer capture, which "
            "matches the PR's description (Kimi K2.5, AR fusion at tp > 1)",
-           "two-batch overlap (forward_batch.can_run_tbo) runs layers after first_k_dense_replace outside the "
-           "capture loop: nothing there is captured"),
+           "two-batch overlap (forward_batch.can_run_tbo) runs layers from first_k_dense_replace on outside the "
+           "capture loop: nothing there is captured (behaviour `tbo`; tpsim check --tbo replays it)"),
 )
 
 LLAMA = Line(

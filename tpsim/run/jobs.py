@@ -117,9 +117,13 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
             continue
         group = ctx.groups[tp]
         mine = own_tokens(input_ids, m, group)
-        model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp), m if tp > 1 else Mode())
+        if tp == 1 and m.tbo:  # the reference runs the whole batch; the TP=1 row replays the overlap too
+            reference = tp1_reference(config, group, seed, dtype, checkpoint, mine, pos, residual_points)
+        model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp),
+                            m if tp > 1 or m.tbo else Mode())
         same_run = None
-        if tp > 1 and strategy != m.right_strategy:  # what the naive capture should have been, same run
+        # what the naive capture should have been, same run (two-batch overlap: pure TP, every strategy replicated)
+        if tp > 1 and strategy != m.right_strategy and not m.tbo:
             with model.probe.attach(Taps(wanted=set(residual_points.values()))) as taps:
                 right, _ = run_captured_parts(model, mine, pos, m.right_strategy)
             same_run = {"parts": right, "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()
@@ -127,15 +131,17 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
         with model.probe.attach(Taps(wanted=set(residual_points.values()) if tp == 1 else set(),
                                      watch_finite=True)) as taps:
             ctx.progress(f"TP={tp}: forward")
-            recorder, logits = run_recorded(model, mine, pos, strategy if tp > 1 else "model-level")
-            parts, modified = recorder.parts(), recorder.modified()
+            recorder, logits = run_recorded(model, mine, pos, strategy if tp > 1 or m.tbo else "model-level")
+            parts, modified, missing = recorder.parts(), recorder.modified(), recorder.missing()
         records = list(group.tracer.records)
         route = routing_rows(model, m if tp > 1 else Mode(), group, len(input_ids))
         margins = routing_margins(model, m if tp > 1 else Mode(), group, len(input_ids))
         del model
         mixed = len({t.shape[0] for t in parts}) > 1  # a local capture of scattered and replicated positions
-        cap = parts[0].new_zeros((0, 0)) if mixed else torch.cat(parts, dim=-1)
-        if tp == 1:
+        cap = parts[0].new_zeros((0, 0)) if mixed else torch.cat(parts, dim=-1) if parts \
+            else logits.new_zeros((len(mine), 0))  # nothing captured (two-batch overlap's split layers)
+        parts = parts or [cap]
+        if tp == 1 and reference is None:
             reference = {"capture": cap, "logits": logits, "routing": route, "margins": margins,
                          "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()}}
         ref = reference
@@ -165,10 +171,23 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
             routing_flip=flipped,
             real_flip=(real[0].layer, real[0].token, real[0].margin) if real else None,
             modified=[(str(p), None if now is None else str(now)) for p, now in modified],
+            missing=[str(p) for p in missing],
             all_reduces=sum(r.op == "all_reduce" for r in records),
             all_reduce_bytes=sum(r.bytes for r in records if r.op == "all_reduce"),
             collectives=[(r.op, r.caller, r.bytes) for r in records]))
     return rows
+
+
+def tp1_reference(config: ModelConfig, group: TPGroup, seed: int, dtype: str, checkpoint: str | None,
+                  mine: list[int], pos: list[Position], residual_points: dict) -> dict:
+    """check's TP=1 reference, the whole batch in one piece (plain TP), when the TP=1 row itself runs
+    another way (two-batch overlap)."""
+    model = build_model(config, group, seed, dtype, checkpoint)
+    with model.probe.attach(Taps(wanted=set(residual_points.values()))) as taps:
+        parts, logits = run_captured_parts(model, mine, pos)
+    return {"capture": torch.cat(parts, dim=-1), "logits": logits, "routing": routing_rows(model),
+            "margins": routing_margins(model),
+            "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()}}
 
 
 def routing_rows(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = None,

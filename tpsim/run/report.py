@@ -103,6 +103,17 @@ def ops_text(counts: dict[str, int]) -> str:
     return " ".join(f"{OP_SHORT.get(op, op)} {n}" for op, n in sorted(counts.items())) or "none"
 
 
+def tbo_reason(spec: RunSpec, missing: list[str]) -> str:
+    """Why the engine's capture under two-batch overlap is narrower, and the fix."""
+    f, n = spec.cfg.first_k_dense_replace, len(spec.positions)
+    return (f"two-batch overlap: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} in the TBO region "
+            f"(layers >= first_k_dense_replace = {f}), which runs outside the capture loop: {n - len(missing)} of "
+            f"{n} slots captured, the capture narrower than the draft's fc expects (sglang deepseek_v2.py "
+            "DeepseekV2Model.forward: normal_end_layer = first_k_dense_replace, the rest in model_forward_maybe_tbo); "
+            "fix: capture each micro-batch and concatenate their rows in token order (sglang PR #32680, closed "
+            "unmerged; --strategy micro-batches)")
+
+
 def summarize(spec: RunSpec, res: Resolution, tps: list[int], results: list[RankCheck]) -> CheckReport:
     row = _row if spec.pipeline is None else pp_row
     return CheckReport(spec, res, [row(spec, tp, [r for r in results if r.tp == tp]) for tp in tps])
@@ -126,6 +137,9 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         expected_shape = [f"[{n}, {width}]" for n in sizes]
     else:
         expected_shape = [T, width]
+        missing = next((r.missing for r in mine if r.missing), [])
+        if missing:
+            failures.append(tbo_reason(spec, missing))
         mixed = next((r.shape[0] for r in mine if isinstance(r.shape[0], list)), None)
         if mixed is not None:  # a local capture of scattered positions next to gathered or replicated ones
             rows = ", ".join(f"{p} {n}" for p, n in zip(spec.positions, mixed))

@@ -43,6 +43,7 @@ class RankCheck:
     modified: list[tuple[str, str | None]] = field(default_factory=list)  # (slot, what it holds now): aliasing
     stage: int | None = None         # the PP stage of this rank (None: no pipeline parallelism)
     slots: list[str] | None = None   # PP, last stage: the positions that reached the draft, in order
+    missing: list[str] = field(default_factory=list)  # positions never captured (two-batch overlap's split layers)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from tpsim.config import config_from_dict
 from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured, run_recorded,
                             run_captured_parts)
 from tpsim.model import CausalLM
-from tpsim.modes import Mode
+from tpsim.modes import MICRO_BATCHES, Mode
 from tpsim.layers import (GQA, MLA, AttentionShape, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.consistency import agree
@@ -330,3 +330,20 @@ def sink_attention_job(ctx: RankContext, heads: int, kv_heads: int, head_dim: in
     kv = slice(kv_shard * kv_local, (kv_shard + 1) * kv_local)
     return {"out": sinks(q[:, group.rank * h:(group.rank + 1) * h], k[:, kv], v[:, kv], window),
             "sinks": sinks.sinks.detach().clone()}
+
+
+def tbo_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int):
+    """One float32 model at TP=tp under two-batch overlap (pure TP), two forwards: the engine's capture
+    (model-level: SGLang's capture loop) and the micro-batches fix. Per group rank: {strategy: this rank's
+    capture per captured position}, the engine recorder's missing positions, each forward's logits, the
+    routing of every MoE layer over all T tokens, and the model's collective ops of the last forward."""
+    if not ctx.participates(tp):
+        return None
+    m, config, group = Mode("tp", tbo=True), config_from_dict(cfg), ctx.groups[tp]
+    model = build_model(config, group, seed, "float32", mode=m)
+    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    engine, logits_e = run_recorded(model, input_ids, pos, "model-level")
+    fixed, logits_f = run_recorded(model, input_ids, pos, MICRO_BATCHES)
+    return {"engine": engine.parts(), "missing": [str(p) for p in engine.missing()], "fixed": fixed.parts(),
+            "logits": (logits_e, logits_f), "routing": routing_rows(model),
+            "collectives": [r.op for r in group.tracer.records if not r.caller.startswith("capture.")]}
