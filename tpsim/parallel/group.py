@@ -232,14 +232,22 @@ class TPGroup:
         x = x.contiguous()
         self._enter_p2p("send", caller, dst)
         self.tracer.record("send", caller, x)
-        dist.isend(x, dst=dst, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
+        dist.isend(self._wire(x), dst=dst, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, caller: str) -> torch.Tensor:
         """A tensor of `shape` and `dtype` from global rank `src`, waiting at most `timeout_s`."""
         x = torch.empty(shape, dtype=dtype, device=self.device)
         self._enter_p2p("recv", caller, src)
         self.tracer.record("recv", caller, x)
-        dist.irecv(x, src=src, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
+        wire = self._wire(x)
+        dist.irecv(wire, src=src, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
+        return wire.to(self.device)
+
+    def _wire(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` as the point-to-point backend carries it: gloo sends and receives host memory only (a CUDA
+        tensor fails in its TCP transport), NCCL device memory."""
+        if x.is_cuda and dist.get_backend(self.p2p_pg) == "gloo":
+            return x.cpu()
         return x
 
     def _enter_p2p(self, op: str, caller: str, peer: int) -> None:
