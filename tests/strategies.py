@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tpsim.capture import resolve
+from tpsim.capture import Position, resolve
 from tpsim.config import config_from_dict
 
 TP_DEGREES = [1, 2, 4, 8]
@@ -115,3 +115,27 @@ def captures(draw, L: int):
     lo, hi = ID_RANGES[conv](L)
     ids = draw(st.lists(st.integers(lo, hi), min_size=1, max_size=4), label="ids")
     return resolve(conv, ids, L)
+
+
+@st.composite
+def forward_cases(draw, tps=(1, 2, 4), min_tokens: int = 1, max_tokens: int = 9):
+    """(tp, config dict, ascending positions at boundaries 0..L, seed, input ids): one drawn forward
+    whose capture a test replays (the tests of one capture feature add their own draws)."""
+    tp = draw(st.sampled_from(list(tps)), label="tp")
+    cfg = draw(config_dicts(tp, max_layers=3))
+    L = cfg["num_hidden_layers"]
+    T = draw(st.integers(min_tokens, max_tokens), label="T")
+    positions = draw(boundary_positions(L), label="positions")
+    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
+    return tp, cfg, positions, seed, ids
+
+
+def boundary_positions(L: int):
+    """1-3 distinct positions at boundaries 0..L (embed .. out(L-1)), ascending."""
+    return st.lists(st.integers(0, L), min_size=1, max_size=3).map(
+        lambda bs: sorted({Position.at_boundary(b) for b in bs}, key=Position.sort_key))
+
+
+def token_ids(vocab_size: int, T: int):
+    return st.lists(st.integers(0, vocab_size - 1), min_size=T, max_size=T)

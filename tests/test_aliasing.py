@@ -18,7 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from clirun import run_cli
-from strategies import config_dicts
+from strategies import forward_cases
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
@@ -32,16 +32,10 @@ TOL = 1e-5
 
 @st.composite
 def aliasing_cases(draw):
-    tp = draw(st.sampled_from([1, 2, 4]), label="tp")
-    cfg = draw(config_dicts(tp, max_layers=3))
-    L = cfg["num_hidden_layers"]
-    T = draw(st.integers(1, 9), label="T")
+    tp, cfg, positions, seed, ids = draw(forward_cases())
+    T = len(ids)
     mode = Mode(draw(st.sampled_from(["tp", "ar-fusion"]), label="mode"),
                 fusion_max_tokens=draw(st.sampled_from([T, 2048])))
-    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=3))},
-                       key=Position.sort_key)
-    seed = draw(st.integers(0, 2**31 - 1), label="seed")
-    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
     return mode, tp, cfg, positions, seed, ids
 
 

@@ -16,7 +16,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from strategies import config_dicts
+from strategies import boundary_positions, config_dicts, token_ids
 from test_modes import reference
 from test_properties import TINY
 from tpsim.capture import Position
@@ -37,10 +37,9 @@ def dp_cases(draw):
     mode = Mode("dp-attention", dp_padding=draw(st.sampled_from(list(DpPadding)), label="dp_padding"),
                 dp_lm_head=draw(st.booleans(), label="dp_lm_head"))
     L = cfg["num_hidden_layers"]
-    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=3))},
-                       key=Position.sort_key) + [Position("final")]
+    positions = draw(boundary_positions(L), label="positions") + [Position("final")]
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
-    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
+    ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return mode, tp, cfg, positions, seed, ids
 
 

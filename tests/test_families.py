@@ -21,7 +21,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from test_parity import hf_reference, positions_for, randomize
+from test_parity import check_parity, hf_reference, positions_for, randomize
 from tpsim.config import load_config
 from tpsim.run.jobs import rel_err
 from tpsim.testing.jobs import model_job
@@ -126,26 +126,7 @@ def degrees(cfg: dict) -> list[int]:
                        mlp_only_layers=[3], norm_topk_prob=False, num_experts_per_tok=3), seed=3)
 @example(cfg=hf_config("gpt_oss", num_key_value_heads=1, swiglu_limit=0.5, tie_word_embeddings=True), seed=4)
 def test_tpsim_equals_transformers(rank_pool, tmp_path_factory, cfg, seed):
-    d = tmp_path_factory.mktemp("hf")
-    model = save_hf(cfg, seed, d)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg["vocab_size"], (11,), generator=g).tolist()
-    hidden, logits = hf_reference(model, ids)
-    L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
-    positions = positions_for(L)
-    loaded = load_config(d)
-    assert loaded.model_type == cfg["model_type"]
-    for tp in degrees(cfg):
-        out = rank_pool.run(model_job, cfg=loaded.to_dict(), seed=0, dtype="float32", input_ids=ids,
-                            positions=positions, tp=tp, checkpoint=str(d))
-        cap = out[0]["capture"]
-        for i, pos in enumerate(positions):
-            err = rel_err(cap[:, i * H:(i + 1) * H], hidden[i])
-            assert err <= TOL, f"{cfg['model_type']} TP={tp} {pos} vs hidden_states[{i}]: rel err {err:.2e}"
-        err = rel_err(out[0]["logits"], logits)
-        assert err <= TOL, f"{cfg['model_type']} TP={tp} logits: rel err {err:.2e}"
-        for r in range(1, tp):  # every rank of the group computed the same capture
-            assert torch.equal(out[r]["capture"], cap), f"TP={tp} rank {r} differs from rank 0"
+    check_parity(rank_pool, tmp_path_factory.mktemp("hf"), cfg, seed, degrees(cfg), save=save_hf)
 
 
 def test_every_family_has_a_degree_that_replicates_kv_heads():

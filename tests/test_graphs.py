@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from clirun import run_cli
-from strategies import config_dicts
+from strategies import forward_cases
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
@@ -27,16 +27,9 @@ TOL = 1e-5
 
 @st.composite
 def graph_cases(draw):
-    tp = draw(st.sampled_from([1, 2, 4]), label="tp")
-    cfg = draw(config_dicts(tp, max_layers=3))
-    L = cfg["num_hidden_layers"]
-    T = draw(st.integers(2, 9), label="T")
-    n = draw(st.integers(1, T - 1), label="graph tokens")
-    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=3))},
-                       key=Position.sort_key)
+    tp, cfg, positions, seed, ids = draw(forward_cases(min_tokens=2))
+    n = draw(st.integers(1, len(ids) - 1), label="graph tokens")
     order = draw(st.sampled_from(list(GraphIds)), label="order")
-    seed = draw(st.integers(0, 2**31 - 1), label="seed")
-    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
     return tp, cfg, positions, order, n, seed, ids
 
 

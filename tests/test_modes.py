@@ -15,7 +15,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from strategies import config_dicts
+from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.capture.points import Taps
@@ -52,10 +52,9 @@ def mode_cases(draw):
     mode = Mode(name, fusion_max_tokens=draw(st.sampled_from([T, T - 1, 2048]) if T > 1 else st.just(2048)),
                 ep_output=draw(st.sampled_from(["replicated", "scattered"])) if name == "ep" else "replicated")
     L = cfg["num_hidden_layers"]
-    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=3))},
-                       key=Position.sort_key) + [Position("final")]
+    positions = draw(boundary_positions(L), label="positions") + [Position("final")]
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
-    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
+    ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return mode, tp, cfg, positions, seed, ids
 
 

@@ -148,23 +148,32 @@ def positions_for(L: int) -> list[str]:
 @example(cfg=hf_config("deepseek_v3", first_k_dense_replace=0, norm_topk_prob=False, rope_scaling=yarn(0.8, 1.2),
                        n_shared_experts=2), seed=4)
 def test_tpsim_equals_transformers(rank_pool, tmp_path_factory, cfg, seed):
-    d = tmp_path_factory.mktemp("hf")
-    model = save_hf(cfg, seed, d)
+    check_parity(rank_pool, tmp_path_factory.mktemp("hf"), cfg, seed, TPS)
+
+
+def check_parity(rank_pool, d, cfg: dict, seed: int, degrees, save=None) -> None:
+    """transformers' model of `cfg` (seeded `seed`, saved in `d` by `save`, default this file's
+    DeepSeek `save_hf`) and tpsim reading that checkpoint at each TP degree: every hidden state and
+    the logits within TOL, every rank the same capture."""
+    model = (save or save_hf)(cfg, seed, d)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg["vocab_size"], (11,), generator=g).tolist()
     hidden, logits = hf_reference(model, ids)
-    L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
+    L, H, kind = cfg["num_hidden_layers"], cfg["hidden_size"], cfg.get("model_type", "deepseek_v2")
     positions = positions_for(L)
-    tp_cfg = load_config(d).to_dict()
-    for tp in TPS:
-        out = rank_pool.run(model_job, cfg=tp_cfg, seed=0, dtype="float32", input_ids=ids,
+    loaded = load_config(d)
+    assert loaded.model_type == kind
+    for tp in degrees:
+        out = rank_pool.run(model_job, cfg=loaded.to_dict(), seed=0, dtype="float32", input_ids=ids,
                             positions=positions, tp=tp, checkpoint=str(d))
         cap = out[0]["capture"]
         for i, pos in enumerate(positions):
             err = rel_err(cap[:, i * H:(i + 1) * H], hidden[i])
-            assert err <= TOL, f"TP={tp} {pos} vs hidden_states[{i}]: rel err {err:.2e}"
+            assert err <= TOL, f"{kind} TP={tp} {pos} vs hidden_states[{i}]: rel err {err:.2e}"
         err = rel_err(out[0]["logits"], logits)
-        assert err <= TOL, f"TP={tp} logits: rel err {err:.2e}"
+        assert err <= TOL, f"{kind} TP={tp} logits: rel err {err:.2e}"
+        for r in range(1, tp):  # every rank of the group computed the same capture
+            assert torch.equal(out[r]["capture"], cap), f"{kind} TP={tp} rank {r} differs from rank 0"
 
 
 # --- the named exceptions still exist -------------------------------------------------------------

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from clirun import assert_one_line_error, cli_env, run_cli, run_clis
-from strategies import config_dicts
+from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.capture.pipeline import Handoff, stage_of
@@ -65,11 +65,10 @@ def pp_cases(draw):
     if cfg["model_type"] == "gpt_oss":
         cfg["layer_types"] = (cfg["layer_types"] * L)[:L]
     T = draw(st.integers(1, 9), label="T")
-    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=3))},
-                       key=Position.sort_key) + draw(st.sampled_from([[], [Position("final")]]))
+    positions = draw(boundary_positions(L), label="positions") + draw(st.sampled_from([[], [Position("final")]]))
     split = draw(st.sampled_from(list(Split)), label="split")
     handoff = draw(st.sampled_from(list(Handoff)), label="handoff")
-    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
+    ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return cfg, tp, pp, split, handoff, positions, draw(st.integers(0, 2**31 - 1), label="seed"), ids
 
 

@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from clirun import run_cli
-from strategies import config_dicts
+from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
@@ -45,10 +45,9 @@ def tbo_cases(draw):
     if config_from_dict(cfg).moe_layer_count() == 0:  # moe_layer_freq 2 may leave the split layers dense
         cfg["moe_layer_freq"] = 1
     T = draw(st.integers(2, 9), label="T")
-    positions = sorted({Position.at_boundary(b) for b in draw(st.lists(st.integers(0, L), min_size=1, max_size=4))},
-                       key=Position.sort_key)
+    positions = draw(boundary_positions(L), label="positions")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
-    ids = draw(st.lists(st.integers(0, cfg["vocab_size"] - 1), min_size=T, max_size=T), label="input_ids")
+    ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return tp, cfg, positions, seed, ids
 
 
