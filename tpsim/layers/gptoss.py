@@ -196,20 +196,13 @@ class GptOssMoE(Tapped, nn.Module):
         """This MoE's points under `base`, its router's first, in forward order."""
         return GptOssRouter.declared(base) + cls.declared(base)
 
-    _ep_experts = MoE._ep_experts  # dispatch/combine needs only group, prefix and experts (count, forward)
+    # MoE's expert dispatch (TP or EP), weighted sum and reduction need only group, prefix, experts,
+    # ep and reduce_results, which this block has too
+    _ep_experts, _routed, _reduced = MoE._ep_experts, MoE._routed, MoE._reduced
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.router(x)
-        k = ids.shape[1]
-        token = torch.arange(x.shape[0], device=x.device).repeat_interleave(k)  # one row per (token, slot)
-        y = self._ep_experts(x[token], ids.flatten()) if self.ep else self.experts(x, ids.flatten(), token)
-        out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y.view(x.shape[0], k, x.shape[1])).squeeze(1)
-        if not self.reduce_results:
-            return out
-        self.tap("partial", out)
-        out = self.group.all_reduce(out, self.prefix)
-        self.tap("out", out)
-        return out
+        return self._reduced(self._routed(x, weights, ids))
 
 
 def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,

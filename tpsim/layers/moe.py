@@ -214,15 +214,24 @@ class MoE(Tapped, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
+        out = self._routed(x, weights * self.routed_scaling_factor, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return self._reduced(out)
+
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x `[T, hidden]`, the picked experts `ids` `[T, k]` and their `weights` → sum over each token's
+        k experts of weight * expert(x) (TP: this rank's partial sum; EP: computed on the experts' ranks)."""
         k = ids.shape[1]
         token = torch.arange(x.shape[0], device=x.device).repeat_interleave(k)  # one row per (token, slot)
         y = self._ep_experts(x[token], ids.flatten()) if self.ep else self.experts(x, ids.flatten(), token)
-        # sum over each token's k slots, weighted: one batched [1, k] x [k, hidden] product per token
-        # (accumulated in float32; the weights, scaled first, rounded once to the model dtype)
-        w = (weights * self.routed_scaling_factor).to(y.dtype).unsqueeze(1)
-        out = torch.bmm(w, y.view(x.shape[0], k, x.shape[1])).squeeze(1)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+        # one batched [1, k] x [k, hidden] product per token (accumulated in float32; the weights rounded
+        # once to the model dtype)
+        return torch.bmm(weights.to(y.dtype).unsqueeze(1), y.view(x.shape[0], k, x.shape[1])).squeeze(1)
+
+    def _reduced(self, out: torch.Tensor) -> torch.Tensor:
+        """The block's output: as computed (`reduce_results=False`: the caller reduces and taps), or
+        tapped as the partial sum, all-reduced once, tapped as the output."""
         if not self.reduce_results:
             return out
         self.tap("partial", out)
