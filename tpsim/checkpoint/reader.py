@@ -23,7 +23,8 @@ from safetensors import safe_open
 
 from tpsim.checkpoint.fp8 import Fp8Source, scale_shape
 from tpsim.checkpoint.mxfp4 import GROUP, Mxfp4Source
-from tpsim.config import ModelConfig, check_quantization_config
+from tpsim.config import ModelConfig
+from tpsim.config_checks import check_quantization_config
 from tpsim.errors import UsageError
 from tpsim.model import CausalLM
 from tpsim.parallel.group import TPGroup

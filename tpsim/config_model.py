@@ -1,0 +1,166 @@
+"""`ModelConfig`: one decoder of a tpsim family (tpsim.families), under the field names of Hugging
+Face's config classes, and what follows from its fields (layer kinds, heads, padded vocabulary).
+tpsim.config loads and validates it (tpsim.config_checks)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+from tpsim.errors import UsageError
+from tpsim.families import BY_MODEL_TYPE, DEFAULT_MODEL_TYPE, Attention, Family, MoeLayout
+
+VOCAB_PADDING = 64  # SGLang / vLLM DEFAULT_VOCAB_PADDING_SIZE
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder of one of tpsim's families. A field the family does not have keeps its default;
+    the family says which fields must be present (`Family.required`)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    intermediate_size: int
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    n_routed_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    n_shared_experts: int | None = None
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    topk_method: str = "greedy"
+    scoring_func: str = "softmax"
+    n_group: int | None = None
+    topk_group: int | None = None
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    num_key_value_heads: int | None = None
+    hidden_act: str = "silu"
+    head_dim: int | None = None  # GQA; None: hidden_size // num_attention_heads
+    attention_bias: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    sliding_window: int | None = None  # GPT-OSS: keys a sliding-attention layer sees, the query's own included
+    layer_types: tuple[str, ...] = ()  # GPT-OSS: sliding_attention / full_attention per layer
+    swiglu_limit: float = 7.0  # GPT-OSS's clamped SwiGLU
+    model_type: str = DEFAULT_MODEL_TYPE
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def family(self) -> Family:
+        return BY_MODEL_TYPE[self.model_type]
+
+    @property
+    def mla(self) -> bool:
+        return self.family.attention is Attention.MLA
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def attention_head_dim(self) -> int:
+        """GQA's head size."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    # --- derived sizes -------------------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+
+    def is_moe_layer(self, k: int) -> bool:
+        if self.n_routed_experts is None:
+            return False
+        if self.family.moe is MoeLayout.EVERY:
+            return True
+        if self.family.moe is MoeLayout.QWEN:
+            return k not in self.mlp_only_layers and (k + 1) % self.decoder_sparse_step == 0
+        return k >= self.first_k_dense_replace and k % self.moe_layer_freq == 0
+
+    @property
+    def first_moe_layer(self) -> int | None:
+        """The first MoE layer (None: the model has none), found without looping: L may be 10**9."""
+        if self.n_routed_experts is None:
+            return None
+        if self.family.moe is MoeLayout.EVERY:
+            first = 0
+        elif self.family.moe is MoeLayout.QWEN:
+            first = self.decoder_sparse_step - 1
+            while first in self.mlp_only_layers:
+                first += self.decoder_sparse_step
+        else:
+            f = self.moe_layer_freq
+            first = -(-self.first_k_dense_replace // f) * f
+        return None if first >= self.num_hidden_layers else first
+
+    @property
+    def first_dense_layer(self) -> int | None:
+        """The first layer with a dense MLP (None: every layer is MoE). A dense layer, if any, is
+        layer 0, layer 1 or one of mlp_only_layers under both layouts."""
+        L = self.num_hidden_layers
+        return next((k for k in sorted({0, 1, *self.mlp_only_layers}) if k < L and not self.is_moe_layer(k)), None)
+
+    def moe_layer_count(self) -> int:
+        """How many of the layers are MoE, counted without looping over them."""
+        first = self.first_moe_layer
+        if first is None:
+            return 0
+        if self.family.moe is MoeLayout.EVERY:
+            return self.num_hidden_layers
+        if self.family.moe is MoeLayout.QWEN:
+            s, L = self.decoder_sparse_step, self.num_hidden_layers
+            return L // s - sum(1 for m in set(self.mlp_only_layers) if m < L and (m + 1) % s == 0)
+        return (self.num_hidden_layers - 1 - first) // self.moe_layer_freq + 1
+
+    def window(self, k: int) -> int | None:
+        """The sliding window of layer k's attention (None: full attention)."""
+        sliding = k < len(self.layer_types) and self.layer_types[k] == "sliding_attention"
+        return self.sliding_window if sliding else None
+
+    def to_dict(self) -> dict:
+        """The config.json fields of this model's family, by the family's names."""
+        fam = self.family
+        d = {fam.hf_name(f): getattr(self, f) for f in fam.fields}
+        for name in ("mlp_only_layers", "layer_types"):
+            if name in d:
+                d[name] = list(d[name])
+        return {**self.extra, **d}
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    def check_tp(self, tp: int) -> None:
+        """Raise UsageError naming the first dimension that `tp` does not divide."""
+        if tp < 1:
+            raise UsageError(f"--tp {tp} must be a positive integer")
+        dims = [("num_attention_heads", self.num_attention_heads)]
+        if self.first_dense_layer is not None:
+            dims.append(("intermediate_size", self.intermediate_size))
+        if self.first_moe_layer is not None:
+            dims.append(("moe_intermediate_size", self.moe_intermediate_size))
+        dims.append(("padded vocab_size", self.padded_vocab_size))
+        for name, value in dims:
+            if value % tp:
+                raise UsageError(f"--tp {tp} does not divide {name}={value}; "
+                                 f"pick a --tp that divides it")
+        kv = self.kv_heads
+        if not self.mla and kv % tp and tp % kv:  # KV heads split (kv % tp == 0) or replicated (tp % kv == 0)
+            raise UsageError(f"--tp {tp} neither divides nor is a multiple of num_key_value_heads={kv}; "
+                             "pick a --tp that does one or the other")
