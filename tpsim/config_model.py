@@ -57,6 +57,9 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()  # GPT-OSS: sliding_attention / full_attention per layer
     swiglu_limit: float = 7.0  # GPT-OSS's clamped SwiGLU
     model_type: str = DEFAULT_MODEL_TYPE
+    # not a config.json field: linear weights kept in float8_e4m3fn blocks of this (rows, cols) shape
+    # with one float32 scale each (--weights fp8); None: in the model dtype, fp8 checkpoints dequantized
+    fp8_block: tuple[int, int] | None = None
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -145,6 +148,38 @@ class ModelConfig:
 
     def sha256(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    def weight_block(self) -> tuple[int, int]:
+        """The FP8 block a checkpoint of this config uses (quantization_config.weight_block_size),
+        DeepSeek-V3's 128 x 128 where it has none (a seeded model generated in FP8)."""
+        block = (self.extra.get("quantization_config") or {}).get("weight_block_size")
+        return (int(block[0]), int(block[1])) if block else (128, 128)
+
+    def check_fp8(self, tp: int) -> None:
+        """Raise UsageError naming the first tensor-parallel split that cuts an FP8 block: a rank's
+        shard must hold whole blocks (its scales are the blocks'), as vLLM's block-FP8 layers require."""
+        if self.fp8_block is None or tp == 1:
+            return
+        bo, bi = self.fp8_block
+        dims = []
+        if self.mla:
+            qk, H = (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0), self.num_attention_heads
+            dims += [("q_b_proj/q_proj rows", H * qk, bo), ("kv_b_proj rows", H * ((self.qk_nope_head_dim or 0)
+                                                                                 + (self.v_head_dim or 0)), bo),
+                     ("o_proj columns", H * (self.v_head_dim or 0), bi)]
+        else:
+            d = self.attention_head_dim
+            dims += [("q_proj rows", self.num_attention_heads * d, bo), ("o_proj columns", self.num_attention_heads * d, bi)]
+        if self.first_dense_layer is not None:
+            dims += [("gate/up_proj rows", self.intermediate_size, bo), ("down_proj columns", self.intermediate_size, bi)]
+        if self.first_moe_layer is not None:
+            dims += [("expert gate/up rows", self.moe_intermediate_size, bo),
+                     ("expert down_proj columns", self.moe_intermediate_size, bi)]
+        for name, size, b in dims:
+            if (size // tp) % b:
+                raise UsageError(f"--weights fp8 at --tp {tp}: each rank's {name} ({size} / {tp} = {size // tp}) "
+                                 f"is not a multiple of the {b}-wide fp8 block, so a shard would split a block; "
+                                 "use a smaller --tp or --weights bf16")
 
     def check_tp(self, tp: int) -> None:
         """Raise UsageError naming the first dimension that `tp` does not divide."""

@@ -86,7 +86,7 @@ class DecoderLayer(Tapped, nn.Module):
         self.mlp = (moe_class(cfg)(cfg, group, f"{prefix}.mlp", dtype, reduce_results=False,
                                    expert_parallel=mode.expert_parallel, probe=probe) if self.is_moe
                     else DenseMLP(cfg.hidden_size, cfg.intermediate_size, group, f"{prefix}.mlp", dtype,
-                                  reduce_results=False, probe=probe))
+                                  reduce_results=False, probe=probe, fp8=cfg.fp8_block))
 
     @classmethod
     def points(cls, cfg: ModelConfig, k: int) -> list[NamedPoint]:

@@ -196,8 +196,9 @@ class Checkpoint:
         return (near or files)[0] if len(near or files) == 1 else f"one of {', '.join(near or files)}"
 
     @contextmanager
-    def open(self, name: str):
-        """The lazy slice object of tensor `name` (fp8 weights come dequantized), with its file
+    def open(self, name: str, keep_fp8: bool = False):
+        """The lazy slice object of tensor `name` (fp8 weights come dequantized; `keep_fp8`: as
+        BlockFp8 parts of their fp8 values and scales), with its file
         mapped only while the block runs: a rank's memory then holds its parameters and the
         slice being copied, not every page of the checkpoint it touched."""
         _, dtype, shape = self.tensors[name]
@@ -205,7 +206,7 @@ class Checkpoint:
             def lazy(n):
                 return stack.enter_context(safe_open(str(self.path / self.tensors[n][0]), framework="pt")).get_slice(n)
             if dtype == "F8_E4M3":
-                src = Fp8Source(lazy(name), lazy(f"{name}_scale_inv"), self.block, shape)
+                src = Fp8Source(lazy(name), lazy(f"{name}_scale_inv"), self.block, shape, raw=keep_fp8)
             elif dtype == MXFP4:
                 src = Mxfp4Source(lazy(f"{name}_blocks"), lazy(f"{name}_scales"))
             else:
@@ -289,4 +290,5 @@ def _check_fp8(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> None:
 
 def load_weights(model: torch.nn.Module, ckpt: Checkpoint, progress=None) -> None:
     """Fill every parameter of a tpsim model (any TP degree) with this rank's slices."""
-    fill_weights(model, lambda spec, beat: ckpt.open(spec.name), "reading weights", progress)
+    keep = model.config.fp8_block is not None
+    fill_weights(model, lambda spec, beat: ckpt.open(spec.name, keep), "reading weights", progress)

@@ -95,8 +95,9 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     cfg, mode, dtype = spec.cfg, spec.mode, spec.dtype
     H, L, n = cfg.hidden_size, cfg.num_hidden_layers, len(spec.positions)
     ids = "default " + str(res.internal) if res.ids is None else str(res.ids)
+    fp8 = f" in fp8 ({cfg.fp8_block[0]}x{cfg.fp8_block[1]} blocks)" if cfg.fp8_block else ""
     say(f"tpsim check: {spec.source.name} (L={L}, hidden={H}), {dtype}, {len(spec.tokens)} tokens, "
-        f"seed {spec.seed}, {spec.source.weights} weights")
+        f"seed {spec.seed}, {spec.source.weights} weights{fp8}")
     for note in spec.source.notes:
         say(f"note: {note}")
     say(f"capture: {res.convention} ids {ids} -> {res.positions_text} (width {n} x {H} = {n * H})")
@@ -111,7 +112,7 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
         say(f"note: pipeline parallel --pp {pipe.size} ({pipe.split.value}'s get_pp_indices: {stages}; stage s on "
             f"ranks s*tp..s*tp+tp-1); a stage's aux hidden states are {pipe.handoff.value}"
             + (f" ({pipe.why})" if pipe.why else ""))
-    say(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}); "
+    say(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}{', fp8 weights' if fp8 else ''}); "
         "ranks identical means bitwise equal to the group's rank 0")
     plain = mode.plain and pipe is None
     table(

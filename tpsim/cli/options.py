@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
@@ -155,13 +156,17 @@ def tbo_note(profile) -> str:
 
 EXECUTION_OPTIONS = {"dtype": "--dtype", "seq_len": "--seq-len", "seed": "--seed", "device": "--device",
                      "backend": "--backend", "timeout": "--timeout", "ignore_limits": "--ignore-limits",
-                     "override": "--override"}
+                     "override": "--override", "weights": "--weights"}
 
 
 def add_execution_options(p: argparse.ArgumentParser) -> None:
     """How a model runs: dtype, tokens, seed, device, backend, timeout, --ignore-limits, --override."""
     p.add_argument("--dtype", default="auto", type=dtype_name, choices=DTYPES,
                    help="auto: float32 on CPU, bfloat16 on CUDA (bf16, fp16, fp32 also accepted)")
+    p.add_argument("--weights", default="auto", choices=["auto", "fp8", "bf16"],
+                   help="linear weights kept in block-scaled fp8 (multiplied by a block-scaled fp8 GEMM, "
+                        "activations quantized per token and 128 columns) or in the model dtype (bf16: an fp8 "
+                        "checkpoint dequantized on load); auto: fp8 for an fp8 checkpoint on CUDA, else bf16")
     p.add_argument("--seq-len", help="number of random tokens drawn from --seed (default 16)")
     p.add_argument("--seed", type=seed_value, default=0, help="weights and token seed (default 0)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -198,6 +203,22 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
     p.add_argument("--enable-dp-lm-head", action="store_true", default=None,
                    help="dp-attention: SGLang's --enable-dp-lm-head, the LM head replicated on each rank's own "
                         "tokens (default off, as in SGLang: vocab-parallel over all ranks' gathered tokens)")
+
+
+def weights_for(args, src: ModelSource, tps: list[int]) -> ModelSource:
+    """The source with its config saying how linear weights are kept (ModelConfig.fp8_block)."""
+    quant = src.cfg.extra.get("quantization_config") or {}
+    fp8 = args.weights == "fp8" or (args.weights == "auto" and args.device == "cuda" and src.checkpoint is not None
+                                    and quant.get("quant_method") == "fp8")
+    if not fp8:
+        return src
+    if src.cfg.family.sinks:
+        raise UsageError(f"--weights fp8 covers the DeepSeek, Llama and Qwen families; {src.cfg.model_type} "
+                         "publishes mxfp4 experts: use --weights bf16")
+    src = dataclasses.replace(src, cfg=dataclasses.replace(src.cfg, fp8_block=src.cfg.weight_block()))
+    for t in tps:
+        src.cfg.check_fp8(t)
+    return src
 
 
 def dtype_for(args) -> str:
@@ -285,7 +306,8 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
     """Everything validated before any rank starts: config, degrees, capture, tokens, mode, memory
     (`mode`: the mode and strategy when the caller decided them, else the --mode options)."""
     check_timeout(args.timeout)
-    src = source or load_source(args, tps)
+    src = weights_for(args, source or load_source(args, tps), tps) if hasattr(args, "weights") else \
+        (source or load_source(args, tps))
     res = resolution_for(args, src.cfg) if positions is None else None
     tokens = tokens_for(args, src.cfg)
     if mode is not None:

@@ -39,19 +39,21 @@ class MLA(Tapped, nn.Module):
         self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.qk_dim, self.kv_lora_rank = cfg.qk_head_dim, cfg.kv_lora_rank
         self.q_lora = cfg.q_lora_rank is not None
+        fp8 = cfg.fp8_block
         if self.q_lora:
-            self.q_a_proj = ReplicatedLinear(hid, cfg.q_lora_rank, group, f"{prefix}.q_a_proj", dtype)
+            self.q_a_proj = ReplicatedLinear(hid, cfg.q_lora_rank, group, f"{prefix}.q_a_proj", dtype, fp8=fp8)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, group, f"{prefix}.q_a_layernorm", dtype)
-            self.q_b_proj = ColumnParallelLinear(cfg.q_lora_rank, H * self.qk_dim, group, f"{prefix}.q_b_proj", dtype)
+            self.q_b_proj = ColumnParallelLinear(cfg.q_lora_rank, H * self.qk_dim, group, f"{prefix}.q_b_proj", dtype,
+                                                 fp8=fp8)
         else:
-            self.q_proj = ColumnParallelLinear(hid, H * self.qk_dim, group, f"{prefix}.q_proj", dtype)
+            self.q_proj = ColumnParallelLinear(hid, H * self.qk_dim, group, f"{prefix}.q_proj", dtype, fp8=fp8)
         self.kv_a_proj_with_mqa = ReplicatedLinear(hid, cfg.kv_lora_rank + self.rope, group,
-                                                   f"{prefix}.kv_a_proj_with_mqa", dtype)
+                                                   f"{prefix}.kv_a_proj_with_mqa", dtype, fp8=fp8)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps, group, f"{prefix}.kv_a_layernorm", dtype)
         self.kv_b_proj = ColumnParallelLinear(cfg.kv_lora_rank, H * (self.nope + self.v_dim), group,
-                                              f"{prefix}.kv_b_proj", dtype)
+                                              f"{prefix}.kv_b_proj", dtype, fp8=fp8)
         self.o_proj = RowParallelLinear(H * self.v_dim, hid, group, f"{prefix}.o_proj", dtype,
-                                        reduce_results=reduce_results, probe=probe)
+                                        reduce_results=reduce_results, probe=probe, fp8=fp8)
         self.rotary_emb = DeepseekRotaryEmbedding(self.rope, cfg.rope_theta, cfg.rope_scaling, group.device)
         self.scaling = softmax_scale(self.qk_dim, cfg.rope_scaling)
         self.group, self.point, self.probe = group, point_name(prefix), probe

@@ -37,6 +37,7 @@ class AttentionShape:
     qk_norm_eps: float | None = None  # Qwen3: RMSNorm over each q and k head (weights [head_dim]) before rope
     sinks: bool = False  # GPT-OSS: a learned logit per head in the softmax denominator
     window: int | None = None  # GPT-OSS sliding layers: keys a query sees, itself included
+    fp8_block: tuple[int, int] | None = None  # q/k/v/o weights kept in FP8 blocks (ModelConfig.fp8_block)
 
     @classmethod
     def of(cls, cfg: ModelConfig, k: int = 0) -> "AttentionShape":
@@ -44,7 +45,8 @@ class AttentionShape:
         (transformers LlamaAttention, Qwen3Attention, GptOssAttention)."""
         return cls(cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.attention_head_dim, cfg.rope_theta,
                    cfg.rope_scaling, cfg.attention_bias, cfg.attention_bias,
-                   cfg.rms_norm_eps if cfg.family.qk_norm else None, cfg.family.sinks, cfg.window(k))
+                   cfg.rms_norm_eps if cfg.family.qk_norm else None, cfg.family.sinks, cfg.window(k),
+                   cfg.fp8_block)
 
 
 class GQA(Tapped, nn.Module):
@@ -60,9 +62,10 @@ class GQA(Tapped, nn.Module):
         probe = probe or Probe(group)
         s, d = shape, shape.head_dim
         self.qkv_proj = QKVParallelLinear(s.hidden_size, d, s.num_attention_heads, s.num_key_value_heads, group,
-                                          f"{prefix}.qkv_proj", dtype, bias=s.attention_bias)
+                                          f"{prefix}.qkv_proj", dtype, bias=s.attention_bias, fp8=s.fp8_block)
         self.o_proj = RowParallelLinear(s.num_attention_heads * d, s.hidden_size, group, f"{prefix}.o_proj", dtype,
-                                        bias=s.o_proj_bias, reduce_results=reduce_results, probe=probe)
+                                        bias=s.o_proj_bias, reduce_results=reduce_results, probe=probe,
+                                        fp8=s.fp8_block)
         self.rotary_emb = NeoxRotaryEmbedding(d, s.rope_theta, s.rope_scaling, group.device)
         self.qk_norm = s.qk_norm_eps is not None
         if self.qk_norm:  # one [head_dim] weight shared by every head: replicated, whatever the split

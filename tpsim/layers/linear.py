@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from tpsim.layers.fp8 import FP8, BlockFp8, linear, scale_shape
 from tpsim.layers.probe import Point, Probe, Tapped, point_name
 from tpsim.parallel.placement import P, R
 from tpsim.parallel.group import TPGroup
@@ -44,48 +44,73 @@ def divide(n: int, d: int, what: str) -> int:
     return n // d
 
 
-def _copy(param: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy a (sliced) source tensor into a parameter, casting to its dtype and device."""
+def _copy(param: "torch.Tensor | BlockFp8", src: "torch.Tensor | BlockFp8") -> None:
+    """Copy a (sliced) source tensor into a parameter, casting to its dtype and device (into FP8
+    blocks: the source's FP8 values and scales, or the source quantized)."""
     assert tuple(param.shape) == tuple(src.shape), (param.shape, src.shape)
+    if isinstance(param, BlockFp8):
+        param.copy_(src)
+        return
+    if isinstance(src, BlockFp8):  # an fp8 checkpoint tensor into a parameter kept in the model dtype
+        src = src.dequantize()
     with torch.no_grad():
         param.copy_(src)
 
 
+def fp8_parameters(module: nn.Module, shape: tuple[int, ...], block: tuple[int, int], device) -> None:
+    """Give `module` an FP8 `weight` of `shape` and its float32 `weight_scale_inv` (one per block)."""
+    module.weight = nn.Parameter(torch.empty(shape, dtype=FP8, device=device), requires_grad=False)
+    scales = (*shape[:-2], *scale_shape(tuple(shape[-2:]), block))
+    module.weight_scale_inv = nn.Parameter(torch.empty(scales, dtype=torch.float32, device=device),
+                                           requires_grad=False)
+
+
 class _Linear(nn.Module):
+    """`fp8`: the weight kept in float8_e4m3fn blocks of this (rows, cols) shape with their scales
+    (`w` is then a BlockFp8); None: in `dtype`."""
+
     def __init__(self, in_features: int, out_features: int, group: TPGroup, prefix: str,
-                 dtype: torch.dtype, bias: bool, local_shape: tuple[int, int]):
+                 dtype: torch.dtype, bias: bool, local_shape: tuple[int, int], fp8: tuple[int, int] | None = None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.group, self.prefix = group, prefix
-        self.weight = nn.Parameter(torch.empty(local_shape, dtype=dtype, device=group.device), requires_grad=False)
+        self.group, self.prefix, self.fp8 = group, prefix, fp8
+        if fp8 is None:
+            self.weight = nn.Parameter(torch.empty(local_shape, dtype=dtype, device=group.device), requires_grad=False)
+        else:
+            fp8_parameters(self, local_shape, fp8, group.device)
         self.bias = None
         if bias:
             n = local_shape[0] if isinstance(self, (ColumnParallelLinear,)) else out_features
             self.bias = nn.Parameter(torch.empty(n, dtype=dtype, device=group.device), requires_grad=False)
 
+    @property
+    def w(self) -> "torch.Tensor | BlockFp8":
+        """The weight as the forward multiplies by it (FP8 blocks with their scales, or a tensor)."""
+        return self.weight if self.fp8 is None else BlockFp8(self.weight, self.weight_scale_inv, self.fp8)
+
+    def forward(self, x):
+        return linear(x, self.w, self.bias)
+
 
 class ReplicatedLinear(_Linear):
     """Full weight on every rank; input and output Replicate()."""
 
-    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False):
-        super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, in_features))
+    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, fp8=None):
+        super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, in_features), fp8)
 
     def weight_specs(self):
         yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
-                         lambda t: _copy(self.weight, t[:]))
+                         lambda t: _copy(self.w, t[:]))
         if self.bias is not None:
             yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t[:]))
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(_Linear):
     """Output features split contiguously: `[T, in]` Replicate() → `[T, out/tp]` Shard(-1)."""
 
-    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False):
+    def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, fp8=None):
         self.out_per_rank = divide(out_features, group.size, f"{prefix} output size")
-        super().__init__(in_features, out_features, group, prefix, dtype, bias, (self.out_per_rank, in_features))
+        super().__init__(in_features, out_features, group, prefix, dtype, bias, (self.out_per_rank, in_features), fp8)
 
     def _rows(self, t):
         start = self.group.rank * self.out_per_rank
@@ -93,12 +118,9 @@ class ColumnParallelLinear(_Linear):
 
     def weight_specs(self):
         yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
-                         lambda t: _copy(self.weight, self._rows(t)))
+                         lambda t: _copy(self.w, self._rows(t)))
         if self.bias is not None:
             yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, self._rows(t)))
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -108,17 +130,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     a contiguous split of the concatenation would pair the wrong rows.
     """
 
-    def __init__(self, in_features, output_sizes: list[int], group, prefix, dtype, hf_names: list[str]):
+    def __init__(self, in_features, output_sizes: list[int], group, prefix, dtype, hf_names: list[str], fp8=None):
         self.output_sizes, self.hf_names = list(output_sizes), list(hf_names)
         self.sizes_per_rank = [divide(o, group.size, f"{prefix} output size") for o in output_sizes]
-        super().__init__(in_features, sum(output_sizes), group, prefix, dtype, bias=False)
+        super().__init__(in_features, sum(output_sizes), group, prefix, dtype, bias=False, fp8=fp8)
 
     def weight_specs(self):
         offset = 0
         for name, size, local in zip(self.hf_names, self.output_sizes, self.sizes_per_rank):
             def load(t, offset=offset, local=local):
                 start = self.group.rank * local
-                _copy(self.weight[offset:offset + local], t[start:start + local])
+                _copy(self.w[offset:offset + local], t[start:start + local])
             yield WeightSpec(name, (size, self.in_features), load)
             offset += local
 
@@ -131,7 +153,7 @@ class QKVParallelLinear(ColumnParallelLinear):
     `r // (tp/kv_heads)`). Output `[T, (q + 2 kv) * head_dim]`: `[q | k | v]` of this rank's heads."""
 
     def __init__(self, hidden: int, head_dim: int, heads: int, kv_heads: int, group, prefix: str, dtype,
-                 bias: bool = False):
+                 bias: bool = False, fp8: tuple[int, int] | None = None):
         tp = group.size
         self.heads, self.head_dim = divide(heads, tp, "num_attention_heads"), head_dim
         if tp >= kv_heads:
@@ -146,7 +168,7 @@ class QKVParallelLinear(ColumnParallelLinear):
                    for n, size, total, shard in (("q_proj", sizes[0], heads, group.rank),
                                                  ("k_proj", sizes[1], kv_heads, self.kv_shard),
                                                  ("v_proj", sizes[2], kv_heads, self.kv_shard))]
-        _Linear.__init__(self, hidden, sum(sizes) * tp, group, prefix, dtype, bias, (sum(sizes), hidden))
+        _Linear.__init__(self, hidden, sum(sizes) * tp, group, prefix, dtype, bias, (sum(sizes), hidden), fp8)
         self.out_per_rank = sum(sizes)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -158,7 +180,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             def rows(t, size=size, shard=shard):
                 return t[shard * size:(shard + 1) * size]
             yield WeightSpec(f"{name}.weight", (full, self.in_features),
-                             lambda t, o=offset, n=size, rows=rows: _copy(self.weight[o:o + n], rows(t)))
+                             lambda t, o=offset, n=size, rows=rows: _copy(self.w[o:o + n], rows(t)))
             if self.bias is not None:
                 yield WeightSpec(f"{name}.bias", (full,),
                                  lambda t, o=offset, n=size, rows=rows: _copy(self.bias[o:o + n], rows(t)))
@@ -173,15 +195,15 @@ class RowParallelLinear(Tapped, _Linear):
               Point("out", R, "{module} output after its all-reduce"))
 
     def __init__(self, in_features, out_features, group, prefix, dtype, bias=False, reduce_results=True,
-                 probe: Probe | None = None):
+                 probe: Probe | None = None, fp8: tuple[int, int] | None = None):
         self.in_per_rank = divide(in_features, group.size, f"{prefix} input size")
-        super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, self.in_per_rank))
+        super().__init__(in_features, out_features, group, prefix, dtype, bias, (out_features, self.in_per_rank), fp8)
         self.reduce_results, self.point, self.probe = reduce_results, point_name(prefix), probe or Probe(group)
 
     def weight_specs(self):
         start = self.group.rank * self.in_per_rank
         yield WeightSpec(f"{self.prefix}.weight", (self.out_features, self.in_features),
-                         lambda t: _copy(self.weight, t[:, start:start + self.in_per_rank]))
+                         lambda t: _copy(self.w, t[:, start:start + self.in_per_rank]))
         if self.bias is not None:
             yield WeightSpec(f"{self.prefix}.bias", (self.out_features,), lambda t: _copy(self.bias, t[:]))
 
@@ -190,7 +212,7 @@ class RowParallelLinear(Tapped, _Linear):
         return y if self.bias is None else y + self.bias
 
     def forward(self, x):
-        y = F.linear(x, self.weight)
+        y = linear(x, self.w)
         if not self.reduce_results:  # the caller reduces, then calls add_bias
             return y
         self.tap("partial", y)

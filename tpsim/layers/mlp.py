@@ -19,15 +19,16 @@ class DenseMLP(Tapped, nn.Module):
     POINTS = (Point("act", S1, "silu(gate) * up: this rank's intermediate columns"),)
 
     def __init__(self, hidden: int, intermediate: int, group: TPGroup, prefix: str, dtype: torch.dtype,
-                 reduce_results: bool = True, tap_act: bool = True, probe: Probe | None = None):
+                 reduce_results: bool = True, tap_act: bool = True, probe: Probe | None = None,
+                 fp8: tuple[int, int] | None = None):
         super().__init__()
         probe = probe or Probe(group)
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden, [intermediate, intermediate], group, f"{prefix}.gate_up_proj", dtype,
-            hf_names=[f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"])
+            hf_names=[f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"], fp8=fp8)
         self.group, self.point, self.probe, self.tap_act = group, point_name(prefix), probe, tap_act
         self.down_proj = RowParallelLinear(intermediate, hidden, group, f"{prefix}.down_proj", dtype,
-                                           reduce_results=reduce_results, probe=probe)
+                                           reduce_results=reduce_results, probe=probe, fp8=fp8)
 
     @classmethod
     def points(cls, base: str) -> list[NamedPoint]:

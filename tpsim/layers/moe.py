@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpsim.config import ModelConfig
-from tpsim.layers.linear import WeightSpec, _copy, divide
+from tpsim.layers.fp8 import BlockFp8, linear
+from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
 from tpsim.layers.mlp import DenseMLP
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
@@ -101,17 +102,29 @@ class Experts(nn.Module):
     """
 
     def __init__(self, hidden: int, intermediate: int, first: int, count: int, shard: TPGroup, prefix: str,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, fp8: tuple[int, int] | None = None):
         super().__init__()
         self.first, self.count, self.prefix, self.shard = first, count, prefix, shard
-        self.hidden, self.intermediate = hidden, intermediate
+        self.hidden, self.intermediate, self.fp8 = hidden, intermediate, fp8
         self.local = divide(intermediate, shard.size, f"{prefix} moe_intermediate_size")
         device = shard.device
-        self.w13 = nn.Parameter(torch.empty(count, 2 * self.local, hidden, dtype=dtype, device=device),
-                                requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(count, hidden, self.local, dtype=dtype, device=device),
-                               requires_grad=False)
-        self.grouped = _grouped_mm_works(dtype, device, hidden, self.local)
+        if fp8 is None:
+            self.w13 = nn.Parameter(torch.empty(count, 2 * self.local, hidden, dtype=dtype, device=device),
+                                    requires_grad=False)
+            self.w2 = nn.Parameter(torch.empty(count, hidden, self.local, dtype=dtype, device=device),
+                                   requires_grad=False)
+        else:  # each stack with its block scales, as two FP8 modules (w13.weight, w2.weight)
+            self.gate_up, self.down = nn.Module(), nn.Module()
+            fp8_parameters(self.gate_up, (count, 2 * self.local, hidden), fp8, device)
+            fp8_parameters(self.down, (count, hidden, self.local), fp8, device)
+        self.grouped = fp8 is None and _grouped_mm_works(dtype, device, hidden, self.local)
+
+    def _stack(self, which: str) -> "torch.Tensor | BlockFp8":
+        """w13 or w2 as the forward multiplies by it (FP8 blocks with their scales, or a tensor)."""
+        if self.fp8 is None:
+            return getattr(self, which)
+        m = self.gate_up if which == "w13" else self.down
+        return BlockFp8(m.weight, m.weight_scale_inv, self.fp8)
 
     def weight_specs(self):
         r, n = self.shard.rank, self.local
@@ -119,9 +132,10 @@ class Experts(nn.Module):
             name = f"{self.prefix}.{self.first + i}"
             for j, part in enumerate(("gate_proj", "up_proj")):
                 yield WeightSpec(f"{name}.{part}.weight", (self.intermediate, self.hidden),
-                                 lambda t, i=i, j=j: _copy(self.w13[i, j * n:(j + 1) * n], t[r * n:(r + 1) * n]))
+                                 lambda t, i=i, j=j: _copy(self._stack("w13")[i, j * n:(j + 1) * n],
+                                                           t[r * n:(r + 1) * n]))
             yield WeightSpec(f"{name}.down_proj.weight", (self.hidden, self.intermediate),
-                             lambda t, i=i: _copy(self.w2[i], t[:, r * n:(r + 1) * n]))
+                             lambda t, i=i: _copy(self._stack("w2")[i], t[:, r * n:(r + 1) * n]))
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """experts `[N]`: the local expert of each of N rows; the rows are `x[rows]` (`x` itself
@@ -130,9 +144,9 @@ class Experts(nn.Module):
         order = experts.argsort(stable=True)
         offs = _counts(experts, self.count).cumsum(0).to(torch.int32)
         xs = x[order if rows is None else rows[order]]  # one gather, straight into expert order
-        h = self._mm(xs, self.w13, offs)
+        h = self._mm(xs, self._stack("w13"), offs)
         gate, up = h.chunk(2, dim=-1)
-        y = self._mm(F.silu(gate) * up, self.w2, offs)
+        y = self._mm(F.silu(gate) * up, self._stack("w2"), offs)
         return y[_inverse(order)]  # back to row order: a gather (faster than the scatter index_copy_)
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -141,7 +155,7 @@ class Experts(nn.Module):
             return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
         ends = offs.tolist()  # the fallback syncs with the host once per call
         starts = [0] + ends[:-1]
-        return torch.cat([F.linear(x[a:b], w[e]) for e, (a, b) in enumerate(zip(starts, ends))]) if x.shape[0] \
+        return torch.cat([linear(x[a:b], w[e]) for e, (a, b) in enumerate(zip(starts, ends)) if b > a]) if x.shape[0] \
             else x.new_empty((0, w.shape[1]))
 
 
@@ -192,15 +206,15 @@ class MoE(Tapped, nn.Module):
         if expert_parallel:
             per_rank = divide(E, group.size, "n_routed_experts")
             self.experts = Experts(cfg.hidden_size, I, group.rank * per_rank, per_rank, group.local_view(),
-                                   f"{prefix}.experts", dtype)
+                                   f"{prefix}.experts", dtype, cfg.fp8_block)
         else:
-            self.experts = Experts(cfg.hidden_size, I, 0, E, group, f"{prefix}.experts", dtype)
+            self.experts = Experts(cfg.hidden_size, I, 0, E, group, f"{prefix}.experts", dtype, cfg.fp8_block)
         self.shared_experts = None
         if cfg.n_shared_experts:  # under EP replicated, as SGLang builds them with DeepEP (tp_size=1)
             self.shared_experts = DenseMLP(cfg.hidden_size, I * cfg.n_shared_experts,
                                            group.local_view() if expert_parallel else group,
                                            f"{prefix}.shared_experts", dtype, reduce_results=False, tap_act=False,
-                                           probe=probe)
+                                           probe=probe, fp8=cfg.fp8_block)
 
     @property
     def router(self) -> MoEGate:

@@ -86,6 +86,8 @@ def check_memory(cfg, tps: list[int], dtype: str, device: str, ignore_limits: bo
     if ignore_limits or (device == "cpu" and not os.path.exists("/proc/meminfo")):
         return
     shard = {t: shard_bytes(cfg, t, DTYPES[dtype]) for t in tps}
+    if cfg.fp8_block is not None:  # the linear weights in fp8, the rest (embedding, head, norms, router) in dtype
+        dtype = f"fp8 ({cfg.fp8_block[0]}x{cfg.fp8_block[1]}-block) and {dtype}"
     if device == "cuda":
         gpus = max(1, torch.cuda.device_count())
         per = {t: (1 if under_torchrun() else -(-t // gpus)) for t in tps}

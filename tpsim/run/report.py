@@ -14,7 +14,7 @@ from tpsim.run.graphs import failures as graph_failures
 from tpsim.run.jobs import NEAR_TIE
 from tpsim.run.pipeline import stage_collectives
 from tpsim.run.results import RankCheck, SlotVerdict
-from tpsim.run.spec import TOLERANCE, RunSpec
+from tpsim.run.spec import RunSpec
 
 TOLERANCE_METRIC = "||TP=t - TP=1||_F / ||TP=1||_F"
 
@@ -55,7 +55,7 @@ class GraphRow:
 
 
 def graph_rows(spec: RunSpec, checks: list[GraphCheck]) -> list[GraphRow]:
-    return [GraphRow(c, graph_failures(c, spec.graphs.ids, TOLERANCE[spec.dtype]))
+    return [GraphRow(c, graph_failures(c, spec.graphs.ids, spec.tolerance))
             for c in sorted(checks, key=lambda c: c.tp)]
 
 
@@ -73,7 +73,7 @@ class CheckReport:
 
     @property
     def tolerance(self) -> float:
-        return TOLERANCE[self.spec.dtype]
+        return self.spec.tolerance
 
     def to_dict(self) -> dict:
         """`tpsim check --json` (fields are added, never renamed)."""
@@ -120,7 +120,7 @@ def summarize(spec: RunSpec, res: Resolution, tps: list[int], results: list[Rank
 
 
 def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
-    mode, cfg, tol = spec.mode, spec.cfg, TOLERANCE[spec.dtype]
+    mode, cfg, tol = spec.mode, spec.cfg, spec.tolerance
     T, width = len(spec.tokens), len(spec.positions) * cfg.hidden_size
     shapes = sorted({json.dumps(r.shape) for r in mine})
     errs = [r.rel_err for r in mine if r.rel_err is not None]
@@ -199,7 +199,7 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
 def pp_row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
     """One TP degree under pipeline parallelism: every stage's collectives against its formula, and
     on the last stage (where the draft runs) the slots that reached it, compared with TP=1, PP=1."""
-    cfg, pipe, pos, tol = spec.cfg, spec.pipeline, list(spec.positions), TOLERANCE[spec.dtype]
+    cfg, pipe, pos, tol = spec.cfg, spec.pipeline, list(spec.positions), spec.tolerance
     every = pipe.stages(cfg.num_hidden_layers, tp)
     T, H = len(spec.tokens), cfg.hidden_size
     expected_shape = [T, len(pos) * H]

@@ -92,5 +92,11 @@ class RunSpec:
         return self.source.cfg
 
     @property
+    def tolerance(self) -> float:
+        """‖TP=t − TP=1‖ / ‖TP=1‖ allowed: the dtype's, or with fp8 weights the bf16 bound (activations are
+        quantized to fp8 per token group, and a different all-reduce order can flip one rounding step)."""
+        return TOLERANCE["bfloat16"] if self.cfg.fp8_block is not None else TOLERANCE[self.dtype]
+
+    @property
     def checkpoint(self) -> str | None:
         return None if self.source.checkpoint is None else str(self.source.checkpoint)

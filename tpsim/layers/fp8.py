@@ -1,0 +1,137 @@
+"""Block-scaled FP8 weights kept in FP8, and the GEMM that multiplies by them.
+
+DeepSeek-V3 publishes its linear weights as `float8_e4m3fn` `W [out, in]` next to float32
+`W_scale_inv [ceil(out/bo), ceil(in/bi)]`: the weight is `fp8 * scale_inv` of its `bo x bi` block
+(128 x 128). Its inference code (deepseek-ai/DeepSeek-V3 `inference/kernel.py`: `act_quant`,
+`fp8_gemm`) and the engines (vLLM `W8A8BlockFp8LinearOp`, SGLang `fp8_utils`) keep the weight in
+FP8 and quantize the activation per token and per group of `bi` input columns, one float32
+scale each, then multiply the two FP8 operands with both scales in a block-scaled GEMM.
+
+`BlockFp8` is such a weight (or a stack of them, e.g. every expert's), sliceable in element
+units along block boundaries, so a rank's loader copies its shard of the FP8 values and the
+matching scales; `linear` multiplies by it: on CUDA with `torch._scaled_mm`'s block-wise
+scaling (1 x 128 activation groups, 128 x 128 weight blocks), elsewhere by the same arithmetic in
+float32 (quantized activation times dequantized weight), which is also the reference the GPU
+kernel is tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_SCALED_MM_BLOCK = (128, 128)  # the block torch._scaled_mm's block-wise recipe takes
+
+
+def scale_shape(shape: tuple[int, int], block: tuple[int, int]) -> tuple[int, int]:
+    return math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])
+
+
+def quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`w [out, in]` → (float8_e4m3fn `[out, in]`, float32 scale_inv `[ceil(out/bo), ceil(in/bi)]`),
+    one scale per block so its largest magnitude maps to 448."""
+    bo, bi = block
+    so, si = scale_shape(tuple(w.shape), block)
+    padded = torch.zeros(so * bo, si * bi, dtype=torch.float32, device=w.device)
+    padded[:w.shape[0], :w.shape[1]] = w.float()
+    blocks = padded.view(so, bo, si, bi)
+    scale = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(1e-12)
+    q = (blocks / scale[:, None, :, None]).to(FP8).view(so * bo, si * bi)
+    return q[:w.shape[0], :w.shape[1]].contiguous(), scale
+
+
+def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """The whole float32 weight: each `bo x bi` block of `q` times its scale."""
+    s = scale_inv.float().repeat_interleave(block[0], -2).repeat_interleave(block[1], -1)
+    return q.float() * s[..., :q.shape[-2], :q.shape[-1]]
+
+
+def act_quant(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x [T, K]` → (float8_e4m3fn `[T, K]`, float32 scales `[T, ceil(K/group)]`): one scale per token
+    and per `group` input columns, its largest magnitude mapped to 448 (DeepSeek's `act_quant`)."""
+    T, K = x.shape
+    n = math.ceil(K / group)
+    padded = F.pad(x.float(), (0, n * group - K)).view(T, n, group)
+    scale = (padded.abs().amax(-1) / FP8_MAX).clamp_min(1e-12)
+    q = (padded / scale[..., None]).to(FP8).view(T, n * group)[:, :K]
+    return q, scale
+
+
+def block_slice(s: slice, n: int, b: int, what: str) -> tuple[slice, slice]:
+    """An element slice of a dimension of size n and the slice of its block scales; it must start
+    on a block boundary and end on one or at n (a shard that splits a block has no scale of its own)."""
+    start, stop, step = s.indices(n)
+    stop = max(start, stop)
+    if step != 1 or start % b or (stop % b and stop != n):
+        raise ValueError(f"{what} [{start}:{stop}] of {n} does not follow the {b}-wide fp8 blocks")
+    return slice(start, stop), slice(start // b, math.ceil(stop / b))
+
+
+@dataclass
+class BlockFp8:
+    """A block-scaled FP8 matrix, or a stack of them: `q` `[..., out, in]` float8_e4m3fn,
+    `scale_inv` `[..., ceil(out/bo), ceil(in/bi)]` float32, `block` `(bo, bi)`. Indexing takes
+    integers or slices on the leading dims and block-aligned slices on the last two, and returns a
+    view of both (what a loader copies a shard into)."""
+
+    q: torch.Tensor
+    scale_inv: torch.Tensor
+    block: tuple[int, int]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def __getitem__(self, idx) -> "BlockFp8":
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        idx = idx + (slice(None),) * (self.q.dim() - len(idx))
+        lead, (rows, cols) = idx[:-2], idx[-2:]
+        (r, sr), (c, sc) = (block_slice(s, n, b, what) for s, n, b, what in
+                            zip((rows, cols), self.q.shape[-2:], self.block, ("rows", "columns")))
+        return BlockFp8(self.q[(*lead, r, c)], self.scale_inv[(*lead, sr, sc)], self.block)
+
+    def copy_(self, src: "BlockFp8 | torch.Tensor") -> None:
+        """Copy FP8 values and scales from `src`; a full-precision matrix is quantized first (its
+        blocks are this shard's blocks, so a seeded model's FP8 weights are the same at every TP)."""
+        if not isinstance(src, BlockFp8):
+            if src.dim() != 2:
+                raise ValueError("only a matrix can be quantized into fp8 blocks")
+            src = BlockFp8(*quantize(src, self.block), self.block)
+        if src.block != self.block or src.q.shape != self.q.shape or src.scale_inv.shape != self.scale_inv.shape:
+            raise ValueError(f"fp8 shard {tuple(src.q.shape)} (blocks {src.block}) does not fit "
+                             f"{tuple(self.q.shape)} (blocks {self.block})")
+        with torch.no_grad():
+            self.q.copy_(src.q)
+            self.scale_inv.copy_(src.scale_inv)
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize(self.q, self.scale_inv, self.block)
+
+
+def _scaled_mm_fits(x: torch.Tensor, w: BlockFp8) -> bool:
+    (N, K), (bo, bi) = w.q.shape, w.block
+    return (x.is_cuda and w.block == _SCALED_MM_BLOCK and K % bi == 0 and N % bo == 0 and K % 16 == 0
+            and x.shape[0] > 0)
+
+
+def linear(x: torch.Tensor, w: "torch.Tensor | BlockFp8", bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x W^T (+ b)` for a weight in the model dtype or in FP8 blocks (the output in x's dtype)."""
+    if not isinstance(w, BlockFp8):
+        return F.linear(x, w, bias)
+    lead, K = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, K)
+    xq, xs = act_quant(x2, w.block[1])
+    if _scaled_mm_fits(x2, w):
+        # scale_a must be outer-dim major ([T, K/128] with stride (1, T)); scale_b is [K/128, N/128]
+        y = torch._scaled_mm(xq, w.q.t(), scale_a=xs.t().contiguous().t(), scale_b=w.scale_inv.t(),
+                             out_dtype=x.dtype)
+    else:
+        a = xq.float() * xs.repeat_interleave(w.block[1], 1)[:, :K]
+        y = (a @ w.dequantize().t()).to(x.dtype)
+    y = y.view(*lead, y.shape[-1])
+    return y if bias is None else y + bias
