@@ -87,6 +87,9 @@ class BlockFp8:
     def shape(self) -> torch.Size:
         return self.q.shape
 
+    def numel(self) -> int:
+        return self.q.numel()
+
     def __getitem__(self, idx) -> "BlockFp8":
         idx = idx if isinstance(idx, tuple) else (idx,)
         idx = idx + (slice(None),) * (self.q.dim() - len(idx))
