@@ -130,9 +130,16 @@ def linear(x: torch.Tensor, w: "torch.Tensor | BlockFp8", bias: torch.Tensor | N
     x2 = x.reshape(-1, K)
     xq, xs = act_quant(x2, w.block[1])
     if _scaled_mm_fits(x2, w):
-        # scale_a must be outer-dim major ([T, K/128] with stride (1, T)); scale_b is [K/128, N/128]
+        # cuBLAS's block-wise fp8 GEMM refuses some row counts: pad the rows to a multiple of 16
+        # (zero rows, sliced off after). scale_a must be outer-dim major ([T, K/128] with stride
+        # (1, T)); scale_b is [K/128, N/128]
+        T = xq.shape[0]
+        pad = -T % 16
+        if pad:
+            xq = torch.cat([xq, xq.new_zeros(pad, K)])
+            xs = torch.cat([xs, xs.new_ones(pad, xs.shape[1])])
         y = torch._scaled_mm(xq, w.q.t(), scale_a=xs.t().contiguous().t(), scale_b=w.scale_inv.t(),
-                             out_dtype=x.dtype)
+                             out_dtype=x.dtype)[:T]
     else:
         a = xq.float() * xs.repeat_interleave(w.block[1], 1)[:, :K]
         y = (a @ w.dequantize().t()).to(x.dtype)
