@@ -304,6 +304,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     f["cap"] = save(d / "cap.safetensors", {"aux_hidden_states": torch.cat([c["embed"], c["out(1)"], c["out(2)"]], 1),
                                             "input_ids": torch.tensor(IDS)},
                     {"positions": "embed,out(1),out(2)", "tp": "1", "dtype": "float32", "placement": "Replicate()"})
+    # a capture's tensor without its positions: not a run diagnose can name (nor a rank dump)
+    f["cap_unnamed"] = save(d / "cap_unnamed.safetensors", {"aux_hidden_states": torch.randn(T, 3 * H),
+                                                            "input_ids": torch.tensor(IDS)}, {"tp": "1"})
     f["cap_long"] = save(d / "cap_long.safetensors",
                          {"aux_hidden_states": torch.randn(T + 1, 3 * H), "input_ids": torch.arange(T + 1)},
                          {"positions": "embed,out(1),out(2)"})
@@ -426,7 +429,9 @@ BAD = {  # id -> (argv from the files, substrings of the one error line)
                  ("corrupt.rank1", "sha256")),
     "unknown-point": (lambda f: [*f["good"], "--reference", f["cap"], "--point", "layers.9.out"],
                       ("--point layers.9.out", "layers.1.out")),
-    "not-a-rank-dump": (lambda f: [f["cap"], "--reference", f["cap"]], ("not a tpsim rank dump",)),
+    "not-a-rank-dump": (lambda f: [f["cap_unnamed"], "--reference", f["cap"]], ("not a tpsim rank dump",)),
+    "capture-with-step": (lambda f: [f["cap"], "--reference", f["cap"], "--step", "0"],
+                          ("--step picks a forward pass among SGLang dumper files",)),
     "bad-positions": (lambda f: [*f["good"], "--reference", f["feat"], "--positions", "embed,layer2"],
                       ("--positions", "'layer2'")),
     "sglang-steps": (lambda f: [f["dir"] / "sgl_new", "--reference", f["cap"]], ("--step",)),
