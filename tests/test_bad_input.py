@@ -178,6 +178,12 @@ CASES = [
          "dp-attention only"),
     case("mode-dp-padding-unknown", "check --mode dp-attention --dp-padding max_len", "unknown --dp-padding 'max_len'",
          "max-len, sum-len"),
+    case("mode-dp-local-tokens-unknown", "check --mode dp-attention --dp-local-tokens one",
+         "unknown --dp-local-tokens 'one'", "all, per-request"),
+    case("mode-dp-local-tokens-max-len", "check --mode dp-attention --dp-local-tokens per-request --dp-padding max-len",
+         "--dp-local-tokens per-request replays the sum-len gather", "pass --dp-padding sum-len"),
+    case("mode-dp-local-tokens-without-dp-attention", "check --dp-local-tokens per-request",
+         "--dp-local-tokens applies to --mode dp-attention only, not --mode tp"),
     case("mode-dp-attention-too-few-tokens", "capture --mode dp-attention --tp 4 --seq-len 2 --out c.safetensors",
          "needs at least 4 tokens, got 2"),
     # --- two-batch overlap (--tbo) --------------------------------------------------------------------

@@ -11,6 +11,8 @@
    copy against vLLM-file and capture references, any slot mix-up named (Hypothesis), bad input.
 5. `--layer-ids`: a vLLM file's slots named by vLLM's layer ids, so a capture in another convention
    (SGLang's) names them; drawn ids right and off by one (Hypothesis), bad input.
+6. A tpsim capture file as the run: its slots named by the positions it recorded, or by `--layer-ids`
+   in `--convention` (a trainer's ids name what the draft was trained on), bad input.
 """
 
 from __future__ import annotations
@@ -302,6 +304,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     f["cap"] = save(d / "cap.safetensors", {"aux_hidden_states": torch.cat([c["embed"], c["out(1)"], c["out(2)"]], 1),
                                             "input_ids": torch.tensor(IDS)},
                     {"positions": "embed,out(1),out(2)", "tp": "1", "dtype": "float32", "placement": "Replicate()"})
+    # a capture's tensor without its positions: not a run diagnose can name (nor a rank dump)
+    f["cap_unnamed"] = save(d / "cap_unnamed.safetensors", {"aux_hidden_states": torch.randn(T, 3 * H),
+                                                            "input_ids": torch.tensor(IDS)}, {"tp": "1"})
     f["cap_long"] = save(d / "cap_long.safetensors",
                          {"aux_hidden_states": torch.randn(T + 1, 3 * H), "input_ids": torch.arange(T + 1)},
                          {"positions": "embed,out(1),out(2)"})
@@ -424,7 +429,9 @@ BAD = {  # id -> (argv from the files, substrings of the one error line)
                  ("corrupt.rank1", "sha256")),
     "unknown-point": (lambda f: [*f["good"], "--reference", f["cap"], "--point", "layers.9.out"],
                       ("--point layers.9.out", "layers.1.out")),
-    "not-a-rank-dump": (lambda f: [f["cap"], "--reference", f["cap"]], ("not a tpsim rank dump",)),
+    "not-a-rank-dump": (lambda f: [f["cap_unnamed"], "--reference", f["cap"]], ("not a tpsim rank dump",)),
+    "capture-with-step": (lambda f: [f["cap"], "--reference", f["cap"], "--step", "0"],
+                          ("--step picks a forward pass among SGLang dumper files",)),
     "bad-positions": (lambda f: [*f["good"], "--reference", f["feat"], "--positions", "embed,layer2"],
                       ("--positions", "'layer2'")),
     "sglang-steps": (lambda f: [f["dir"] / "sgl_new", "--reference", f["cap"]], ("--step",)),
@@ -810,6 +817,19 @@ LAYER_IDS_BAD = {  # id -> (argv from the files, substrings of the one error lin
                          ("--layer-ids", "vLLM hidden-states file", "tpsim rank dump")),
     "sglang-dumps": (lambda v, li, f: [f["dir"] / "sgl_old", "--reference", f["cap"], "--layer-ids", "1,2,3"],
                      ("--layer-ids", "vLLM hidden-states file", "SGLang dumper")),
+    "convention-alone": (lambda v, li, f: [li["sglang"], "--reference", li["every_sglang"], "--convention", "output-of"],
+                         ("--convention numbers --layer-ids, which is not given",)),
+    "convention-on-vllm": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,3,4", "--convention", "output-of"],
+                           ("--convention output-of numbers --layer-ids for a tpsim capture file",)),
+    "capture-fewer-ids": (lambda v, li, f: [li["sglang"], "--reference", li["every_sglang"], "--layer-ids", "1,2",
+                                            "--convention", "output-of"],
+                          ("--layer-ids 1,2 names 2 positions (out(1),out(2)) in --convention output-of",
+                           "holds 4 slots")),
+    "capture-out-of-range": (lambda v, li, f: [li["sglang"], "--reference", li["every_sglang"], "--layer-ids",
+                                               "5,6,7,8", "--convention", "output-of"],
+                             ("--layer-ids 5,6,7,8 (--convention output-of)", "out of range")),
+    "capture-with-another-file": (lambda v, li, f: [li["sglang"], li["every_sglang"], "--reference", li["sglang"]],
+                                  ("is a tpsim capture (one copy for the whole TP group); pass it alone",)),
 }
 
 
@@ -841,3 +861,32 @@ def test_cli_layer_ids(layer_ids_cli):
 @pytest.mark.parametrize("case", sorted(LAYER_IDS_BAD))
 def test_cli_layer_ids_bad_input_is_one_line_exit_2(layer_ids_cli, case):
     assert_one_line_error(layer_ids_cli[f"bad:{case}"], LAYER_IDS_BAD[case][1])
+
+
+# --- 6. a tpsim capture file as the run ----------------------------------------------------------
+
+def test_a_capture_file_names_its_slots_by_position(layer_ids):
+    """The `sglang` capture (out(0..3)) against a capture of every position: named by what it recorded,
+    every slot is the asked tensor; named by a trainer's ids one layer later (output-of 1..4, what a
+    draft trained on out(1..4) declares), each slot is found one layer early, named by both layers."""
+    run, ref = str(layer_ids["sglang"]), str(layer_ids["every_sglang"])
+    rep = diagnose_files([run], ref).to_dict()
+    assert rep["ok"] and rep["kind"] == DumpKind.CAPTURE and rep["tp"] == 1, rep
+    assert verdicts(rep) == {f"out({k})": (R, f"out({k})", True) for k in range(4)}, rep
+    rep = diagnose_files([run], ref, layer_ids=[1, 2, 3, 4], convention="output-of").to_dict()
+    assert verdicts(rep) == {f"out({k + 1})": (R, f"out({k})", False) for k in range(4)}, rep
+    for p in rep["points"]:
+        assert f"this is {p['matches']}, you asked for {p['point']}" in p["reason"], p
+    assert "slot0 = out(1), recorded out(0)" in rep["notes"][0], rep["notes"]
+    # the same ids in vLLM's numbering mean out(0..3): what the capture holds
+    assert diagnose_files([run], ref, layer_ids=[1, 2, 3, 4]).ok
+    sel = diagnose_files([run], ref, points=["slot2"], layer_ids=[1, 2, 3, 4], convention="output-of").to_dict()
+    assert verdicts(sel) == {"out(3)": (R, "out(2)", False)}, sel
+
+
+def test_cli_capture_file_names_the_wrong_layer(layer_ids):
+    r = run_cli("diagnose", layer_ids["sglang"], "--reference", layer_ids["every_sglang"], "--layer-ids", "1,2,3,4",
+                "--convention", "output-of")
+    assert r.returncode == 1, r
+    assert "1 file (tpsim capture: gathered, one copy for every TP rank" in r.stdout, r
+    assert "this is out(0), you asked for out(1)" in r.stdout and "FAIL: 4 of 4 points" in r.stdout, r

@@ -4,7 +4,8 @@ the SGLang sources): for drawn configs x TP degrees x token counts (uneven over 
 logits equal its own sequence through a TP=1 replica, the trace is the formula of
 `DpAttention.collectives` op by op and its bytes those of `DpAttention.collective_bytes`, and
 each collective runs where SGLang runs it (the MLP input gathered by all-reduce or all-gather,
-the head's gather an all-reduce whatever the MLP's padding)."""
+the head's gather an all-reduce whatever the MLP's padding). Under `--dp-local-tokens per-request`
+(sglang issue #16274) check fails naming the local count wherever a rank runs more than one row."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
 from tpsim.model import split_sizes
-from tpsim.modes import DpPadding, Mode, expected_collectives
-from tpsim.run.jobs import rel_err
+from tpsim.modes import DpLocalTokens, DpPadding, Mode, expected_collectives
+from tpsim.run.jobs import check_job, rel_err
+from tpsim.run.report import model_collectives, summarize
+from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.testing.jobs import mode_job
 
 TOL = 1e-5  # float32 ‖Δ‖/‖ref‖
@@ -126,3 +129,46 @@ def test_mode_round_trips_padding_and_head():
     assert m.dp_padding is DpPadding.MAX_LEN and m.to_dict()["dp_padding"] == "max-len"
     assert Mode.from_dict(m.to_dict()) == m
     assert Mode("dp-attention").dp_padding is DpPadding.SUM_LEN and not Mode("dp-attention").dp_lm_head
+    local = Mode("dp-attention", dp_local_tokens="per-request")
+    assert local.dp_local_tokens is DpLocalTokens.PER_REQUEST and local.to_dict()["dp_local_tokens"] == "per-request"
+    assert Mode.from_dict(local.to_dict()) == local and Mode("dp-attention").dp_local_tokens is DpLocalTokens.ALL
+
+
+@st.composite
+def local_count_cases(draw):
+    tp = draw(st.sampled_from([2, 4, 8]), label="tp")
+    cfg = draw(config_dicts(tp, max_layers=2))
+    T = draw(st.integers(tp, 13), label="T")
+    L = cfg["num_hidden_layers"]
+    positions = draw(boundary_positions(L), label="positions")
+    ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
+    return tp, cfg, positions, draw(st.integers(0, 2**31 - 1), label="seed"), ids
+
+
+@settings(max_examples=max(5, settings.default.max_examples // 20))
+@example(c=(2, TINY, [Position("out", 1), Position("out", 3)], 0, list(range(8))))  # the scenario's 4 rows per rank
+@example(c=(4, TINY, [Position("out", 1)], 0, [3, 1, 4, 1]))  # one row per rank: the count is right
+@example(c=(2, TINY, [Position("embed")], 0, [3, 1, 4]))  # rows 2+1; nothing captured after an MLP, the logits tell
+@given(c=local_count_cases())
+def test_per_request_local_count_fails_check_naming_it(rank_pool, c):
+    """sglang issue #16274: each rank places one row per request (tpsim: one) in the MLP's sum-len
+    gather and takes one back. Where a rank runs more rows than that, check fails naming the count;
+    the trace is still the formula (the buffers keep their sizes: only the values go wrong)."""
+    tp, cfg_d, positions, seed, ids = c
+    cfg = config_from_dict(cfg_d)
+    mode = Mode("dp-attention", dp_local_tokens=DpLocalTokens.PER_REQUEST)
+    spec = RunSpec(ModelSource("drawn", cfg), seed, "float32", tuple(ids), tuple(positions), mode, "local")
+    out = rank_pool.run(check_job, spec=spec, tps=[tp])
+    results = [r for rank in range(tp) for r in out[rank] if r.tp == tp]
+    for r in results:
+        assert model_collectives(r.collectives) == expected_collectives(mode, cfg, tp), r.collectives
+    if any(r.routing_flip is not None for r in results):  # a near-tie rounding tipped (test_modes)
+        return
+    sizes = split_sizes(len(ids), tp)
+    row = summarize(spec, None, [tp], results).rows[0]
+    rows = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
+    named = [f for f in row.failures if f.startswith(f"DP attention gathered 1 of {rows} rows per rank ")]
+    if max(sizes) > 1:
+        assert not row.ok and named and "sglang issue #16274" in named[0], row.failures
+    else:
+        assert row.ok, row.failures

@@ -90,3 +90,13 @@ def test_judge_flips_excuses_near_ties_and_what_they_carry(margin, later):
     mask = comparable_rows([Position("out", 0), Position("out", 2)], 4, a, b, 8, excused)
     assert bool(mask[:, 4:].all()) == (not near)  # out(2) is after layer 1: tokens >= 3 left out when excused
     assert bool(mask[:, :4].all())  # out(0) is before every flip
+
+
+def test_a_row_the_moe_never_saw_is_no_flip():
+    """dp-attention's --dp-local-tokens per-request leaves rows out of the MoE (ids -1): their
+    difference shows in the capture, not as a routing flip; a routed row that differs still is one."""
+    ref = {1: torch.tensor([[0, 1], [2, 3], [0, 2]])}
+    got = {1: torch.tensor([[0, 1], [-1, -1], [1, 2]])}
+    margins = {1: torch.tensor([1.0, 1.0, 1.0])}
+    excused, real = judge_flips(got, ref, margins, margins, NEAR_TIE["float32"])
+    assert excused == [] and [(f.layer, f.token) for f in real] == [(1, 2)]

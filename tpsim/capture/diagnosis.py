@@ -33,7 +33,8 @@ import torch
 
 from tpsim.capture.positions import Position
 from tpsim.errors import UsageError
-from tpsim.files.dumps import RankSet, read_rank_files, unknown_point
+from tpsim.files.capture_read import read_run
+from tpsim.files.dumps import RankSet, unknown_point
 from tpsim.files.reference import Reference, read_reference, reference_num_layers
 from tpsim.parallel.placement import P, R, S0, S1, Placement
 
@@ -317,12 +318,13 @@ def _is_position(name: str) -> bool:
 def diagnose_files(files: list[str], reference: str, points: list[str] | None = None,
                    positions: list[str] | None = None, hidden: int | None = None,
                    step: int | None = None, layer_ids: list[int] | None = None,
-                   num_layers: int | None = None) -> DiagnoseReport:
-    """Read, validate and diagnose: the report `tpsim diagnose` prints. `layer_ids`: vLLM's
-    `eagle_aux_hidden_state_layer_ids`, naming a vLLM file's slots by position (`num_layers`, or the
-    reference's metadata, only bounds them)."""
+                   num_layers: int | None = None, convention: str = "vllm") -> DiagnoseReport:
+    """Read, validate and diagnose: the report `tpsim diagnose` prints. `layer_ids`: ids in
+    `convention` naming the slots by position: vLLM's `eagle_aux_hidden_state_layer_ids` for a vLLM
+    file, any convention's for a tpsim capture (`num_layers`, or the reference's metadata, only bounds
+    them; tpsim.files.capture_read)."""
     L = reference_num_layers(reference, num_layers) if layer_ids is not None else None
-    rs = read_rank_files(files, step, points, layer_ids, L)
+    rs = read_run(files, step, points, layer_ids, L, convention)
     ref = read_reference(reference, positions, hidden)
     check_tokens(rs, ref)
     if points:

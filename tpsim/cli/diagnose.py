@@ -4,6 +4,7 @@ takes the options and prints.)"""
 
 from __future__ import annotations
 
+from tpsim.capture.conventions import CONVENTIONS
 from tpsim.capture.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
 from tpsim.cli.options import add_json, emit_json, int_list, optional_int
 from tpsim.errors import UsageError
@@ -25,7 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="one run's per-rank files: tpsim rank dumps ({stem}.rank{r}.safetensors) or SGLang "
                         "dumper .pt files (or a directory of them), or one vLLM hidden-states file "
-                        "({req_id}.safetensors, gathered); docs/dumps.md says how to get them")
+                        "({req_id}.safetensors, gathered), or one tpsim capture file (gathered); docs/dumps.md "
+                        "says how to get them")
     p.add_argument("--reference", required=True,
                    help="a tpsim capture file, a TP=1 rank dump, training features (.pt/.safetensors), or a vLLM "
                         "hidden-states file")
@@ -38,7 +40,13 @@ def add_parser(sub) -> None:
                    help="a vLLM file: the eagle_aux_hidden_state_layer_ids the server ran with (vLLM's numbering: "
                         "id k is the residual stream entering layer k, 0 = embed), e.g. 2,16,29; slot i is then "
                         "named by its position (out(1), ...; slot{i} stays an alias) and compared with the "
-                        "reference's tensor at that position, whatever convention the reference was captured in")
+                        "reference's tensor at that position, whatever convention the reference was captured in; "
+                        "a tpsim capture file: ids in --convention, naming its slots likewise")
+    p.add_argument("--convention", choices=CONVENTIONS,
+                   help="with --layer-ids on a tpsim capture file: the numbering of the ids (default vllm); the "
+                        "draft's ids in its trainer's numbering (e.g. output-of for SpecForge's hook) name each slot "
+                        "by the position the draft was trained on, so a slot the engine took from another layer "
+                        "shows as that layer")
     p.add_argument("--num-layers", metavar="N",
                    help="with --layer-ids: the model's decoder layers, to check the ids against (0..N) (default: "
                         "the reference's num_layers metadata, else unchecked)")
@@ -50,9 +58,11 @@ def cmd_diagnose(args) -> int:
     layer_ids = None if args.layer_ids is None else int_list(args.layer_ids, "--layer-ids")
     if args.num_layers is not None and layer_ids is None:
         raise UsageError("--num-layers checks --layer-ids, which is not given; add --layer-ids or drop --num-layers")
+    if args.convention is not None and layer_ids is None:
+        raise UsageError("--convention numbers --layer-ids, which is not given; add --layer-ids or drop --convention")
     report = diagnose_files(args.files, args.reference, args.point, positions,
                             optional_int(args.hidden_size, "--hidden-size", 1), optional_int(args.step, "--step", 0),
-                            layer_ids, optional_int(args.num_layers, "--num-layers", 1))
+                            layer_ids, optional_int(args.num_layers, "--num-layers", 1), args.convention or "vllm")
     if args.json:
         emit_json(report.to_dict())
     else:

@@ -10,7 +10,8 @@ import json
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
 from tpsim.config import ModelConfig, builtin_names
 from tpsim.errors import UsageError
-from tpsim.modes import DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode
+from tpsim.modes import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES,
+                          DpLocalTokens, Mode)
 from tpsim.parallel.launch import under_torchrun
 from tpsim.capture.align import read_draft_config
 from tpsim.cli.graph_options import graphs_from
@@ -196,6 +197,10 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
                         "sum-len (default: SGLang's choice for a prefill batch; all-reduce of a zero buffer of every "
                         "rank's rows, output all-reduced) or max-len (rows padded to the longest rank, all-gather, "
                         "output reduce-scattered; SGLang's CUDA-graph decode default)")
+    p.add_argument("--dp-local-tokens", metavar="{" + ",".join(DP_LOCAL_TOKENS) + "}",
+                   help="dp-attention, sum-len: how many of its rows each rank places in the MLP gather (SGLang's "
+                        "dp_local_num_tokens): all (default, right) or per-request (one per request, the rank's "
+                        "logprob count: the metadata error of sglang issue #16274, fixed by PR #16310)")
     p.add_argument("--tbo", action="store_true",
                    help="SGLang's --enable-two-batch-overlap (tp only, DeepSeek-family MoE models): layers from "
                         "first_k_dense_replace on run as two micro-batches, outside the engine's capture loop "
@@ -262,13 +267,15 @@ def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tup
     for option, attr, field, owner in (("--fusion-max-tokens", "fusion_max_tokens", "fusion_max_tokens", "ar-fusion"),
                                        ("--ep-output", "ep_output", "ep_output", "ep"),
                                        ("--dp-padding", "dp_padding", "dp_padding", "dp-attention"),
-                                       ("--enable-dp-lm-head", "enable_dp_lm_head", "dp_lm_head", "dp-attention")):
+                                       ("--enable-dp-lm-head", "enable_dp_lm_head", "dp_lm_head", "dp-attention"),
+                                       ("--dp-local-tokens", "dp_local_tokens", "dp_local_tokens", "dp-attention")):
         if getattr(args, attr) is not None and not Mode.uses_option(args.mode, field):
             raise UsageError(f"{option} applies to --mode {owner} only, not --mode {args.mode}")
     fusion = DEFAULT_FUSION_MAX_TOKENS if args.fusion_max_tokens is None \
         else integer(args.fusion_max_tokens, "--fusion-max-tokens")
     mode = Mode(args.mode, fusion, args.ep_output or "scattered", args.dp_padding or DEFAULT_DP_PADDING,
-                bool(args.enable_dp_lm_head), bool(getattr(args, "tbo", False)))
+                bool(args.enable_dp_lm_head), bool(getattr(args, "tbo", False)),
+                dp_local_tokens=args.dp_local_tokens or DpLocalTokens.ALL)
     strategy = mode.strategy(getattr(args, "strategy", None))
     for t in tps:
         mode.check(cfg, t, tokens)

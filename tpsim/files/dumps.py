@@ -67,11 +67,12 @@ class DumpKind(StrEnum):
     TPSIM = "tpsim rank dump"
     SGLANG = "SGLang dumper"
     VLLM = "vLLM hidden-states connector"
+    CAPTURE = "tpsim capture"  # tpsim.files.capture_read
 
     @property
     def gathered(self) -> bool:
         """One copy for the whole TP group, not one file per rank."""
-        return self is DumpKind.VLLM
+        return self in (DumpKind.VLLM, DumpKind.CAPTURE)
 
 
 @dataclass
@@ -183,7 +184,8 @@ def read_rank_files(files: list[str], step: int | None = None, points: list[str]
     if len(kinds) > 1:
         raise UsageError(f"mix of {' and '.join(kinds)} files; diagnose one run's files of one kind")
     if layer_ids is not None and kinds != [DumpKind.VLLM]:
-        raise UsageError(f"--layer-ids names the slots of a vLLM hidden-states file, and these are {kinds[0]} files, "
+        raise UsageError(f"--layer-ids names the slots of a vLLM hidden-states file or a tpsim capture, and these are "
+                         f"{kinds[0]} files, "
                          f"whose points carry their own names; drop --layer-ids")
     if step is not None and not pts:
         raise UsageError(f"--step picks a forward pass among SGLang dumper files; {kinds[0]} files hold one: "

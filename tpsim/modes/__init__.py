@@ -29,8 +29,8 @@ activations live at each stage of a layer (tpsim.modes.stages: SGLang's LayerSca
 moves them between stages through one transition, `Stream.move`.
 """
 
-from tpsim.modes.base import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_PADDINGS, EP_OUTPUTS, MICRO_BATCHES,
-                              DpPadding, Mode, expected_collectives)
+from tpsim.modes.base import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS,
+                              MICRO_BATCHES, DpLocalTokens, DpPadding, Mode, expected_collectives)
 from tpsim.modes.kinds import ArFusion, DpAttention, ExpertParallel, SequenceParallel, TensorParallel
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
 
@@ -38,6 +38,6 @@ KINDS = (TensorParallel, ArFusion, SequenceParallel, ExpertParallel, DpAttention
 STRATEGIES = {kind.name: kind.strategies for kind in KINDS}
 MODES = tuple(STRATEGIES)
 
-__all__ = ["MICRO_BATCHES", "DEFAULT_DP_PADDING", "DEFAULT_FUSION_MAX_TOKENS", "DP_PADDINGS", "DpPadding", "EP_OUTPUTS", "MODES", "STRATEGIES", "KINDS", "Mode", "expected_collectives",
+__all__ = ["MICRO_BATCHES", "DEFAULT_DP_PADDING", "DEFAULT_FUSION_MAX_TOKENS", "DP_PADDINGS", "DpPadding", "DP_LOCAL_TOKENS", "DpLocalTokens", "EP_OUTPUTS", "MODES", "STRATEGIES", "KINDS", "Mode", "expected_collectives",
            "ArFusion", "DpAttention", "ExpertParallel", "SequenceParallel", "TensorParallel", "Plan", "Stages",
            "Stream", "split_sizes"]

@@ -1,8 +1,8 @@
 """`Mode`: a communication mode with its options, as one class per mode (tpsim.modes.kinds).
 
-`Mode(name, fusion_max_tokens, ep_output, dp_padding, dp_lm_head, tbo)` builds the instance of that
-mode's class; the instance holds plain values only (DpPadding is an Enum of strings), so it pickles
-to every rank, and `to_dict()` / `from_dict()` round-trip it through JSON.
+`Mode(name, fusion_max_tokens, ep_output, dp_padding, dp_lm_head, tbo, dp_local_tokens)` builds the
+instance of that mode's class; the instance holds plain values only (DpPadding and DpLocalTokens are
+Enums of strings), so it pickles to every rank, and `to_dict()` / `from_dict()` round-trip it through JSON.
 """
 
 from __future__ import annotations
@@ -40,6 +40,25 @@ class DpPadding(Enum):
 
 
 DP_PADDINGS = tuple(p.value for p in DpPadding)
+
+
+class DpLocalTokens(Enum):
+    """How many of its rows a dp-attention rank places in the sum-len MLP gather and takes back from
+    it: SGLang's `dp_local_num_tokens` (python/sglang/srt/layers/dp_attention.py@00161092eb7c:
+    `get_dp_local_info` reuses the count and start a batch already carries, `_dp_gather_via_all_reduce`
+    copies that many rows at that start, `dp_scatter` zero-fills the rank's rows and copies that many back).
+
+    ALL: every row the rank runs (`global_num_tokens`), the right count.
+    PER_REQUEST: the rank's logprob token count, one per request, standing in for its rows: sglang
+    issue #16274, fixed by PR #16310, where the draft-extend batch of SPEC_V2 EAGLE under DP attention
+    carried `num_tokens_for_logprob_per_batch=1`, `LogitsMetadata.compute_dp_attention_metadata` made
+    `dp_local_num_tokens` 4 instead of 12, and the MLP sync processed only those rows."""
+
+    ALL = "all"
+    PER_REQUEST = "per-request"
+
+
+DP_LOCAL_TOKENS = tuple(t.value for t in DpLocalTokens)
 # SGLang's choice for an extend (prefill) batch over more than one DP rank (`get_dp_padding_mode`:
 # `is_extend_in_batch and gather_width > 1` -> SUM_LEN); tpsim's batch is one prefill
 DEFAULT_DP_PADDING = DpPadding.SUM_LEN
@@ -63,6 +82,7 @@ class Mode:
     dp_padding: DpPadding = DEFAULT_DP_PADDING  # dp-attention: how the MLP input is gathered (DpPadding)
     dp_lm_head: bool = False  # dp-attention: SGLang --enable-dp-lm-head (head replicated on own tokens), else vocab-parallel
     tbo: bool = False  # SGLang --enable-two-batch-overlap: layers >= first_k_dense_replace as two micro-batches (tp only)
+    dp_local_tokens: DpLocalTokens = DpLocalTokens.ALL  # dp-attention: the rows each rank places in the MLP gather
 
     strategies: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[str, ...]] = ()  # the option fields this mode reads
@@ -88,6 +108,15 @@ class Mode:
             if self.dp_padding not in DP_PADDINGS:
                 raise UsageError(f"unknown --dp-padding {self.dp_padding!r}; use one of {', '.join(DP_PADDINGS)}")
             object.__setattr__(self, "dp_padding", DpPadding(self.dp_padding))
+        if not isinstance(self.dp_local_tokens, DpLocalTokens):
+            if self.dp_local_tokens not in DP_LOCAL_TOKENS:
+                raise UsageError(f"unknown --dp-local-tokens {self.dp_local_tokens!r}; use one of "
+                                 f"{', '.join(DP_LOCAL_TOKENS)}")
+            object.__setattr__(self, "dp_local_tokens", DpLocalTokens(self.dp_local_tokens))
+        if self.dp_local_tokens is DpLocalTokens.PER_REQUEST and self.dp_padding is DpPadding.MAX_LEN:
+            raise UsageError("--dp-local-tokens per-request replays the sum-len gather's local row count; max-len's "
+                             "all-gather copies every padded row and reads no dp_local_num_tokens: pass --dp-padding "
+                             "sum-len")
 
     @staticmethod
     def kind(name: str) -> type["Mode"]:
@@ -135,6 +164,10 @@ class Mode:
         return None if what is None else f"mode {self.name}, capture strategy {strategy}: {what}"
 
     def _effect(self, tokens: int, num_layers: int) -> str | None:
+        return None
+
+    def gather_shortfall(self, tokens: int, tp: int) -> str | None:
+        """Why a rank's MLP saw fewer of its rows than it runs, in one line (None: it saw them all)."""
         return None
 
     def layers_to_explain(self, k: int, num_layers: int) -> int:

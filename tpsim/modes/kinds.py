@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
-from tpsim.modes.base import MICRO_BATCHES, TP_STAGES, DpPadding, Mode
+from tpsim.modes.base import MICRO_BATCHES, TP_STAGES, DpLocalTokens, DpPadding, Mode
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
 from tpsim.modes.tbo import tbo_split
 from tpsim.parallel.group import TPGroup
@@ -203,6 +203,12 @@ class DpAttention(Mode):
       rows; with it the head is `ParallelLMHead(..., use_attn_tp_group=True)` over the attention-TP
       group, of size 1 when tp == dp: the whole vocabulary on every rank, no collective.
 
+    `dp_local_tokens` PER_REQUEST replays sglang issue #16274 (fixed by PR #16310): each rank places only
+    one row per request (tpsim: one, its sequence) in the sum-len MLP gather and takes only that row's MLP
+    output back; its other rows get zeros (`dp_scatter`'s fill). #16274 hit SPEC_V2's draft-extend forward
+    (the draft's own MLP sync); tpsim replays the same count on the target forward, where the aux hidden
+    states are captured.
+
     What tpsim does not model: SGLang's MAX_LEN pads each rank's inputs to max_len and runs the pad
     rows through attention and the MLP (outputs discarded); tpsim pads the collective buffers alike
     (same shapes and bytes) but computes only real rows. SGLang's logits cover only the tokens whose
@@ -210,7 +216,7 @@ class DpAttention(Mode):
 
     name: str = "dp-attention"
     strategies = ("local",)
-    options = ("dp_padding", "dp_lm_head")
+    options = ("dp_padding", "dp_lm_head", "dp_local_tokens")
     rank_local = True
 
     @property
@@ -233,7 +239,19 @@ class DpAttention(Mode):
         """Collective: the ranks exchange their token counts (SGLang all-gathers `global_num_tokens`)."""
         mine = torch.tensor([T], dtype=torch.long, device=group.device)
         sizes = group.all_gather(mine, "model.dp_token_counts", dim=0).tolist()
-        return Stream(group, T, tuple(sizes), T, shared=False, by_sum=self.dp_padding is DpPadding.SUM_LEN)
+        return Stream(group, T, tuple(sizes), T, shared=False, by_sum=self.dp_padding is DpPadding.SUM_LEN,
+                      placed=self.placed(sizes))
+
+    def gather_shortfall(self, tokens: int, tp: int) -> str | None:
+        """Why a rank's MLP saw fewer of its rows than it runs, in one line (None when it saw them all)."""
+        sizes = split_sizes(tokens, tp)
+        if tp == 1 or self.dp_local_tokens is DpLocalTokens.ALL or max(sizes) <= 1:
+            return None
+        rows = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
+        return (f"DP attention gathered 1 of {rows} rows per rank for the MLP (dp_local_num_tokens = the rank's "
+                "logprob token count, one per request, not its rows): the other rows got no MLP output, so their "
+                "aux hidden states and logits differ from TP=1 (sglang issue #16274: SPEC_V2 EAGLE accept length "
+                "-37% under DP attention; fix: PR #16310 counts every row, --dp-local-tokens all)")
 
     def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
         if tp == 1:
@@ -243,8 +261,21 @@ class DpAttention(Mode):
         return Plan(embed=S0, layers=(stages,) * cfg.num_hidden_layers, final=S0)
 
     def routing_rows(self, ids: torch.Tensor, group: TPGroup, T: int) -> torch.Tensor:
-        sizes = split_sizes(T, group.size)  # the MoE saw every rank's tokens, in rank order
-        return ids[sum(sizes[:group.rank]):sum(sizes[:group.rank + 1])]
+        """This rank's rows of the MoE buffer (every rank's tokens, in rank order); the rows it never
+        placed there (`placed`) get -1: the MoE did not see them."""
+        sizes, r = split_sizes(T, group.size), group.rank
+        placed = self.placed(sizes)
+        if placed is None:
+            return ids[sum(sizes[:r]):sum(sizes[:r + 1])]
+        out = ids.new_full((sizes[r], *ids.shape[1:]), -1)
+        out[:placed[r]] = ids[sum(placed[:r]):sum(placed[:r + 1])]
+        return out
+
+    def placed(self, sizes: list[int]) -> tuple[int, ...] | None:
+        """The rows each rank places in the MLP gather when fewer than its rows (None: all of them)."""
+        if self.dp_local_tokens is DpLocalTokens.ALL:
+            return None
+        return tuple(min(1, n) for n in sizes)  # one request per rank: its logprob count
 
     def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
         """The token-count all-gather; per layer the MLP's gather and hand-back (max-len: all-gather +
@@ -282,4 +313,7 @@ class DpAttention(Mode):
                   "reduce-scattered")
         head = ("LM head replicated on own tokens (--enable-dp-lm-head)" if self.dp_lm_head else
                 "LM head vocab-parallel over all ranks' gathered tokens (SGLang's default)")
-        return f"each rank runs its own sequence (the tokens split in rank order); {gather}; {head}"
+        local = ("; --dp-local-tokens per-request: each rank places only its first row in the MLP gather and "
+                 "takes only that row's output back (sglang issue #16274)"
+                 if self.dp_local_tokens is DpLocalTokens.PER_REQUEST else "")
+        return f"each rank runs its own sequence (the tokens split in rank order); {gather}{local}; {head}"

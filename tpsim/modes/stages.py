@@ -76,7 +76,10 @@ class Stream:
     when the mode pads the batch (sp), else None. `shared`: Shard(dim=0) rows are shares of one
     batch (False under dp-attention, where a rank's rows are its own whole batch). `by_sum`: rows move
     between Shard(dim=0) and the whole batch by all-reduces of a `[sum(sizes), ...]` buffer instead of
-    an all-gather / reduce-scatter of rows padded to max(sizes) (dp-attention's SUM_LEN padding)."""
+    an all-gather / reduce-scatter of rows padded to max(sizes) (dp-attention's SUM_LEN padding). `placed`:
+with `by_sum`, the rows of each rank the MLP's gather places and hands back when that is fewer than its
+rows (dp-attention's `dp_local_num_tokens` taken from the wrong count; tpsim.modes.DpLocalTokens); None:
+all of them."""
 
     group: TPGroup
     total: int
@@ -85,6 +88,7 @@ class Stream:
     length: int | None = None
     shared: bool = True
     by_sum: bool = False
+    placed: tuple[int, ...] | None = None
     _rows: dict[bool, Rows] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):  # the two answers of `rows`, made once per forward rather than at every layer
@@ -101,8 +105,10 @@ class Stream:
         if src is P and reduce is not None and dst is R:
             return g.all_reduce(x, reduce)
         if src is P and reduce is not None and dst is S0:
-            return self.own_rows(g.all_reduce(x, reduce)) if self.by_sum else g.scatter_rows(x, sizes, reduce)
+            return self.handed_back(g.all_reduce(x, reduce)) if self.by_sum else g.scatter_rows(x, sizes, reduce)
         if src is S0 and dst is R and gather is not None:
+            if self.placed is not None:
+                return g.gather_rows_by_sum(x, sizes, gather, placed=list(self.placed))
             return self.gather(x, gather)
         if src is R and dst is S0:
             return self.own_rows(x)
@@ -120,6 +126,18 @@ class Stream:
         SGLang's `dp_scatter` is a local copy)."""
         start = sum(self.sizes[:self.group.rank])
         return x[start:start + self.sizes[self.group.rank]]
+
+    def handed_back(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the summed `[sum(sizes), ...]` MLP buffer: its own rows, or with `placed`
+        the placed[rank] rows at offset sum(placed[:rank]) followed by zero rows (SGLang's `dp_scatter`
+        zero-fills the rank's rows, then copies dp_local_num_tokens rows back)."""
+        if self.placed is None:
+            return self.own_rows(x)
+        r = self.group.rank
+        start, n = sum(self.placed[:r]), min(self.placed[r], self.sizes[r])
+        out = x.new_zeros((self.sizes[r], *x.shape[1:]))
+        out[:n] = x[start:start + n]
+        return out
 
     def rows(self, placement: Placement) -> Rows:
         """Which token rows a residual-stream tensor of this placement holds here."""

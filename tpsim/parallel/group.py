@@ -176,15 +176,19 @@ class TPGroup:
         every = self.all_gather(padded, caller, dim=0)
         return torch.cat([every[r * n:r * n + s] for r, s in enumerate(sizes)])
 
-    def gather_rows_by_sum(self, x: torch.Tensor, sizes: list[int], caller: str) -> torch.Tensor:
+    def gather_rows_by_sum(self, x: torch.Tensor, sizes: list[int], caller: str,
+                           placed: list[int] | None = None) -> torch.Tensor:
         """As gather_rows, by one all-reduce instead: a zero `[sum(sizes), ...]` buffer in which this
         rank writes its rows at its offset, summed over the group (SGLang's `_dp_gather_via_all_reduce`,
-        dp-attention's SUM_LEN padding). Exact: every other rank adds zeros to each row."""
+        dp-attention's SUM_LEN padding). Exact: every other rank adds zeros to each row. `placed`: the
+        rows each rank writes when that count is not its row count (SGLang's `dp_local_num_tokens`):
+        rank r its first placed[r] rows at offset sum(placed[:r]); the buffer stays sum(sizes) rows."""
         if self.size == 1:
             return x
-        start = sum(sizes[:self.rank])
+        placed = sizes if placed is None else placed
+        start, n = sum(placed[:self.rank]), min(placed[self.rank], x.shape[0])
         buffer = x.new_zeros((sum(sizes), *x.shape[1:]))
-        buffer[start:start + x.shape[0]] = x
+        buffer[start:start + n] = x[:n]
         return self.all_reduce(buffer, caller)
 
     def scatter_rows(self, x: torch.Tensor, sizes: list[int], caller: str) -> torch.Tensor:

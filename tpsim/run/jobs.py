@@ -240,11 +240,13 @@ def judge_flips(routing_a: dict, routing_b: dict, margins_a: dict, margins_b: di
     """(excused, real): every token whose experts differ between two runs, in causal order. A flip
     that an earlier excused flip explains (an earlier layer, the same or an earlier token: causal
     attention carries it) is dropped; of the rest, a margin below `bound` in either run is a
-    near-tie rounding tipped (excused), anything else is a real difference."""
+    near-tie rounding tipped (excused), anything else is a real difference. A token the MoE never saw
+    (ids -1: a dp-attention row left out of the gather) is no flip: its difference shows in the capture."""
     excused: list[Flip] = []
     real: list[Flip] = []
     for k in sorted(routing_a):
-        for t in (routing_a[k].cpu() != routing_b[k].cpu()).any(-1).nonzero().flatten().tolist():
+        a, b = routing_a[k].cpu(), routing_b[k].cpu()
+        for t in ((a != b).any(-1) & (a >= 0).any(-1) & (b >= 0).any(-1)).nonzero().flatten().tolist():
             if any(f.layer < k and f.token <= t for f in excused):
                 continue
             margin = min(float(margins_a[k][t]), float(margins_b[k][t]))

@@ -170,6 +170,9 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
     lrel = max(logit_errs) if logit_errs else None
     if lrel is not None and not lrel <= tol:
         failures.append(f"logits relative error {lrel:.3e} against TP=1 exceeds {tol:.0e}")
+    shortfall = mode.gather_shortfall(T, tp)
+    if shortfall and ((rel is not None and not rel <= tol) or (lrel is not None and not lrel <= tol)):
+        failures.append(shortfall)
     if any(t != expected for t in traced):
         got = next(t for t in traced if t != expected)
         failures.append(f"collectives per forward {ops_text(got)}, expected {ops_text(expected)} "

@@ -34,7 +34,7 @@ BUG_CLASSES = {
     "ar-fusion-partial": "a capture of the partial sums an all-reduce fusion leaves between layers",
     "ep-token-shard": "a capture of the token shard that expert parallelism leaves on each rank",
     "sp-token-shard": "a capture of the token shard that sequence parallelism leaves on each rank",
-    "dp-attention-local": "a capture of each rank's own requests under DP attention, not the batch",
+    "dp-attention-local": "DP attention's MLP gather given a rank-local token count below the rank's rows",
     "unreachable-last-layer": "an id past the last boundary the capture loop reaches",
     "wrong-layer": "a capture of another layer than the one the draft was trained on",
     "before-all-reduce": "a capture taken before a row-parallel all-reduce",
