@@ -250,6 +250,16 @@ def mismatch_job(ctx: RankContext, case: str):
     return group.all_reduce(x, "mismatch_job").tolist()
 
 
+def _float32_model(ctx: RankContext, cfg: dict, seed: int, positions: list[str], tp: int, mode: Mode):
+    """The opening every whole-model job shares: None on a rank outside the TP=tp block, else
+    (this rank's float32 model in `mode`, its group, the parsed capture positions)."""
+    if not ctx.participates(tp):
+        return None
+    config, group = config_from_dict(cfg), ctx.groups[tp]
+    model = build_model(config, group, seed, "float32", mode=mode)
+    return model, group, [Position.parse(p, config.num_hidden_layers) for p in positions]
+
+
 def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int,
              mode: dict, strategies: list[str]):
     """One float32 model at TP=tp in `mode`, one forward per capture strategy. Per group rank:
@@ -257,11 +267,11 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     last forward (op, caller; the capture's own gathers left out; `collective_bytes`: the same
     as (op, bytes of this rank's input)) and the routing of every MoE layer over all T tokens in
     order ([T, top_k] sorted; gathered from the ranks under ep)."""
-    if not ctx.participates(tp):
+    m = Mode.from_dict(mode)
+    run = _float32_model(ctx, cfg, seed, positions, tp, m)
+    if run is None:
         return None
-    m, config, group = Mode.from_dict(mode), config_from_dict(cfg), ctx.groups[tp]
-    model = build_model(config, group, seed, "float32", mode=m)
-    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    model, group, pos = run
     ids = own_tokens(input_ids, m, group)
     caps = {}
     for s in strategies:
@@ -282,11 +292,11 @@ def aliasing_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], p
                  mode: dict):
     """Per group rank: the in-layer capture cloned and uncloned (the residual updated in place),
     each forward's logits, and the uncloned recorder's `modified` list as strings."""
-    if not ctx.participates(tp):
+    m = Mode.from_dict(mode)
+    run = _float32_model(ctx, cfg, seed, positions, tp, m)
+    if run is None:
         return None
-    m, config, group = Mode.from_dict(mode), config_from_dict(cfg), ctx.groups[tp]
-    model = build_model(config, group, seed, "float32", mode=m)
-    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    model, group, pos = run
     ids = own_tokens(input_ids, m, group)
     uncloned, logits_u = run_recorded(model, ids, pos, UNCLONED)
     cloned, logits_c = run_recorded(model, ids, pos, "in-layer")
@@ -337,11 +347,10 @@ def tbo_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positi
     (model-level: SGLang's capture loop) and the micro-batches fix. Per group rank: {strategy: this rank's
     capture per captured position}, the engine recorder's missing positions, each forward's logits, the
     routing of every MoE layer over all T tokens, and the model's collective ops of the last forward."""
-    if not ctx.participates(tp):
+    run = _float32_model(ctx, cfg, seed, positions, tp, Mode("tp", tbo=True))
+    if run is None:
         return None
-    m, config, group = Mode("tp", tbo=True), config_from_dict(cfg), ctx.groups[tp]
-    model = build_model(config, group, seed, "float32", mode=m)
-    pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
+    model, group, pos = run
     engine, logits_e = run_recorded(model, input_ids, pos, "model-level")
     fixed, logits_f = run_recorded(model, input_ids, pos, MICRO_BATCHES)
     return {"engine": engine.parts(), "missing": [str(p) for p in engine.missing()], "fixed": fixed.parts(),
