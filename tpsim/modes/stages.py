@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tpsim.layers.probe import Rows
+from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0, Placement
 
@@ -76,7 +77,8 @@ class Stream:
     when the mode pads the batch (sp), else None. `shared`: Shard(dim=0) rows are shares of one
     batch (False under dp-attention, where a rank's rows are its own whole batch). `by_sum`: rows move
     between Shard(dim=0) and the whole batch by all-reduces of a `[sum(sizes), ...]` buffer instead of
-    an all-gather / reduce-scatter of rows padded to max(sizes) (dp-attention's SUM_LEN padding)."""
+    an all-gather / reduce-scatter of rows padded to max(sizes) (dp-attention's SUM_LEN padding).
+    `shards`: context parallelism, the token split attention gathers its keys and values over."""
 
     group: TPGroup
     total: int
@@ -85,6 +87,7 @@ class Stream:
     length: int | None = None
     shared: bool = True
     by_sum: bool = False
+    shards: TokenShards | None = None
     _rows: dict[bool, Rows] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):  # the two answers of `rows`, made once per forward rather than at every layer
