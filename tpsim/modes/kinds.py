@@ -12,7 +12,7 @@ from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.modes.base import MICRO_BATCHES, TP_STAGES, DpPadding, Mode
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
-from tpsim.modes.tbo import tbo_split
+from tpsim.modes.tbo import check_tbo, tbo_split
 from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
@@ -330,7 +330,7 @@ class ContextParallel(Mode):
 
     def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
         if self.tbo:
-            raise UsageError("--tbo replays SGLang's two-batch overlap in --mode tp; it does not run with --mode cp")
+            check_tbo(cfg, self.name, tokens)
         if tokens is not None and tokens < tp:
             raise UsageError(f"--mode cp at --tp {tp} splits the tokens over {tp} ranks and needs at least {tp} "
                              f"tokens, got {tokens}; pass more --tokens or a larger --seq-len, or a smaller --tp")
