@@ -179,7 +179,7 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
                    help="communication mode of the engine replayed (default tp; docs/modes.md: one section per mode)")
     if strategy:
         p.add_argument("--strategy", help="capture strategy (default: the right one for the mode; tp: model-level, "
-                                          "ar-fusion: in-layer, sp/ep: gathered, dp-attention: local; "
+                                          "ar-fusion: in-layer, sp/ep/cp: gathered, dp-attention: local; "
                                           "in-layer-uncloned replays in-place aliasing)")
     p.add_argument("--fusion-max-tokens", help="ar-fusion: fuse the MLP all-reduce into the next layer's norm "
                                                "only for batches of at most this many tokens (default 2048)")
