@@ -211,6 +211,9 @@ def layer_ids(args) -> list[int] | None:
 
 
 def load_source(args, tps: list[int]) -> ModelSource:
+    mode = getattr(args, "mode", None)
+    if mode is not None and Mode.kind(mode).context_parallel:  # every weight whole on each rank: nothing split
+        tps = []
     return ModelSource.load(args.model, args.override or [], tps)
 
 
@@ -301,7 +304,7 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
     else:
         check_world(pipe.size * max(tps), args.device, args.ignore_limits, f"--pp {pipe.size} x --tp {max(tps)}")
     dtype = dtype_for(args)
-    check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model))
+    check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model), mode.context_parallel)
     spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
                    mode, strategy, args.device, args.backend, args.timeout, pipe, graphs)
     return spec, res
