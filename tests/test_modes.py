@@ -48,7 +48,7 @@ def mode_cases(draw):
         cfg.update(n_routed_experts=E, num_experts_per_tok=min(cfg["num_experts_per_tok"],
                                                                cfg["topk_group"] * E // cfg["n_group"]),
                    first_k_dense_replace=draw(st.integers(0, cfg["num_hidden_layers"] - 1)), moe_layer_freq=1)
-    T = draw(st.integers(tp if name == "dp-attention" else 1, 13), label="T")
+    T = draw(st.integers(tp if name in ("dp-attention", "cp") else 1, 13), label="T")
     mode = Mode(name, fusion_max_tokens=draw(st.sampled_from([T, T - 1, 2048]) if T > 1 else st.just(2048)),
                 ep_output=draw(st.sampled_from(["replicated", "scattered"])) if name == "ep" else "replicated")
     L = cfg["num_hidden_layers"]
@@ -84,7 +84,7 @@ def naive_placement(mode: Mode, cfg, p: Position, T: int, tp: int) -> str:
     if mode.name == "ar-fusion":
         fused = p.kind == "out" and mode.fused(tp, T, p.layer, cfg.num_hidden_layers)
         return "Partial(sum)" if fused else "Replicate()"
-    if mode.name == "sp":
+    if mode.name in ("sp", "cp"):
         return "Shard(dim=0)"
     moe = [k for k in range(cfg.num_hidden_layers) if cfg.is_moe_layer(k)]
     scattered = mode.ep_output == "scattered" and (p.kind == "final" or (p.kind == "out" and p.layer >= moe[0]))

@@ -36,9 +36,10 @@ __all__ = ["CausalLM", "DecoderLayer", "DecoderModel", "layer_kinds", "shard_byt
 
 
 def own_tokens_view(mode: Mode, group: TPGroup, probe: Probe, local: bool | None = None) -> tuple[TPGroup, Probe]:
-    """The group and probe of the layers that a rank-local mode runs whole on each rank's own
-    tokens (embedding, attention; the head when `local`, default mode.rank_local), else the model's."""
-    local = mode.rank_local if local is None else local
+    """The group and probe of the layers that a rank-local or context-parallel mode runs whole on each
+    rank's own tokens (embedding, attention; the head when `local`, default mode.rank_local), else the
+    model's."""
+    local = (mode.rank_local or mode.context_parallel) if local is None else local
     return (group.local_view(), probe.own_tokens()) if local else (group, probe)
 
 
@@ -83,10 +84,11 @@ class DecoderLayer(Tapped, nn.Module):
                                                 dtype)
         self.group, self.point, self.prefix, self.k, self.probe = group, f"layers.{k}", prefix, k, probe
         self.is_moe = cfg.is_moe_layer(k)
-        self.mlp = (moe_class(cfg)(cfg, group, f"{prefix}.mlp", dtype, reduce_results=False,
-                                   expert_parallel=mode.expert_parallel, probe=probe) if self.is_moe
-                    else DenseMLP(cfg.hidden_size, cfg.intermediate_size, group, f"{prefix}.mlp", dtype,
-                                  reduce_results=False, probe=probe, fp8=cfg.fp8_block))
+        mlp_group, mlp_probe = (local, local_probe) if mode.context_parallel else (group, probe)
+        self.mlp = (moe_class(cfg)(cfg, mlp_group, f"{prefix}.mlp", dtype, reduce_results=False,
+                                   expert_parallel=mode.expert_parallel, probe=mlp_probe) if self.is_moe
+                    else DenseMLP(cfg.hidden_size, cfg.intermediate_size, mlp_group, f"{prefix}.mlp", dtype,
+                                  reduce_results=False, probe=mlp_probe, fp8=cfg.fp8_block))
 
     @classmethod
     def points(cls, cfg: ModelConfig, k: int) -> list[NamedPoint]:
@@ -120,8 +122,8 @@ class DecoderLayer(Tapped, nn.Module):
             self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
         hidden = move(hidden, stages.middle, stages.attn_input, gather=f"{p}.attn_gather")
         self.tap("attn.in", hidden, stages.attn_input)
-        attended = self.self_attn(positions, hidden) if micro is None else micro.attend(self.self_attn, positions,
-                                                                                         hidden)
+        attended = self.self_attn(positions, hidden, stream.shards) if micro is None \
+            else micro.attend(self.self_attn, positions, hidden)
         attn_reduce = f"{p}.post_attention_layernorm" if stages.attn_reduce_in_norm else f"{p}.self_attn.o_proj"
         hidden = self._complete(self.self_attn.o_proj, attended, stages.attn_output, stages.middle, stream,
                                 reduce=attn_reduce)
@@ -188,6 +190,8 @@ class DecoderModel(Tapped, nn.Module):
         if stream.length is not None:  # sp: pad to a multiple of tp; causal attention keeps pads out of real rows
             input_ids = torch.cat([input_ids, input_ids.new_zeros(stream.length - T)])
             positions = torch.arange(stream.length, device=input_ids.device)
+        if stream.shards is not None:  # context parallel: this rank's own tokens, at their global positions
+            input_ids, positions = stream.own_rows(input_ids), stream.own_rows(positions)
         if st.first:
             hidden = stream.move(self.embed_tokens.lookup(input_ids), plan.embed, plan.start,
                                  reduce=self.embed_tokens.prefix)
@@ -254,7 +258,9 @@ class CausalLM(nn.Module):
         self.stage = stage or whole_model(cfg, group)
         self.config, self.group, self.mode, self.probe = cfg, group, mode, Probe(group)
         self.model = DecoderModel(cfg, group, dtype, mode, self.probe, self.stage)
-        head_group, head_probe = own_tokens_view(mode, group, self.probe, local=mode.local_head)
+        # context parallel: the head whole on each rank, over every token's gathered final hidden state
+        head_group, head_probe = (group.local_view(), self.probe.whole()) if mode.context_parallel else \
+            own_tokens_view(mode, group, self.probe, local=mode.local_head)
         self.gathered_head = mode.rank_local and not mode.local_head and group.size > 1
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, head_group, "lm_head", dtype,
                                       tie_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,

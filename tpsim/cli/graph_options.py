@@ -38,7 +38,7 @@ def graphs_from(args, cfg: ModelConfig, mode: Mode, tokens: int, pp: int) -> Cud
             if value is not None:
                 raise UsageError(f"{option} applies with --cuda-graph; add --cuda-graph or drop {option}")
         return None
-    if pp > 1 or mode.rank_local or mode.tbo:
+    if pp > 1 or mode.rank_local or mode.context_parallel or mode.tbo:
         what = f"--pp {pp}" if pp > 1 else "--tbo" if mode.tbo else f"--mode {mode.name}"
         raise UsageError(f"--cuda-graph runs without {what} (a graphed batch of every rank's tokens); drop one of them")
     n = DEFAULT_GRAPH_TOKENS if size is None else _int(size)

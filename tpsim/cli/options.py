@@ -185,7 +185,7 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
                    help="communication mode of the engine replayed (default tp; docs/modes.md: one section per mode)")
     if strategy:
         p.add_argument("--strategy", help="capture strategy (default: the right one for the mode; tp: model-level, "
-                                          "ar-fusion: in-layer, sp/ep: gathered, dp-attention: local; "
+                                          "ar-fusion: in-layer, sp/ep/cp: gathered, dp-attention: local; "
                                           "in-layer-uncloned replays in-place aliasing)")
     p.add_argument("--fusion-max-tokens", help="ar-fusion: fuse the MLP all-reduce into the next layer's norm "
                                                "only for batches of at most this many tokens (default 2048)")
@@ -237,6 +237,9 @@ def layer_ids(args) -> list[int] | None:
 
 
 def load_source(args, tps: list[int]) -> ModelSource:
+    mode = getattr(args, "mode", None)
+    if mode is not None and Mode.kind(mode).context_parallel:  # every weight whole on each rank: nothing split
+        tps = []
     return ModelSource.load(args.model, args.override or [], tps)
 
 
@@ -330,7 +333,7 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
     else:
         check_world(pipe.size * max(tps), args.device, args.ignore_limits, f"--pp {pipe.size} x --tp {max(tps)}")
     dtype = dtype_for(args)
-    check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model))
+    check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model), mode.context_parallel)
     spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
                    mode, strategy, args.device, args.backend, args.timeout, pipe, graphs)
     return spec, res

@@ -3,20 +3,25 @@
 A-projections and their norms are replicated; q_proj / q_b_proj and kv_b_proj are
 column-parallel, which is a clean head split because their outputs are head-major;
 o_proj is row-parallel with the block's one all-reduce.
+
+Under context parallelism (`shards`) the rank holds its own tokens only: it all-gathers what the
+MLA cache holds, the normed latent and the rotated k_pe, once per layer, up-projects every token's
+latent with kv_b_proj, and attends with its own queries.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from tpsim.config import ModelConfig
+from tpsim.layers.causal import causal_attention
 from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.layers.rope import DeepseekRotaryEmbedding, softmax_scale
+from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import R, S1
 
@@ -56,30 +61,35 @@ class MLA(Tapped, nn.Module):
                                         reduce_results=reduce_results, probe=probe, fp8=fp8)
         self.rotary_emb = DeepseekRotaryEmbedding(self.rope, cfg.rope_theta, cfg.rope_scaling, group.device)
         self.scaling = softmax_scale(self.qk_dim, cfg.rope_scaling)
-        self.group, self.point, self.probe = group, point_name(prefix), probe
+        self.group, self.prefix, self.point, self.probe = group, prefix, point_name(prefix), probe
 
     @classmethod
     def points(cls, base: str) -> list[NamedPoint]:
         """This attention's points under `base`, then its o_proj's, in forward order."""
         return cls.declared(base) + RowParallelLinear.declared(f"{base}.o_proj")
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        T, h = x.shape[0], self.local_heads
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
+        """`shards`: context parallelism, x and positions this rank's tokens (module docstring)."""
+        h = self.local_heads
         q_in = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         self.tap("q", q_in)
         q_nope, q_pe = rearrange(q_in, "t (h d) -> t h d", h=h).split([self.nope, self.rope], dim=-1)
         kv_a, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         latent = self.kv_a_layernorm(kv_a)
         self.tap("kv_latent", latent)
-        kv = self.kv_b_proj(latent)
-        self.tap("kv", kv)
-        k_nope, v = rearrange(kv, "t (h d) -> t h d", h=h).split([self.nope, self.v_dim], dim=-1)
         q_pe, k_pe = self.rotary_emb(positions, q_pe, rearrange(k_pe, "t d -> t 1 d"))  # one k_pe head shared by all
+        if shards is not None:
+            cache = shards.gather(torch.cat([latent, rearrange(k_pe, "t 1 d -> t d")], dim=-1),
+                                  f"{self.prefix}.kv_gather")
+            latent, k_pe = cache.split([self.kv_lora_rank, self.rope], dim=-1)
+            k_pe = rearrange(k_pe, "t d -> t 1 d")
+        kv = self.kv_b_proj(latent)
+        self.tap("kv", lambda: kv if shards is None else shards.own(kv))
+        k_nope, v = rearrange(kv, "t (h d) -> t h d", h=h).split([self.nope, self.v_dim], dim=-1)
         q = torch.cat([q_nope, q_pe], dim=-1)
-        k = torch.cat([k_nope, k_pe.expand(T, h, self.rope)], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(k_nope.shape[0], h, self.rope)], dim=-1)
         # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (30x slower at 8k tokens)
         q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
-        out = rearrange(out, "1 h t d -> t (h d)")
+        out = rearrange(causal_attention(q, k, v, self.scaling, shards), "1 h t d -> t (h d)")
         self.tap("out", out)
         return self.o_proj(out)

@@ -206,13 +206,14 @@ class GptOssMoE(Tapped, nn.Module):
 
 
 def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,
-                   window: int | None = None, scale: float | None = None) -> torch.Tensor:
+                   window: int | None = None, scale: float | None = None, first: int | None = None) -> torch.Tensor:
     """Causal attention with a learned sink logit per head: q `[Tq, H, d]`, k and v `[Tk, Hkv, d]`
     (H a multiple of Hkv; query head i reads KV head i // (H/Hkv)), sinks `[H]` → `[Tq, H, d]`.
 
     Each head's sink joins its softmax denominator and contributes no value (transformers'
     `eager_attention_forward` concatenates it as an extra logit and drops its probability).
-    The queries are the last Tq of the Tk positions (Tq == Tk for a prefill). Window
+    The queries are the last Tq of the Tk positions (Tq == Tk for a prefill), or positions first..first+Tq-1
+    (context parallelism: this rank's tokens among every rank's keys). Window
     convention (transformers `sliding_window_overlay` with `config.sliding_window`, and vLLM's
     `per_layer_sliding_window`): the query at position i sees keys j with i - window < j <= i,
     i.e. `window` keys counting itself; None: every j <= i. Logits and softmax in float32.
@@ -221,7 +222,8 @@ def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: tor
     Tk, Hkv = k.shape[0], k.shape[1]
     k, v = (repeat(t.float(), "s h d -> s (h g) d", g=divide(H, Hkv, "heads over KV heads")) for t in (k, v))
     logits = einsum(q.float(), k, "t h d, s h d -> h t s") * (d ** -0.5 if scale is None else scale)
-    i = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+    start = Tk - Tq if first is None else first
+    i = torch.arange(start, start + Tq, device=q.device)[:, None]
     j = torch.arange(Tk, device=q.device)[None, :]
     seen = (j <= i) if window is None else (j <= i) & (j > i - window)
     logits = logits.masked_fill(~seen, float("-inf"))
@@ -251,5 +253,5 @@ class AttentionSinks(nn.Module):
                          lambda t: _copy(self.sinks, t[start:start + self.heads]))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                scale: float | None = None) -> torch.Tensor:
-        return sink_attention(q, k, v, self.sinks, window, scale)
+                scale: float | None = None, first: int | None = None) -> torch.Tensor:
+        return sink_attention(q, k, v, self.sinks, window, scale, first)

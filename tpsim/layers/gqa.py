@@ -1,23 +1,25 @@
 """Grouped-query attention under TP (Llama, Qwen3, GPT-OSS; vLLM `LlamaAttention`, `Qwen3Attention`): one QKV column-parallel
 GEMM split by heads (KV heads replicated when tp > num_key_value_heads), rotary embedding on
 whole heads, causal attention on this rank's heads, and a row-parallel o_proj with the block's
-one all-reduce."""
+one all-reduce. Under context parallelism (`shards`) the rank holds its own tokens only and
+all-gathers every token's rotated keys and values (what the KV cache holds) once per layer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from tpsim.config import ModelConfig
+from tpsim.layers.causal import causal_attention
 from tpsim.layers.gptoss import AttentionSinks
 from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.layers.rope import NeoxRotaryEmbedding
+from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import S1
 
@@ -74,28 +76,31 @@ class GQA(Tapped, nn.Module):
         self.sinks = AttentionSinks(s.num_attention_heads, group, prefix) if s.sinks else None
         self.window = s.window
         self.heads, self.kv_heads, self.head_dim = self.qkv_proj.heads, self.qkv_proj.kv_heads, d
-        self.group, self.point, self.probe = group, point_name(prefix), probe
+        self.group, self.prefix, self.point, self.probe = group, prefix, point_name(prefix), probe
 
     @classmethod
     def points(cls, base: str) -> list[NamedPoint]:
         return cls.declared(base) + RowParallelLinear.declared(f"{base}.o_proj")
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
+        """`shards`: context parallelism, x and positions this rank's tokens (module docstring)."""
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         self.tap("q", q)
         q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
+        if shards is not None:
+            k, v = shards.gather(torch.cat([k, v], dim=-1), f"{self.prefix}.kv_gather").chunk(2, dim=-1)
         if self.sinks is not None:
-            out = rearrange(self.sinks(q, k, v, self.window, self.head_dim ** -0.5), "t h d -> t (h d)")
+            first = None if shards is None else shards.offset
+            out = rearrange(self.sinks(q, k, v, self.window, self.head_dim ** -0.5, first), "t h d -> t (h d)")
             self.tap("out", out)
             return self.o_proj(out)
         group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
         q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
         # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (see MLA)
-        out = rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5),
-                        "1 h t d -> t (h d)")
+        out = rearrange(causal_attention(q, k, v, self.head_dim ** -0.5, shards), "1 h t d -> t (h d)")
         self.tap("out", out)
         return self.o_proj(out)

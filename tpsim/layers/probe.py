@@ -114,6 +114,13 @@ class Probe:
         view.owned = True
         return view
 
+    def whole(self) -> "Probe":
+        """The view for a layer that runs whole on every rank over all tokens (context parallelism's
+        LM head): all its points Replicate()."""
+        view = copy.copy(self)  # the same sinks
+        view.size = 1
+        return view
+
     @contextmanager
     def attach(self, sink: Sink) -> Iterator[Sink]:
         """`sink` hears this model's forwards inside the block."""

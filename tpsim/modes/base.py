@@ -89,6 +89,7 @@ class Mode:
     plain: ClassVar[bool] = False  # pure TP: every collective an all-reduce but the head's all-gather
     rank_local: ClassVar[bool] = False  # each rank runs and captures its own tokens, not the whole batch
     expert_parallel: ClassVar[bool] = False  # MoE experts split whole over ranks, tokens moved to them
+    context_parallel: ClassVar[bool] = False  # every weight whole on each rank, the tokens split, KV all-gathered
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -168,6 +169,11 @@ class Mode:
 
     def gather_shortfall(self, tokens: int, tp: int) -> str | None:
         """Why a rank's MLP saw fewer of its rows than it runs, in one line (None: it saw them all)."""
+        return None
+
+    def scattered_fix(self) -> str | None:
+        """Why this mode leaves a capture token-scattered and how to gather it (None: said by the
+        diagnosis alone)."""
         return None
 
     def layers_to_explain(self, k: int, num_layers: int) -> int:

@@ -1,4 +1,4 @@
-"""The five communication modes, one class each: where each stage of a layer lives (`plan`), how
+"""The six communication modes, one class each: where each stage of a layer lives (`plan`), how
 the tokens are split (`stream`), and what follows from them (tpsim.modes has the tables)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.modes.base import MICRO_BATCHES, TP_STAGES, DpLocalTokens, DpPadding, Mode
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
-from tpsim.modes.tbo import tbo_split
+from tpsim.modes.tbo import check_tbo, tbo_split
+from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
 
@@ -317,3 +318,89 @@ class DpAttention(Mode):
                  "takes only that row's output back (sglang issue #16274)"
                  if self.dp_local_tokens is DpLocalTokens.PER_REQUEST else "")
         return f"each rank runs its own sequence (the tokens split in rank order); {gather}{local}; {head}"
+
+
+CP_STAGES = Stages(layer_input=S0, attn_input=S0, attn_output=S0, middle=S0, mlp_input=S0, mlp_output=S0,
+                   layer_output=S0)
+
+
+@dataclass(frozen=True)
+class ContextParallel(Mode):
+    """Context parallelism over the group (`--mode cp --tp N`: the N ranks are the CP group): every
+    weight whole on each rank, the sequence split into contiguous token chunks (`split_sizes`), the
+    stream token-sharded between layers; attention all-gathers what the KV cache holds (MLA: the normed
+    latent and the rotated k_pe; GQA: the rotated keys and the values) once per layer and attends with
+    the rank's own queries at their global positions; MLP/MoE, norms and embedding on the rank's own
+    tokens; the final norm's output all-gathered for the (replicated) LM head.
+
+    Sources:
+    - SGLang, DeepSeek V3.2 (NSA) prefill context parallel, `--enable-nsa-prefill-context-parallel`:
+      python/sglang/srt/layers/communicator_nsa_cp.py@0e4030139e27 (`NSACPLayerCommunicator`): every
+      layer's input and residual SCATTERED over the CP group, in and out; the MLP reads its input
+      SCATTERED or FULL (all-gathered over the CP group, then split back).
+      python/sglang/srt/layers/attention/nsa/utils.py@01d0b45364dc: `--nsa-prefill-cp-mode in-seq-split`
+      cuts the sequence into 2 * cp blocks and rank r holds blocks r and 2cp-1-r (`prepare_input_dp_with_cp_dsa`,
+      zigzag for causal load balance); `continuous-split` puts token i on rank i % cp
+      (`nsa_cp_continuous_split_data`); `cp_all_gather_rerange_output` all-gathers the KV cache and the
+      model output and restores token order. That the capture loop stores `hidden_states + residual` as it
+      stands on the rank (scattered, `local`) is from tpsim's research notes (a secondary source); SGLang's
+      own deepseek_v2.py was not read at a commit with NSA prefill CP, and the first release with it is
+      not known here.
+    - vLLM: vllm/model_executor/models/deepseek_v2.py@002d6073aa03 (`DeepseekV2Model.forward`) all-gathers
+      an aux hidden state whose rows are fewer than the positions (`tensor_model_parallel_all_gather(
+      aux_hidden_state, 0)`, sliced to the token count) before storing it: `gathered`. In the code the rows
+      are short under sequence-parallel MoE (`use_sequence_parallel_moe`); in the review of vllm PR #46973
+      the author answered that the gather was "added recently for DCP" ("I think"). vLLM's decode context
+      parallel (`--decode-context-parallel-size`) shards the KV cache, not the residual stream, so its
+      capture is `tp`'s; tpsim does not model DCP's KV interleave nor its LSE merge.
+
+    What tpsim does not model: SGLang's zigzag and round-robin splits (tpsim's chunks are contiguous; a
+    local capture is token-scattered under each, its rows in another order); the MLP FULL path and the
+    vocab-parallel LM head (tpsim's cp is pure context parallelism, no tensor parallelism inside)."""
+
+    name: str = "cp"
+    strategies = ("gathered", "local")
+    context_parallel = True
+
+    def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
+        if self.tbo:
+            check_tbo(cfg, self.name, tokens)
+        if tokens is not None and tokens < tp:
+            raise UsageError(f"--mode cp at --tp {tp} splits the tokens over {tp} ranks and needs at least {tp} "
+                             f"tokens, got {tokens}; pass more --tokens or a larger --seq-len, or a smaller --tp")
+
+    def _split(self, T: int, group: TPGroup) -> Stream:
+        sizes = tuple(split_sizes(T, group.size))
+        return Stream(group, T, sizes, sizes[group.rank], shards=TokenShards(group, sizes))
+
+    def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
+        if tp == 1:
+            return super().plan(cfg, tp, tokens)
+        return Plan(embed=S0, layers=(CP_STAGES,) * cfg.num_hidden_layers, final=R)
+
+    def routing_rows(self, ids: torch.Tensor, group: TPGroup, T: int) -> torch.Tensor:
+        every = [None] * group.size  # each rank routed its own token chunk
+        dist.all_gather_object(every, ids.cpu(), group=group.pg)
+        return torch.cat(every).to(ids.device)
+
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+        """One all-gather of the KV cache's rows per layer, one of the final norm's output."""
+        return {"all_gather": cfg.num_hidden_layers + 1}
+
+    def collective_bytes(self, cfg: ModelConfig, tp: int, counts: list[int], itemsize: int) -> dict[str, int]:
+        """{op: bytes of this rank's inputs} where rank r holds counts[r] tokens: rows padded to max(counts);
+        per layer the cached row (MLA: kv_lora_rank + qk_rope_head_dim; GQA: 2 * kv_heads * head_dim), then
+        the hidden row of the final norm."""
+        n, L = max(counts), cfg.num_hidden_layers
+        row = cfg.kv_lora_rank + cfg.qk_rope_head_dim if cfg.mla else 2 * cfg.kv_heads * cfg.attention_head_dim
+        return {"all_gather": n * (L * row + cfg.hidden_size) * itemsize}
+
+    def _effect(self, tokens: int, num_layers: int) -> str:
+        sizes = "+".join(map(str, split_sizes(tokens, 2)))
+        return (f"context parallel: the {tokens} tokens split into contiguous chunks over the ranks (at 2 ranks "
+                f"{sizes}), the stream token-sharded between layers, attention all-gathering the KV cache's rows")
+
+    def scattered_fix(self) -> str:
+        return ("context parallel keeps the stream token-sharded between layers (SGLang NSA prefill CP: "
+                "SCATTERED); fix: all-gather the capture over the CP group before storing it, as vLLM's "
+                "deepseek_v2.py does for short rows (--strategy gathered)")

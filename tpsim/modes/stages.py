@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tpsim.layers.probe import Rows
+from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0, Placement
 
@@ -77,9 +78,10 @@ class Stream:
     batch (False under dp-attention, where a rank's rows are its own whole batch). `by_sum`: rows move
     between Shard(dim=0) and the whole batch by all-reduces of a `[sum(sizes), ...]` buffer instead of
     an all-gather / reduce-scatter of rows padded to max(sizes) (dp-attention's SUM_LEN padding). `placed`:
-with `by_sum`, the rows of each rank the MLP's gather places and hands back when that is fewer than its
-rows (dp-attention's `dp_local_num_tokens` taken from the wrong count; tpsim.modes.DpLocalTokens); None:
-all of them."""
+    with `by_sum`, the rows of each rank the MLP's gather places and hands back when that is fewer than
+    its rows (dp-attention's `dp_local_num_tokens` taken from the wrong count; tpsim.modes.DpLocalTokens);
+    None: all of them. `shards`: context parallelism, the token split attention gathers its keys and
+    values over."""
 
     group: TPGroup
     total: int
@@ -89,6 +91,7 @@ all of them."""
     shared: bool = True
     by_sum: bool = False
     placed: tuple[int, ...] | None = None
+    shards: TokenShards | None = None
     _rows: dict[bool, Rows] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):  # the two answers of `rows`, made once per forward rather than at every layer

@@ -79,13 +79,15 @@ def available_memory(device: str) -> tuple[int, str]:
     return int(info["MemAvailable"].split()[0]) * 1024, "available memory on this machine"
 
 
-def check_memory(cfg, tps: list[int], dtype: str, device: str, ignore_limits: bool, source: str) -> None:
+def check_memory(cfg, tps: list[int], dtype: str, device: str, ignore_limits: bool, source: str,
+                 whole: bool = False) -> None:
     """Refuse, before any rank allocates, weights that would not fit: per GPU (the ranks that
     share one), or on the host (every self-spawned rank of the largest degree at once; under
-    torchrun the ranks of this node, each at its largest shard)."""
+    torchrun the ranks of this node, each at its largest shard). `whole`: every rank holds the
+    whole model (context parallelism)."""
     if ignore_limits or (device == "cpu" and not os.path.exists("/proc/meminfo")):
         return
-    shard = {t: shard_bytes(cfg, t, DTYPES[dtype]) for t in tps}
+    shard = {t: shard_bytes(cfg, 1 if whole else t, DTYPES[dtype]) for t in tps}
     if cfg.fp8_block is not None:  # the linear weights in fp8, the rest (embedding, head, norms, router) in dtype
         dtype = f"fp8 ({cfg.fp8_block[0]}x{cfg.fp8_block[1]}-block) and {dtype}"
     if device == "cuda":

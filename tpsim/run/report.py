@@ -9,6 +9,7 @@ from tpsim import __version__
 from tpsim.capture import Resolution
 from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
+from tpsim.parallel.placement import S0
 from tpsim.run.graphs import GraphCheck
 from tpsim.run.graphs import failures as graph_failures
 from tpsim.run.jobs import NEAR_TIE
@@ -150,8 +151,9 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
     if any(r.identical is False for r in mine):
         bad = sorted(r.rank for r in mine if r.identical is False and r.group_rank != 0)
         failures.append(f"ranks {bad} differ from their group's rank 0")
+    fix = mode.scattered_fix()
     for v in (v for r in mine for v in (r.verdicts or []) if not v.correct):
-        failures.append(f"{v.position}: {v.placement}: {v.reason}")
+        failures.append(f"{v.position}: {v.placement}: {v.reason}" + (f"; {fix}" if fix and v.placement == S0 else ""))
     aliased = next((r.modified for r in mine if r.modified), [])
     for slot, now in aliased:
         holds = f"it now holds {now}, not {slot}" if now else f"it no longer holds {slot}"
