@@ -13,6 +13,7 @@ captured positions:
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -72,3 +73,35 @@ def test_check_names_the_aliasing_and_the_clone_passes():
     assert "clone the residual when capturing" in bad.stdout
     good = run_cli("check", "--strategy", "in-layer", "--tp", "1,2", "--seq-len", "6", "--layers", "0,3")
     assert good.returncode == 0, good
+
+
+@pytest.fixture(scope="module")
+def every_layer(tmp_path_factory):
+    """A TP=1 capture of every layer's output of tiny (the reference diagnose compares with)."""
+    d = tmp_path_factory.mktemp("aliasing-diagnose")
+    r = run_cli("capture", "--tp", "1", "--convention", "output-of", "--layers", ",".join(map(str, range(8))),
+                "--seq-len", "6", "--out", d / "ref.safetensors")
+    assert r.returncode == 0, r
+    return d
+
+
+@settings(max_examples=3, deadline=None)
+@example(layers=[1, 3, 5], tp=2, strategy="in-layer-uncloned")
+@example(layers=[2, 4], tp=1, strategy="in-layer")
+@given(layers=st.lists(st.integers(0, 6), min_size=2, max_size=3, unique=True).map(sorted),
+       tp=st.sampled_from([1, 2]), strategy=st.sampled_from(["in-layer-uncloned", "in-layer"]))
+def test_diagnose_names_aliasing_in_a_capture_file(every_layer, layers, tp, strategy):
+    """diagnose on an uncloned capture file: every slot before the last layer holds out(7) and is named
+    "modified after capture (aliasing)"; the cloned capture is right and names nothing."""
+    out = every_layer / f"{strategy}-{tp}-{'-'.join(map(str, layers))}.safetensors"
+    r = run_cli("capture", "--strategy", strategy, "--tp", str(tp), "--convention", "output-of",
+                "--layers", ",".join(map(str, layers)), "--seq-len", "6", "--out", out, "--force")
+    assert r.returncode == 0, r
+    d = run_cli("diagnose", out, "--reference", every_layer / "ref.safetensors")
+    if strategy == "in-layer":
+        assert d.returncode == 0 and "modified after capture" not in d.stdout, d
+        return
+    assert d.returncode == 1, d
+    for k in layers:
+        assert f"this is out(7), you asked for out({k}); modified after capture (aliasing): {len(layers)} slots" \
+            in d.stdout, d.stdout

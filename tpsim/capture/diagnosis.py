@@ -307,6 +307,29 @@ def asked_name(rs: RankSet, ref: Reference, point: str) -> str:
                 rs.position.get(point, point))
 
 
+def _aliased(rows: list[PointRow]) -> None:
+    """Name in-place aliasing where the rows show it: two or more slots holding one and the same
+    state later than each asked for are what a capture that kept the residual by reference reads
+    after later fused add-RMSNorms updated it in place (one later slot alone may be a wrong id)."""
+    later: dict[str, list[PointRow]] = {}
+    for r in rows:
+        if r.matches and r.matches != r.asked and _is_position(r.matches) and _is_position(r.asked) \
+                and _order(r.matches) > _order(r.asked):
+            later.setdefault(r.matches, []).append(r)
+    for name, same in later.items():
+        if len(same) < 2:
+            continue
+        for r in same:
+            r.reason += (f"; modified after capture (aliasing): {len(same)} slots ({', '.join(x.asked for x in same)}) "
+                         f"hold the same later state, {name}, as a residual kept by reference does once later "
+                         "in-place fused add-RMSNorms have written into it: clone the residual when capturing "
+                         "(SGLang's communicator.py clones it; sglang PR #39286 fixed Gemma's captures)")
+
+
+def _order(name: str) -> float:
+    return Position.parse(name, 1 << 62).sort_key()
+
+
 def _is_position(name: str) -> bool:
     try:
         Position.parse(name, 1 << 62)
@@ -350,6 +373,7 @@ def diagnose_files(files: list[str], reference: str, points: list[str] | None = 
                              str(ts[0].dtype).removeprefix("torch."),
                              match_threshold(ts[0].dtype, *(c.dtype for c in others)), identical(ts), declared,
                              None if declared is None or v.placement == UNEXPLAINED else declared == v.placement))
+    _aliased(rows)
     absent = [p for p in names if asked_name(rs, ref, p) not in ref.candidates]
     notes = rs.notes + ([f"the reference has nothing named like {len(absent)} of the points ({', '.join(absent)}): "
                          f"they can only match another candidate"] if absent else [])
