@@ -128,8 +128,15 @@ def linear(x: torch.Tensor, w: "torch.Tensor | BlockFp8", bias: torch.Tensor | N
         return F.linear(x, w, bias)
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, K)
-    xq, xs = act_quant(x2, w.block[1])
-    if _scaled_mm_fits(x2, w):
+    y = quantized_mm(*act_quant(x2, w.block[1]), w, x.dtype)
+    y = y.view(*lead, y.shape[-1])
+    return y if bias is None else y + bias
+
+
+def quantized_mm(xq: torch.Tensor, xs: torch.Tensor, w: BlockFp8, dtype: torch.dtype) -> torch.Tensor:
+    """An activation already quantized by `act_quant` (`xq [T, K]`, `xs [T, K/bi]`) times `w^T`, in `dtype`."""
+    K = xq.shape[1]
+    if _scaled_mm_fits(xq, w):
         # cuBLAS's block-wise fp8 GEMM refuses some row counts: pad the rows to a multiple of 16
         # (zero rows, sliced off after). scale_a must be outer-dim major ([T, K/128] with stride
         # (1, T)); scale_b is [K/128, N/128]
@@ -138,10 +145,7 @@ def linear(x: torch.Tensor, w: "torch.Tensor | BlockFp8", bias: torch.Tensor | N
         if pad:
             xq = torch.cat([xq, xq.new_zeros(pad, K)])
             xs = torch.cat([xs, xs.new_ones(pad, xs.shape[1])])
-        y = torch._scaled_mm(xq, w.q.t(), scale_a=xs.t().contiguous().t(), scale_b=w.scale_inv.t(),
-                             out_dtype=x.dtype)[:T]
-    else:
-        a = xq.float() * xs.repeat_interleave(w.block[1], 1)[:, :K]
-        y = (a @ w.dequantize().t()).to(x.dtype)
-    y = y.view(*lead, y.shape[-1])
-    return y if bias is None else y + bias
+        return torch._scaled_mm(xq, w.q.t(), scale_a=xs.t().contiguous().t(), scale_b=w.scale_inv.t(),
+                                out_dtype=dtype)[:T]
+    a = xq.float() * xs.repeat_interleave(w.block[1], 1)[:, :K]
+    return (a @ w.dequantize().t()).to(dtype)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpsim.config import ModelConfig
-from tpsim.layers.fp8 import BlockFp8, linear
+from tpsim.layers.fp8 import BlockFp8, act_quant, linear, quantized_mm
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
 from tpsim.layers.mlp import DenseMLP
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
@@ -153,10 +153,14 @@ class Experts(nn.Module):
         """Rows of group e (between offs[e-1] and offs[e]) times w[e]^T."""
         if self.grouped:
             return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        if not x.shape[0]:
+            return x.new_empty((0, w.shape[1]))
         ends = offs.tolist()  # the fallback syncs with the host once per call
-        starts = [0] + ends[:-1]
-        return torch.cat([linear(x[a:b], w[e]) for e, (a, b) in enumerate(zip(starts, ends)) if b > a]) if x.shape[0] \
-            else x.new_empty((0, w.shape[1]))
+        groups = [(e, a, b) for e, (a, b) in enumerate(zip([0] + ends[:-1], ends)) if b > a]
+        if isinstance(w, BlockFp8):  # the activation quantized once: its groups are per token, not per expert
+            xq, xs = act_quant(x, w.block[1])
+            return torch.cat([quantized_mm(xq[a:b], xs[a:b], w[e], x.dtype) for e, a, b in groups])
+        return torch.cat([linear(x[a:b], w[e]) for e, a, b in groups])
 
 
 def _inverse(perm: torch.Tensor) -> torch.Tensor:
