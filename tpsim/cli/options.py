@@ -157,7 +157,7 @@ def tbo_note(profile) -> str:
 
 EXECUTION_OPTIONS = {"dtype": "--dtype", "seq_len": "--seq-len", "seed": "--seed", "device": "--device",
                      "backend": "--backend", "timeout": "--timeout", "ignore_limits": "--ignore-limits",
-                     "override": "--override", "weights": "--weights"}
+                     "override": "--override", "weights": "--weights", "compile": "--compile"}
 
 
 def add_execution_options(p: argparse.ArgumentParser) -> None:
@@ -168,6 +168,9 @@ def add_execution_options(p: argparse.ArgumentParser) -> None:
                    help="linear weights kept in block-scaled fp8 (multiplied by a block-scaled fp8 GEMM, "
                         "activations quantized per token and 128 columns) or in the model dtype (bf16: an fp8 "
                         "checkpoint dequantized on load); auto: fp8 for an fp8 checkpoint on CUDA, else bf16")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the memory-bound pieces of each layer (add + RMSNorm, RoPE, silu * up) as "
+                        "torch.compile'd kernels (default: on with --device cuda, off on the CPU)")
     p.add_argument("--seq-len", help="number of random tokens drawn from --seed (default 16)")
     p.add_argument("--seed", type=seed_value, default=0, help="weights and token seed (default 0)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -334,6 +337,7 @@ def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=
         check_world(pipe.size * max(tps), args.device, args.ignore_limits, f"--pp {pipe.size} x --tp {max(tps)}")
     dtype = dtype_for(args)
     check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model), mode.context_parallel)
+    compiled = args.device == "cuda" if getattr(args, "compile", None) is None else args.compile
     spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
-                   mode, strategy, args.device, args.backend, args.timeout, pipe, graphs)
+                   mode, strategy, args.device, args.backend, args.timeout, pipe, graphs, compiled)
     return spec, res

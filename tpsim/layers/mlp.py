@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from tpsim.layers.fused import kernels
 from tpsim.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
@@ -36,8 +36,7 @@ class DenseMLP(Tapped, nn.Module):
         return cls.declared(base) + RowParallelLinear.declared(f"{base}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        act = F.silu(gate) * up
+        act = kernels().silu_mul(self.gate_up_proj(x))
         if self.tap_act:  # a dense MLP, not the shared experts inside the MoE
             self.tap("act", act)
         return self.down_proj(act)

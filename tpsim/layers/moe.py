@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpsim.config import ModelConfig
+from tpsim.layers.fused import kernels
 from tpsim.layers.fp8 import BlockFp8, act_quant, linear, quantized_mm
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
 from tpsim.layers.mlp import DenseMLP
@@ -144,9 +145,7 @@ class Experts(nn.Module):
         order = experts.argsort(stable=True)
         offs = _counts(experts, self.count).cumsum(0).to(torch.int32)
         xs = x[order if rows is None else rows[order]]  # one gather, straight into expert order
-        h = self._mm(xs, self._stack("w13"), offs)
-        gate, up = h.chunk(2, dim=-1)
-        y = self._mm(F.silu(gate) * up, self._stack("w2"), offs)
+        y = self._mm(kernels().silu_mul(self._mm(xs, self._stack("w13"), offs)), self._stack("w2"), offs)
         return y[_inverse(order)]  # back to row order: a gather (faster than the scatter index_copy_)
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from tpsim.layers.fused import kernels
 from tpsim.layers.linear import WeightSpec, _copy
 from tpsim.parallel.group import TPGroup
 
@@ -26,11 +26,6 @@ class RMSNorm(nn.Module):
         yield WeightSpec(f"{self.prefix}.weight", tuple(self.weight.shape), lambda t: _copy(self.weight, t[:]))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        dtype = x.dtype
-        x = x.float()
-        if residual is not None:
-            x = x + residual
-            residual = x.to(dtype)
-        # x * rsqrt(mean(x^2) + eps) in float32, one fused kernel where torch has one
-        x = F.rms_norm(x, (x.shape[-1],), eps=self.eps).to(dtype) * self.weight
-        return x if residual is None else (x, residual)
+        if residual is None:
+            return kernels().rms_norm(x, self.weight, self.eps)
+        return kernels().add_rms_norm(x, residual, self.weight, self.eps)

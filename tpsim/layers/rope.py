@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 import torch
-from einops import rearrange
 from torch import nn
+
+from tpsim.layers.fused import kernels
 
 
 def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
@@ -65,12 +66,7 @@ class DeepseekRotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None]  # [T, rope_dim/2]
         cos = (freqs.cos() * self.mscale)[:, None]
         sin = (freqs.sin() * self.mscale)[:, None]
-        out = []
-        for x in xs:
-            even, odd = rearrange(x.float(), "t h (d pair) -> pair t h d", pair=2)
-            rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-            out.append(rearrange(rotated, "t h d pair -> t h (d pair)").to(x.dtype))
-        return out
+        return [kernels().rope_pairs(x, cos, sin) for x in xs]
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

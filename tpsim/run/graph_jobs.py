@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from tpsim.capture.graphs import CaptureSet, GraphRunner, RecordedGraph
+from tpsim.layers.fused import use_compiled
 from tpsim.parallel.launch import RankContext
 from tpsim.run.graphs import GraphCheck, start
 from tpsim.run.jobs import bitwise_equal, build_model, rel_err, run_captured
@@ -16,6 +17,7 @@ from tpsim.run.spec import RunSpec
 def graph_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[GraphCheck]:
     """For each degree in `tps` this rank takes part in: start the server in `spec.graphs.ids`'s order,
     run a graphed batch (the first `tokens` tokens) and an eager one (all of them)."""
+    use_compiled(spec.compiled)
     g, config, out = spec.graphs, list(spec.positions), []
     ids = torch.tensor(list(spec.tokens), dtype=torch.long)
     reference = None

@@ -17,6 +17,7 @@ from tpsim.checkpoint import Checkpoint, load_weights
 from tpsim.capture.diagnosis import diagnose_tensors
 from tpsim.config import ModelConfig
 from tpsim.model import CausalLM
+from tpsim.layers.fused import use_compiled
 from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.consistency import agree
@@ -89,12 +90,15 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def agree_on_run(ctx: RankContext, spec: RunSpec, capture: dict, weights: bool = True) -> None:
     """Every rank checks that every other rank is about to run the same thing (under torchrun
-    each rank built its spec from its own arguments and files)."""
+    each rank built its spec from its own arguments and files), then selects the kernels the run
+    asks for (tpsim.layers.fused: compiled or eager)."""
     ckpt = spec.checkpoint if weights else None
     agree(ctx.world_size, {"config": spec.cfg.to_dict(),
                            "weights": {"checkpoint": Checkpoint(ckpt).fingerprint()} if ckpt else {"seed": spec.seed},
+                           "fp8 blocks": spec.cfg.fp8_block, "compiled": spec.compiled,
                            "input ids": list(spec.tokens), "dtype": spec.dtype, "mode": spec.mode.to_dict(),
                            "pipeline": spec.pipeline and spec.pipeline.to_dict(), "capture spec": capture})
+    use_compiled(spec.compiled)
 
 
 def _progress(ctx: RankContext, tp: int):

@@ -86,6 +86,7 @@ class RunSpec:
     timeout_s: float = 60.0
     pipeline: Pipeline | None = None  # --pp > 1
     graphs: CudaGraphs | None = None  # --cuda-graph
+    compiled: bool = False  # --compile: the layers call tpsim.layers.fused's compiled kernels
 
     @property
     def cfg(self) -> ModelConfig:

@@ -1,0 +1,66 @@
+"""The memory-bound pieces of a layer as pure tensor functions, eager or compiled.
+
+Eager, each of these is several kernels that each read and write the whole `[T, width]` tensor
+(casts to float32, the add, the norm, the weight; the rotation and the q/k concatenations; silu
+and the product); `torch.compile` fuses each into one or two kernels. The eager functions are the
+reference and the CPU path; `use_compiled(True)` (`--compile`, on by default on CUDA) makes the
+layers call the compiled ones. Taps and captures stay outside these functions, so a compiled
+region never sees a recorder (no guard on it, no recompile per forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(rms_norm(x + residual) * weight, x + residual): the add in float32, the sum cast back to x's dtype."""
+    dtype = x.dtype
+    total = x.float() + residual
+    return F.rms_norm(total, (total.shape[-1],), eps=eps).to(dtype) * weight, total.to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype) * weight
+
+
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    """`[..., 2n]` (gate | up) → silu(gate) * up `[..., n]`."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved rotation (adjacent pairs) of `x [T, heads, d]` in float32 by `cos`, `sin` `[T, 1, d/2]`."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    add_rms_norm: Callable
+    rms_norm: Callable
+    silu_mul: Callable
+    rope_pairs: Callable
+
+
+EAGER = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs)
+_compiled: Kernels | None = None
+_active = EAGER
+
+
+def use_compiled(on: bool) -> None:
+    """Make the layers call the compiled kernels (compiled on first use) or the eager ones."""
+    global _active, _compiled
+    if on and _compiled is None:
+        _compiled = Kernels(*(torch.compile(f, dynamic=None) for f in (add_rms_norm, rms_norm, silu_mul, rope_pairs)))
+    _active = _compiled if on else EAGER
+
+
+def kernels() -> Kernels:
+    return _active
