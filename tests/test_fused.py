@@ -37,6 +37,9 @@ def test_each_compiled_kernel_is_its_eager_reference(compiled, T, width, dtype, 
     x, r = (torch.randn(T, width, device="cuda", generator=g, dtype=dtype) for _ in range(2))
     w = torch.rand(width, device="cuda", generator=g, dtype=dtype) + 0.5
     e = fused.EAGER
+    k = torch.rand(T, 6, device="cuda", generator=g)
+    y = torch.randn(T, 6, width, device="cuda", generator=g, dtype=dtype)
+    assert rel(compiled.weighted_sum(k, y), e.weighted_sum(k, y)) <= BOUND[dtype]
     for got, want in zip(compiled.add_rms_norm(x, r, w, 1e-6), e.add_rms_norm(x, r, w, 1e-6)):
         assert rel(got, want) <= BOUND[dtype]
     assert rel(compiled.rms_norm(x, w, 1e-6), e.rms_norm(x, w, 1e-6)) <= BOUND[dtype]

@@ -17,6 +17,7 @@ from torch import nn
 
 from tpsim.config import ModelConfig
 from tpsim.layers.causal import causal_attention
+from tpsim.layers.fused import kernels
 from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
@@ -86,8 +87,7 @@ class MLA(Tapped, nn.Module):
         kv = self.kv_b_proj(latent)
         self.tap("kv", lambda: kv if shards is None else shards.own(kv))
         k_nope, v = rearrange(kv, "t (h d) -> t h d", h=h).split([self.nope, self.v_dim], dim=-1)
-        q = torch.cat([q_nope, q_pe], dim=-1)
-        k = torch.cat([k_nope, k_pe.expand(k_nope.shape[0], h, self.rope)], dim=-1)
+        q, k = kernels().assemble_qk(q_nope, q_pe, k_nope, k_pe)
         # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (30x slower at 8k tokens)
         q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
         out = rearrange(causal_attention(q, k, v, self.scaling, shards), "1 h t d -> t (h d)")

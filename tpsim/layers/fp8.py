@@ -145,7 +145,17 @@ def quantized_mm(xq: torch.Tensor, xs: torch.Tensor, w: BlockFp8, dtype: torch.d
         if pad:
             xq = torch.cat([xq, xq.new_zeros(pad, K)])
             xs = torch.cat([xs, xs.new_ones(pad, xs.shape[1])])
-        return torch._scaled_mm(xq, w.q.t(), scale_a=xs.t().contiguous().t(), scale_b=w.scale_inv.t(),
-                                out_dtype=dtype)[:T]
+        wq, ws = w.q, w.scale_inv
+        kb = ws.shape[1]
+        if ws.shape[0] > 1 and kb % 4:
+            # measured on the H200 (torch 2.11, CUDA 13): with more than one output block and K/128 not a
+            # multiple of 4 the block-wise GEMM reads the wrong weight scales and returns garbage, no
+            # error; zero columns (scale 1) up to a multiple of 4 blocks change nothing in the product
+            extra = (4 - kb % 4) * w.block[1]
+            xq = torch.cat([xq, xq.new_zeros(xq.shape[0], extra)], dim=1)
+            xs = torch.cat([xs, xs.new_ones(xs.shape[0], 4 - kb % 4)], dim=1)
+            wq = torch.cat([wq, wq.new_zeros(wq.shape[0], extra)], dim=1)
+            ws = torch.cat([ws, ws.new_ones(ws.shape[0], 4 - kb % 4)], dim=1)
+        return torch._scaled_mm(xq, wq.t(), scale_a=xs.t().contiguous().t(), scale_b=ws.t(), out_dtype=dtype)[:T]
     a = xq.float() * xs.repeat_interleave(w.block[1], 1)[:, :K]
     return (a @ w.dequantize().t()).to(dtype)

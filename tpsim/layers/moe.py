@@ -242,9 +242,7 @@ class MoE(Tapped, nn.Module):
         k = ids.shape[1]
         token = torch.arange(x.shape[0], device=x.device).repeat_interleave(k)  # one row per (token, slot)
         y = self._ep_experts(x[token], ids.flatten()) if self.ep else self.experts(x, ids.flatten(), token)
-        # one batched [1, k] x [k, hidden] product per token (accumulated in float32; the weights rounded
-        # once to the model dtype)
-        return torch.bmm(weights.to(y.dtype).unsqueeze(1), y.view(x.shape[0], k, x.shape[1])).squeeze(1)
+        return kernels().weighted_sum(weights, y.view(x.shape[0], k, x.shape[1]))
 
     def _reduced(self, out: torch.Tensor) -> torch.Tensor:
         """The block's output: as computed (`reduce_results=False`: the caller reduces and taps), or
