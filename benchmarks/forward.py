@@ -43,8 +43,9 @@ Targets (reported, never asserted): capture overhead <= 0.5 % at 8192 tokens; tp
 tokens >= 1.6x; at 8 tokens >= 4x transformers.
 
 `--compile` (default on CUDA): the tpsim variants call tpsim.layers.fused's torch.compile'd kernels
-(compile time reported as `compile_s`), and `tpsim+capture eager` times the same capture with the eager
-kernels in the same rounds, so the ratio of the two is measured in one run.
+at every token count (the CLI uses them from tpsim.layers.fused.MIN_TOKENS tokens on; compile time
+reported as `compile_s`), and `tpsim+capture eager` times the same capture with the eager kernels in the
+same rounds, so the ratio of the two is measured in one run.
 
 With `--device cpu` it also runs the CPU TP table: the same config over gloo at TP `--cpu-tp`
 (1,2,4,8; `tpsim.bench.scaling.tp_table`) at `--cpu-tp-tokens` (16,64,256): seconds per plain forward
@@ -569,7 +570,7 @@ def main(argv=None) -> int:
     positions = list(res.positions)
 
     compiled = cuda if args.compile is None else args.compile
-    fused.use_compiled(compiled)
+    fused.use_compiled(compiled, min_tokens=1)  # every token count: the table shows where it pays
     result["settings"]["compiled"] = compiled
     for T in tokens:
         ids = torch.tensor(input_ids_for(cfg, args.seed, T), dtype=torch.long, device=device)
@@ -587,7 +588,7 @@ def main(argv=None) -> int:
                 try:
                     return with_capture()
                 finally:
-                    fused.use_compiled(True)
+                    fused.use_compiled(True, min_tokens=1)
             fns["tpsim+capture eager"] = eager_capture
             t1 = time.perf_counter()
             with torch.inference_mode():

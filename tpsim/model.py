@@ -23,6 +23,7 @@ from torch import nn
 from tpsim.config import ModelConfig
 from tpsim.layers import GQA, MLA, AttentionShape, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from tpsim.families import MoeBlock
+from tpsim.layers.fused import select as select_kernels
 from tpsim.layers.gptoss import GptOssMoE
 from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
@@ -184,6 +185,7 @@ class DecoderModel(Tapped, nn.Module):
         the last: None, after sending (hidden, residual) to the next stage. `stream`: the forward's
         token split when the caller made it (it runs a collective under dp-attention)."""
         T = input_ids.shape[0]
+        select_kernels(T)
         stream = stream or self.mode.stream(T, self.group)
         plan = self.mode.plan(self.config, self.group.size, T)
         st = self.stage

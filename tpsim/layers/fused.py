@@ -4,7 +4,7 @@ Eager, each of these is several kernels that each read and write the whole `[T, 
 (casts to float32, the add, the norm, the weight; the rotation and the q/k concatenations; silu
 and the product; the weighted sum over a token's experts); `torch.compile` fuses each into one or two kernels. The eager functions are the
 reference and the CPU path; `use_compiled(True)` (`--compile`, on by default on CUDA) makes the
-layers call the compiled ones. Taps and captures stay outside these functions, so a compiled
+layers call the compiled ones in forwards of at least MIN_TOKENS tokens (`select`, at each forward's start). Taps and captures stay outside these functions, so a compiled
 region never sees a recorder (no guard on it, no recompile per forward).
 """
 
@@ -66,16 +66,29 @@ class Kernels:
 
 _FUNCTIONS = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum)
 EAGER = Kernels(*_FUNCTIONS)
+# Below this many tokens a forward on the H200 is launch-bound, and the compiled kernels' guards cost
+# more host time than their fusion saves GPU time. Measured (benchmarks/results/forward-cuda.json,
+# V2-Lite bf16): 8192 tokens 116.6 ms compiled vs 155.2 eager; 4096 tokens 117.8 vs 93.9; 512 72.5 vs 64.0
+MIN_TOKENS = 8192
 _compiled: Kernels | None = None
+_wanted, _min_tokens = False, MIN_TOKENS
 _active = EAGER
 
 
-def use_compiled(on: bool) -> None:
-    """Make the layers call the compiled kernels (compiled on first use) or the eager ones."""
-    global _active, _compiled
+def use_compiled(on: bool, min_tokens: int = MIN_TOKENS) -> None:
+    """Ask for the compiled kernels (compiled on first use) in forwards of at least `min_tokens` tokens
+    (`select`), or for the eager ones everywhere."""
+    global _active, _compiled, _wanted, _min_tokens
     if on and _compiled is None:
         _compiled = Kernels(*(torch.compile(f, dynamic=None) for f in _FUNCTIONS))
-    _active = _compiled if on else EAGER
+    _wanted, _min_tokens = on, min_tokens
+    _active = EAGER
+
+
+def select(tokens: int) -> None:
+    """At the start of a forward of `tokens` tokens: the kernels its layers call."""
+    global _active
+    _active = _compiled if _wanted and tokens >= _min_tokens else EAGER
 
 
 def kernels() -> Kernels:
