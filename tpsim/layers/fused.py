@@ -50,7 +50,14 @@ def assemble_qk(q_nope: torch.Tensor, q_pe: torch.Tensor, k_nope: torch.Tensor, 
 
 def weighted_sum(weights: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Each token's k expert outputs `y [T, k, hidden]` weighted by `weights [T, k]` (rounded once to
-    y's dtype) and summed in float32, cast back to y's dtype."""
+    y's dtype) and summed in float32, cast back to y's dtype: one batched [1, k] x [k, hidden] product
+    per token (eager: a float32 copy of y would cost more than the product)."""
+    return torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1)
+
+
+def weighted_sum_fused(weights: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The same sum written elementwise, which torch.compile fuses into one pass over y (a compiled
+    bmm stays a batched GEMV)."""
     return (y.float() * weights.to(y.dtype).float().unsqueeze(-1)).sum(1).to(y.dtype)
 
 
@@ -65,11 +72,13 @@ class Kernels:
 
 
 _FUNCTIONS = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum)
+_TO_COMPILE = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum_fused)
 EAGER = Kernels(*_FUNCTIONS)
 # Below this many tokens a forward on the H200 is launch-bound, and the compiled kernels' guards cost
 # more host time than their fusion saves GPU time. Measured (benchmarks/results/forward-cuda.json,
-# V2-Lite bf16): 8192 tokens 116.6 ms compiled vs 155.2 eager; 4096 tokens 117.8 vs 93.9; 512 72.5 vs 64.0
-MIN_TOKENS = 8192
+# V2-Lite bf16, same rounds): 512 tokens 64.9 ms compiled vs 52.3 eager; 4096 tokens 63.2 vs 80.6;
+# 8192 tokens 116.1 vs 153.4 (one earlier run had 4096 at 117.8 vs 93.9, the host busier)
+MIN_TOKENS = 4096
 _compiled: Kernels | None = None
 _wanted, _min_tokens = False, MIN_TOKENS
 _active = EAGER
@@ -80,7 +89,7 @@ def use_compiled(on: bool, min_tokens: int = MIN_TOKENS) -> None:
     (`select`), or for the eager ones everywhere."""
     global _active, _compiled, _wanted, _min_tokens
     if on and _compiled is None:
-        _compiled = Kernels(*(torch.compile(f, dynamic=None) for f in _FUNCTIONS))
+        _compiled = Kernels(*(torch.compile(f, dynamic=None) for f in _TO_COMPILE))
     _wanted, _min_tokens = on, min_tokens
     _active = EAGER
 
