@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from tpsim.bench.flops import active_params, forward_flops, tp_all_reduces
 from tpsim.bench.hf import build_models
@@ -297,3 +299,53 @@ def test_targets_report_met_and_missed():
     assert t["tpsim+capture vs transformers at 4096 tokens"]["met"] is None  # 4096 tokens not run
     assert t["tpsim+capture vs transformers at 8 tokens"]["met"]  # 4x
     assert t["tpsim+capture at 8192 tokens vs measured matmul rate"]["met"]  # 70 %
+
+
+# --- benchmarks/profile_forward.py (CPU: operators' own time) ----------------------------------------------------
+
+# kernel names from the H200 profile of V2-Lite (benchmarks/results/profile-cuda-8192.json), and their kinds
+H200_KERNELS = {
+    "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13Ge": "gemm",
+    "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": "gemm",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x192_4x1x1_cga1x1": "attention",
+    "triton_poi_fused__scaled_dot_product_cudnn_attention_cat_expand_permute_split_with_sizes_v": "attention",
+    "triton_red_fused__fused_rms_norm__to_copy_add_mul_0": "compiled (triton)",
+    "void at_cuda_detail::cub::detail::radix_sort::DeviceRadixSortOnesweepKernel<at_cuda_detail": "sort / top-k",
+    "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long,": "gather / scatter",
+    "Memset (Device)": "other",
+}
+
+
+@pytest.mark.parametrize("name", sorted(H200_KERNELS))
+def test_h200_kernels_get_their_kind(name):
+    assert script("profile_forward").kind_of(name) == H200_KERNELS[name]
+
+
+@given(name=st.text(max_size=60))
+@example(name="NVJET_SM90")
+def test_a_kernel_kind_ignores_case(name):
+    pf = script("profile_forward")
+    assert pf.kind_of(name) == pf.kind_of(name.upper()) == pf.kind_of(name.lower())
+
+
+def test_profile_script_sums_the_operators_it_lists(tmp_path, capsys):
+    pf = script("profile_forward")
+    out = tmp_path / "profile.json"
+    assert pf.main(["--device", "cpu", "--tokens", "8", "--repeats", "1", "--warmup", "1",
+                    "--override", "num_hidden_layers=4", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["tokens"] == 8 and data["layers"] == 4 and data["compiled"] is False
+    assert data["kernel_ms"] == pytest.approx(sum(k["ms"] for k in data["kinds"]))
+    assert sum(k["share"] for k in data["kinds"]) == pytest.approx(1.0)
+    assert any(k["kind"] == "gemm" for k in data["kinds"])  # the CPU operators of a forward include its GEMMs
+    assert "time per forward" in capsys.readouterr().out
+
+
+def test_profile_script_bad_input(capsys, tmp_path):
+    pf = script("profile_forward")
+    assert pf.main(["--device", "cpu", "--tokens", "0", "--out", str(tmp_path / "p.json")]) == 2
+    assert pf.main(["--device", "cpu", "--repeats", "0", "--out", str(tmp_path / "p.json")]) == 2
+    assert pf.main(["--device", "cpu", "--model", "no-such-model"]) == 2
+    assert capsys.readouterr().err.count("profile_forward: error:") == 3 and not (tmp_path / "p.json").exists()
+    assert pf.main(["--device", "cpu", "--override", "num_hidden_layers=2"]) == 2  # too few layers to capture
+    assert "profile_forward: error:" in capsys.readouterr().err

@@ -73,3 +73,6 @@ def test_a_compiled_forward_captures_what_the_eager_one_does_without_host_sync(c
         caps.append(r.concat())
     fused.use_compiled(False)
     assert rel(caps[1], caps[0]) <= 3e-2 and torch.equal(caps[1], caps[2])
+    from tpsim.layers.attention import MLA
+    from tpsim.layers.moe import MoE
+    assert {MLA._forward, MoE._forward} <= set(fused._regions)  # the compiled forward ran the regions

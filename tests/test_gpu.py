@@ -58,12 +58,12 @@ def cuda_pool():
         yield pool
 
 
-def run_tps(pool, cfg, seed, dtype, ids, positions):
-    """{tp: [each group rank's result]} for TP 1 and TPS."""
+def run_tps(pool, cfg, seed, dtype, ids, positions, compiled=False):
+    """{tp: [each group rank's result]} for TP 1 and TPS (`compiled`: tpsim.layers.fused's compiled path)."""
     out = {}
     for tp in (1, *TPS):
         res = pool.run(cuda_capture_job, cfg=cfg.to_dict(), seed=seed, dtype=dtype, input_ids=ids,
-                       positions=[str(p) for p in positions], tp=tp)
+                       positions=[str(p) for p in positions], tp=tp, compiled=compiled)
         out[tp] = [res[r] for r in range(tp)]
         assert all(res[r] is None for r in range(tp, WORLD))
     return out
@@ -120,6 +120,15 @@ def test_tp_equivalence_bfloat16(cuda_pool, seed):
     positions = list(resolve("sglang", None, ALL_EXPERTS.num_hidden_layers).positions)
     ids = input_ids_for(ALL_EXPERTS, seed, 32)
     runs = run_tps(cuda_pool, ALL_EXPERTS, seed, "bfloat16", ids, positions)
+    check_tp_equivalence(runs, ALL_EXPERTS, "bfloat16", ids, positions)
+
+
+def test_tp_equivalence_bfloat16_compiled(cuda_pool):
+    """The compiled path (MLA and MoE regions, fused kernels) at TP 1, 2, 4: equal within the bf16
+    bound, every rank bitwise its group's rank 0."""
+    positions = list(resolve("sglang", None, ALL_EXPERTS.num_hidden_layers).positions)
+    ids = input_ids_for(ALL_EXPERTS, 2, 48)
+    runs = run_tps(cuda_pool, ALL_EXPERTS, 2, "bfloat16", ids, positions, compiled=True)
     check_tp_equivalence(runs, ALL_EXPERTS, "bfloat16", ids, positions)
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from tpsim.bench.hf import strict_fp32
 from tpsim.capture import Position, Recorder
 from tpsim.config import config_from_dict
+from tpsim.layers import fused
 from tpsim.parallel.launch import RankContext
 from tpsim.run.jobs import DTYPES, build_model, routing_rows, run_captured
 from tpsim.run.spec import input_ids_for
@@ -182,13 +183,15 @@ def allreduce_job(ctx: RankContext, sizes: list[int], dtype: str, warmup: int, i
 
 
 def cuda_capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: list[int], positions: list[str],
-                     tp: int) -> dict | None:
+                     tp: int, compiled: bool = False) -> dict | None:
     """tests/test_gpu.py: this rank's capture (moved to the CPU: CUDA tensors do not travel through
     the pool's queue), the device it ran on, its all-reduces and MoE routing, with TF32 off in
-    this rank process (float32 comparisons across TP degrees need IEEE float32)."""
+    this rank process (float32 comparisons across TP degrees need IEEE float32). `compiled`: the
+    forward takes tpsim.layers.fused's compiled path (regions and kernels) at any token count."""
     if not ctx.participates(tp):
         return None
     strict_fp32()
+    fused.use_compiled(compiled, min_tokens=1)
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
     model = build_model(config, group, seed, dtype)

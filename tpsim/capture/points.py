@@ -74,6 +74,7 @@ class Taps(Sink):
     watch_finite: bool = False  # find the first point (and token) holding NaN or Inf
     got: dict[str, Tap] = field(default_factory=dict)
     first_nonfinite: tuple[str, int] | None = None
+    hears_points = True
 
     def point(self, name: str, x: Lazy, placement: Placement, order: int) -> None:
         if self.watch_finite and self.first_nonfinite is None:

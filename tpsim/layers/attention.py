@@ -17,7 +17,7 @@ from torch import nn
 
 from tpsim.config import ModelConfig
 from tpsim.layers.causal import causal_attention
-from tpsim.layers.fused import kernels
+from tpsim.layers.fused import kernels, region
 from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
@@ -45,7 +45,7 @@ class MLA(Tapped, nn.Module):
         self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.qk_dim, self.kv_lora_rank = cfg.qk_head_dim, cfg.kv_lora_rank
         self.q_lora = cfg.q_lora_rank is not None
-        fp8 = cfg.fp8_block
+        fp8 = self.fp8 = cfg.fp8_block
         if self.q_lora:
             self.q_a_proj = ReplicatedLinear(hid, cfg.q_lora_rank, group, f"{prefix}.q_a_proj", dtype, fp8=fp8)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, group, f"{prefix}.q_a_layernorm", dtype)
@@ -71,6 +71,12 @@ class MLA(Tapped, nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
         """`shards`: context parallelism, x and positions this rank's tokens (module docstring)."""
+        if shards is None:  # one compiled region (fused.region) unless it holds a collective, fp8 or a listened tap
+            whole = not (self.fp8 or self.o_proj.reduce_results or self.probe.listening)
+            return region(self._forward, positions, x, eligible=whole)
+        return self._forward(positions, x, shards)
+
+    def _forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
         h = self.local_heads
         q_in = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         self.tap("q", q_in)

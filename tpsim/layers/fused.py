@@ -1,11 +1,22 @@
-"""The memory-bound pieces of a layer as pure tensor functions, eager or compiled.
+"""The memory-bound pieces of a layer as pure tensor functions, eager or compiled, and whole
+sublayers compiled as one region each.
 
-Eager, each of these is several kernels that each read and write the whole `[T, width]` tensor
-(casts to float32, the add, the norm, the weight; the rotation and the q/k concatenations; silu
-and the product; the weighted sum over a token's experts); `torch.compile` fuses each into one or two kernels. The eager functions are the
-reference and the CPU path; `use_compiled(True)` (`--compile`, on by default on CUDA) makes the
-layers call the compiled ones in forwards of at least MIN_TOKENS tokens (`select`, at each forward's start). Taps and captures stay outside these functions, so a compiled
-region never sees a recorder (no guard on it, no recompile per forward).
+Eager, each function here is several kernels that each read and write the whole `[T, width]`
+tensor (casts to float32, the add, the norm, the weight; the rotation and the q/k concatenations;
+silu and the product; the weighted sum over a token's experts; the router's float32 copies). The
+eager functions are the reference and the CPU path. `use_compiled(True)` (`--compile`, on by
+default on CUDA) switches forwards of at least MIN_TOKENS tokens (`select`, at each forward's
+start) to the compiled path:
+
+- `region`: MLA attention and the MoE block each run as one `torch.compile`d graph (`fullgraph`,
+  shapes specialized), in which inductor fuses across what would be separate kernels (the gather
+  back from expert order into the weighted sum, silu * up into the grouped GEMM's input, the router's
+  softmax and top-k);
+- `kernels()`: everything else (the layer's add + RMSNorm) calls each function compiled alone.
+
+A region runs only when no tap inside it is listened to (`Probe.listening`: a `tpsim capture` of
+named points runs those sublayers eagerly), and the EAGLE-3 capture reads the stream between
+sublayers, outside every compiled function, so a capture never adds a guard or a recompile.
 """
 
 from __future__ import annotations
@@ -48,6 +59,22 @@ def assemble_qk(q_nope: torch.Tensor, q_pe: torch.Tensor, k_nope: torch.Tensor, 
     return torch.cat([q_nope, q_pe], dim=-1), torch.cat([k_nope, k_pe.expand(k_nope.shape[0], h, rope)], dim=-1)
 
 
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The MoE router's logits in float32, as transformers computes them: a float32 GEMM of the
+    float32 copies of x and the gate weight."""
+    return F.linear(x.float(), weight.float())
+
+
+def router_logits_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The same logits from a bf16 GEMM that accumulates and writes float32 (`torch.mm(...,
+    out_dtype=float32)`, CUDA only): bf16 values and their products are exact in float32, so only
+    the order of the float32 sum differs from `router_logits`, and neither x nor the weight is copied
+    to float32 first (measured on the H200 at 8192 tokens: 0.04 vs 0.13 ms a layer)."""
+    if x.is_cuda and x.dtype == weight.dtype == torch.bfloat16:
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+    return router_logits(x, weight)
+
+
 def weighted_sum(weights: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Each token's k expert outputs `y [T, k, hidden]` weighted by `weights [T, k]` (rounded once to
     y's dtype) and summed in float32, cast back to y's dtype: one batched [1, k] x [k, hidden] product
@@ -69,16 +96,22 @@ class Kernels:
     rope_pairs: Callable
     assemble_qk: Callable
     weighted_sum: Callable
+    router_logits: Callable
 
 
-_FUNCTIONS = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum)
+_FUNCTIONS = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum, router_logits)
 _TO_COMPILE = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum_fused)
 EAGER = Kernels(*_FUNCTIONS)
+# what a compiled region traces: the fusible forms, uncompiled (the region compiles them with the rest)
+FUSIBLE = Kernels(*_TO_COMPILE, router_logits_fp32_out)
 # Below this many tokens a forward on the H200 is launch-bound, and the compiled kernels' guards cost
 # more host time than their fusion saves GPU time. Measured (benchmarks/results/forward-cuda.json,
 # V2-Lite bf16, same rounds): 512 tokens 64.9 ms compiled vs 52.3 eager; 4096 tokens 63.2 vs 80.6;
 # 8192 tokens 116.1 vs 153.4 (one earlier run had 4096 at 117.8 vs 93.9, the host busier)
 MIN_TOKENS = 4096
+# regions specialize on shapes (dynamic kernels were slower: silu * up at 8192 tokens 0.20 vs 0.17 ms), so
+# each token count and dtype is a graph; beyond this many a region runs eagerly
+RECOMPILE_LIMIT = 64
 _compiled: Kernels | None = None
 _wanted, _min_tokens = False, MIN_TOKENS
 _active = EAGER
@@ -88,8 +121,10 @@ def use_compiled(on: bool, min_tokens: int = MIN_TOKENS) -> None:
     """Ask for the compiled kernels (compiled on first use) in forwards of at least `min_tokens` tokens
     (`select`), or for the eager ones everywhere."""
     global _active, _compiled, _wanted, _min_tokens
+    if on:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     if on and _compiled is None:
-        _compiled = Kernels(*(torch.compile(f, dynamic=None) for f in _TO_COMPILE))
+        _compiled = Kernels(*(torch.compile(f, dynamic=None) for f in _TO_COMPILE), router_logits_fp32_out)
     _wanted, _min_tokens = on, min_tokens
     _active = EAGER
 
@@ -102,3 +137,30 @@ def select(tokens: int) -> None:
 
 def kernels() -> Kernels:
     return _active
+
+
+_regions: dict[Callable, Callable] = {}
+
+
+def region(forward: Callable, *args, eligible: bool = True):
+    """`forward(*args)`, a sublayer's whole forward (a bound method), compiled as one region when the
+    compiled kernels are active and the caller says it is `eligible`: no tap listened to, no
+    collective, no host sync inside (a region must trace whole: `fullgraph`). Inductor then fuses
+    across the kernels above (the router's top-k with its softmax, the gather back from expert order
+    with the weighted sum) and specializes on the shapes. One compiled function per method, shared
+    by every instance: the modules are inlined and their weights are graph inputs, so the layers of
+    one kind share one graph per token count."""
+    global _active
+    if _active is EAGER or not eligible:
+        return forward(*args)
+    fn = forward.__func__
+    if fn not in _regions:
+        _regions[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
+    outer, _active = _active, FUSIBLE
+    try:
+        return _regions[fn](forward.__self__, *args)
+    except torch._dynamo.exc.FailOnRecompileLimitHit:  # a graph per shape and dtype, up to RECOMPILE_LIMIT
+        _active = outer
+        return forward(*args)
+    finally:
+        _active = outer

@@ -33,7 +33,7 @@ from torch import nn
 
 from tpsim.config import ModelConfig
 from tpsim.layers.linear import WeightSpec, _copy, divide
-from tpsim.layers.moe import MoE, Experts, _inverse, _counts, _top
+from tpsim.layers.moe import MoE, Experts, _inverse, _top, expert_order
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
@@ -119,9 +119,8 @@ class GptOssExperts(Experts):
         """experts `[N]`: the local expert of each of N rows (`x[rows]`, or `x` when `rows` is None)
         → `[N, hidden]`: each row through its expert, down_proj_bias included on shard rank 0
         (this rank's partial sum under TP, the whole output under EP)."""
-        order = experts.argsort(stable=True)
+        order, offs = expert_order(experts, self.count)
         sorted_experts = experts[order]
-        offs = _counts(experts, self.count).cumsum(0).to(torch.int32)
         xs = x[order if rows is None else rows[order]]
         h = self._mm(xs, self.w13, offs) + self.w13_bias[sorted_experts]
         gate, up = h.chunk(2, dim=-1)

@@ -81,6 +81,7 @@ class Sink:
     model must update the residual in place as the engines' fused add-RMSNorm kernels do."""
 
     in_place = False
+    hears_points = False  # whether `point` does anything: named points are offered only then
 
     def point(self, name: str, x: Lazy, placement: Placement, order: int) -> None:
         """Named point `name`; `order`: how many collectives this rank had run when it was made."""
@@ -136,6 +137,12 @@ class Probe:
         """Whether an attached capture needs the residual updated in place (tpsim.model.add_norm)."""
         return any(s.in_place for s in self.sinks)
 
+    @property
+    def listening(self) -> bool:
+        """Whether an attached sink hears named points (a `tpsim capture` of points): only then do
+        taps offer anything, and only then must a sublayer run eagerly (tpsim.layers.fused.region)."""
+        return any(s.hears_points for s in self.sinks)
+
     def offer(self, name: str, x: Lazy, placement: Placement) -> None:
         where = R if self.size == 1 else S0 if self.owned else placement
         order = len(self.tracer.records)
@@ -175,7 +182,8 @@ class Tapped:
     def tap(self, suffix: str, x: Lazy, placement: Placement | None = None) -> None:
         """Offer point `suffix` of this layer (at its declared placement unless given)."""
         declared = self.declared_point(suffix)
-        if self.probe.sinks:  # a forward's taps cost next to nothing when no capture listens
+        # a compiled region runs only when nobody listens (fused.region), so it traces no tap
+        if not torch.compiler.is_compiling() and self.probe.listening:
             self.probe.offer(_join(self.point, suffix), x, declared.placement if placement is None else placement)
 
     @classmethod

@@ -1,0 +1,95 @@
+"""Compiled regions (tpsim.layers.fused.region) on the CPU: a sublayer's whole forward compiled as
+one graph, shared by every layer of its kind, skipped whenever a tap is listened to. The CUDA
+speed is benchmarks/forward.py's to measure; here, what the regions compute and when they run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tpsim.capture import Recorder, resolve
+from tpsim.capture.points import Taps
+from tpsim.config import load_config, with_overrides
+from tpsim.layers import fused
+from tpsim.layers.attention import MLA
+from tpsim.layers.moe import MoE
+from tpsim.parallel import TPGroup
+from tpsim.run.jobs import build_model
+
+# tiny: MLA, DeepSeek group-limited routing; 4 layers, so three MoE layers share one region
+CFG = with_overrides(load_config("configs/tiny.yaml"), ["num_hidden_layers=4"])
+BF16_BOUND = 3e-2  # `tpsim check`'s bf16 bound: the fused kernels round differently from eager
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.fixture(scope="module")
+def models():
+    group = TPGroup(device=torch.device("cpu"))
+    yield {d: build_model(CFG, group, 0, d) for d in ("bfloat16", "float32")}
+    fused.use_compiled(False)
+
+
+def capture(model, ids, compiled: bool | None) -> torch.Tensor:
+    """The sglang default capture; `compiled` None: with the kernels as they are."""
+    if compiled is not None:
+        fused.use_compiled(compiled, min_tokens=1)
+    rec = Recorder(resolve("sglang", None, CFG.num_hidden_layers).positions)
+    with torch.inference_mode():
+        model(ids, recorder=rec)
+    return rec.concat()
+
+
+def graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@settings(max_examples=3, deadline=None)
+@given(T=st.integers(3, 40), seed=st.integers(0, 2 ** 16))
+@example(T=17, seed=0)
+def test_a_compiled_forward_captures_what_the_eager_one_does(models, T, seed):
+    ids = torch.randint(0, CFG.vocab_size, (T,), generator=torch.Generator().manual_seed(seed))
+    for dtype, bound in (("bfloat16", BF16_BOUND), ("float32", 1e-5)):  # float32: the MLA region, eager MoE
+        eager = capture(models[dtype], ids, compiled=False)
+        assert rel(capture(models[dtype], ids, compiled=True), eager) <= bound, dtype
+    assert {MLA._forward, MoE._forward} <= set(fused._regions)
+
+
+def test_layers_share_one_graph_and_a_capture_does_not_recompile(models):
+    ids = torch.arange(23) % CFG.vocab_size
+    capture(models["bfloat16"], ids, compiled=True)  # compiles for 23 tokens
+    before = graphs()
+    capture(models["bfloat16"], ids, compiled=True)
+    with torch.inference_mode():
+        models["bfloat16"](ids)  # no recorder: the same graphs
+    assert graphs() == before, (before, graphs())
+
+
+def test_a_listened_tap_runs_its_sublayer_eagerly_and_gets_its_point(models):
+    model, ids = models["bfloat16"], torch.arange(29) % CFG.vocab_size
+    wanted = {"layers.2.mlp.router_logits", "layers.2.attn.kv_latent"}
+    got = {}
+    for compiled in (False, True):
+        fused.use_compiled(compiled, min_tokens=1)
+        taps = Taps(wanted=set(wanted))
+        with torch.inference_mode(), model.probe.attach(taps):
+            model(ids)
+        got[compiled] = taps.got
+    # a region traces no tap (Tapped.tap), so a point inside one would be missing: both are here
+    assert set(got[True]) == wanted
+    for name in wanted:
+        assert rel(got[True][name].tensor, got[False][name].tensor) <= BF16_BOUND, name
+
+
+def test_past_the_recompile_limit_a_region_runs_eagerly(models, monkeypatch):
+    model = models["bfloat16"]
+    for T in (5, 6, 7):  # a new shape each: past the limit, fullgraph regions would raise
+        ids = torch.arange(T) % CFG.vocab_size
+        eager = capture(model, ids, compiled=False)
+        fused.use_compiled(True, min_tokens=1)
+        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+        assert rel(capture(model, ids, compiled=None), eager) <= BF16_BOUND
