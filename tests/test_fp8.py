@@ -181,3 +181,22 @@ def test_cuda_block_scaled_gemm_is_the_blockwise_sum(T, kb, nb, seed, dtype):
     ref = blockwise_reference(x_cast, w)
     bound = 2 ** -7 if dtype == torch.bfloat16 else 5e-4  # float32: measured 1.3e-4 (cuBLAS scales per K block)
     assert float((y - ref).norm() / ref.norm()) <= bound
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 40), m=st.integers(1, 40), bo=st.sampled_from([1, 4, 16]), bi=st.sampled_from([1, 4, 16]),
+       data=st.data())
+@example(n=20, m=33, bo=16, bi=16, data=None)
+def test_a_checkpoint_part_is_that_part_of_the_whole_dequantized_weight(n, m, bo, bi, data):
+    from tpsim.checkpoint.fp8 import Fp8Source, dequantize
+    q, scale = quantize(torch.randn(n, m, generator=torch.Generator().manual_seed(n * 41 + m)), (bo, bi))
+    src, whole = Fp8Source(q, scale, (bo, bi), (n, m)), dequantize(q, scale, (bo, bi))
+    if data is None:
+        r0, r1, c0, c1 = 3, 19, 15, 33
+    else:
+        r0, r1 = sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=2), label="rows"))
+        c0, c1 = sorted(data.draw(st.lists(st.integers(0, m), min_size=2, max_size=2), label="cols"))
+    assert torch.equal(src[r0:r1, c0:c1], whole[r0:r1, c0:c1])
+    a0, b0 = r0 // bo * bo, c0 // bi * bi  # the block-aligned part read raw is the stored blocks
+    raw = Fp8Source(q, scale, (bo, bi), (n, m), raw=True)[a0:, b0:]
+    assert torch.equal(raw.dequantize(), whole[a0:, b0:])

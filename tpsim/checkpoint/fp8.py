@@ -39,12 +39,16 @@ class Fp8Source:
         idx = idx + (slice(None),) * (2 - len(idx))
         (r0, r1), (c0, c1) = (_span(s, n) for s, n in zip(idx, self.shape))
         if self.raw:  # the fp8 values and their scales as stored (the part must follow the blocks)
-            (r, sr), (c, sc) = (block_slice(slice(a, b), n, blk, what) for a, b, n, blk, what in
-                                ((r0, r1, self.shape[0], self.block[0], "rows"),
-                                 (c0, c1, self.shape[1], self.block[1], "columns")))
-            return BlockFp8(self.weight[r, c], self.scale_inv[sr, sc].float(), self.block)
-        bo, bi = self.block
-        w = self.weight[r0:r1, c0:c1].float()
-        s = self.scale_inv[r0 // bo:math.ceil(r1 / bo), c0 // bi:math.ceil(c1 / bi)].float()
-        s = s.repeat_interleave(bo, 0).repeat_interleave(bi, 1)
-        return w * s[r0 - r0 // bo * bo:r1 - r0 // bo * bo, c0 - c0 // bi * bi:c1 - c0 // bi * bi]
+            return self._blocks(r0, r1, c0, c1)
+        # the whole blocks around the part, dequantized, then cropped to it
+        (bo, bi), (n, m) = self.block, self.shape
+        a0, a1 = r0 // bo * bo, min(math.ceil(r1 / bo) * bo, n)
+        b0, b1 = c0 // bi * bi, min(math.ceil(c1 / bi) * bi, m)
+        return self._blocks(a0, a1, b0, b1).dequantize()[r0 - a0:r1 - a0, c0 - b0:c1 - b0]
+
+    def _blocks(self, r0: int, r1: int, c0: int, c1: int) -> BlockFp8:
+        """Rows r0:r1 and columns c0:c1, on block boundaries, as stored, with their blocks' scales."""
+        (r, sr), (c, sc) = (block_slice(slice(a, b), n, blk, what) for a, b, n, blk, what in
+                            ((r0, r1, self.shape[0], self.block[0], "rows"),
+                             (c0, c1, self.shape[1], self.block[1], "columns")))
+        return BlockFp8(self.weight[r, c], self.scale_inv[sr, sc].float(), self.block)
