@@ -44,12 +44,14 @@ from tpsim.files.atomic import write_json  # noqa: E402
 from tpsim.layers import fused  # noqa: E402
 from tpsim.run.spec import input_ids_for  # noqa: E402
 
-# (kind, substrings of a kernel name, lower case): the first kind with a match names the kernel
+# (kind, substrings of a kernel name, lower case): the first kind with a match names the kernel. Every
+# inductor kernel is "compiled", even one named after the GEMM or attention whose input it prepares
+# (triton_poi_fused__grouped_mm_..._silu: silu * up written for the grouped GEMM)
 KINDS = (
+    ("compiled (triton)", ("triton",)),
     ("attention", ("fmha", "flash", "attention", "cudnn")),
     ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "grouped", "matmul", "splitk", "aten::mm", "aten::addmm",
               "aten::bmm", "aten::linear")),
-    ("compiled (triton)", ("triton",)),
     ("sort / top-k", ("sort", "topk", "radix", "cub::")),
     ("gather / scatter", ("index", "gather", "scatter")),
     ("copy / cast", ("copy", "cat_", "catarray")),

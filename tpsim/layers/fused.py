@@ -104,10 +104,10 @@ _TO_COMPILE = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weight
 EAGER = Kernels(*_FUNCTIONS)
 # what a compiled region traces: the fusible forms, uncompiled (the region compiles them with the rest)
 FUSIBLE = Kernels(*_TO_COMPILE, router_logits_fp32_out)
-# Below this many tokens a forward on the H200 is launch-bound, and the compiled kernels' guards cost
-# more host time than their fusion saves GPU time. Measured (benchmarks/results/forward-cuda.json,
-# V2-Lite bf16, same rounds): 512 tokens 64.9 ms compiled vs 52.3 eager; 4096 tokens 63.2 vs 80.6;
-# 8192 tokens 116.1 vs 153.4 (one earlier run had 4096 at 117.8 vs 93.9, the host busier)
+# The CLI's threshold. With the regions the compiled forward is faster at every token count on the H200
+# (benchmarks/results/forward-cuda.json, V2-Lite bf16, same rounds: 8 tokens 30.5 vs 49.4 ms eager, 512:
+# 29.6 vs 42.5, 4096: 52.3 vs 73.8, 8192: 104.0 vs 141.3), but every new token count compiles its graphs
+# first (5-12 s), and a `tpsim check` forwards each count a few times: only long prefills pay that back
 MIN_TOKENS = 4096
 # regions specialize on shapes (dynamic kernels were slower: silu * up at 8192 tokens 0.20 vs 0.17 ms), so
 # each token count and dtype is a graph; beyond this many a region runs eagerly
