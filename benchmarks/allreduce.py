@@ -47,7 +47,7 @@ from tpsim import ui  # noqa: E402
 from tpsim.bench.jobs import allreduce_job  # noqa: E402
 from tpsim.errors import RankError, UsageError  # noqa: E402
 from tpsim.files.atomic import write_json  # noqa: E402
-from tpsim.parallel import launch  # noqa: E402  (its import turns NVLink multicast off: launch.MULTICAST_OFF)
+from tpsim.parallel import launch, torchrun  # noqa: E402  (launch's import turns NVLink multicast off: launch.MULTICAST_OFF)
 
 NVLS_ENV = tuple(launch.MULTICAST_OFF)
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -165,18 +165,18 @@ def main(argv=None) -> int:
         return 2
     job = dict(sizes=sizes, dtype=args.dtype, warmup=args.warmup, iters=args.iters, inner=args.inner)
     t0 = time.perf_counter()
-    if launch.under_torchrun():
+    if torchrun.under_torchrun():
         try:
-            ctx = launch.init_from_env(args.device, args.backend, args.timeout)
+            ctx = torchrun.init_from_env(args.device, args.backend, args.timeout)
         except UsageError as e:
             print(f"allreduce: error: {e}", file=sys.stderr)
             return 2
         mine = allreduce_job(ctx, **job)
-        results = launch.gather_to_rank0(mine)
+        results = torchrun.gather_to_rank0(mine)
         if ctx.rank == 0:
             report(args, summarize(results, ctx.world_size), ctx.world_size, ctx.device.type, ctx.backend,
                    "torchrun", time.perf_counter() - t0)
-        launch.exit_torchrun_rank(0)
+        torchrun.exit_torchrun_rank(0)
         return 0
     world = args.world or (torch.cuda.device_count() if args.device == "cuda" else 2)
     if args.device == "cuda" and args.backend == "nccl" and world > torch.cuda.device_count():

@@ -34,7 +34,8 @@ import diagnose_jobs
 from clirun import assert_one_line_error, run_cli, run_clis
 from tpsim.files.safetensors import tensor_sha256
 from tpsim.capture.diagnosis import UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors, match_threshold
-from tpsim.files.dumps import DumpKind, read_rank_files
+from tpsim.files.capture_read import read_rank_files
+from tpsim.files.dumps import DumpKind
 from tpsim.files.reference import read_reference
 from tpsim.parallel.placement import P, R, S0, S1
 from tpsim.errors import UsageError

@@ -19,7 +19,7 @@ from tpsim.cli import align, capture, check, diagnose, explain, export, profiles
 from tpsim.cli.parser import Parser
 from tpsim.errors import RankError, UsageError
 from tpsim.parallel import faults
-from tpsim.parallel.launch import check_torchrun_env, exit_torchrun_rank, under_torchrun
+from tpsim.parallel.torchrun import check_torchrun_env, exit_torchrun_rank, under_torchrun
 from tpsim.run.ranks import dead_local_peers, is_reporting_process
 from tpsim.ui import PipeSafe
 

@@ -12,7 +12,7 @@ from tpsim.config import ModelConfig, builtin_names
 from tpsim.errors import UsageError
 from tpsim.modes import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES,
                           DpLocalTokens, Mode)
-from tpsim.parallel.launch import under_torchrun
+from tpsim.parallel.torchrun import under_torchrun
 from tpsim.capture.align import read_draft_config
 from tpsim.cli.graph_options import graphs_from
 from tpsim.cli.pp_options import pipeline_from

@@ -9,7 +9,7 @@ from tpsim.capture.pipeline import PP_CAPTURES, Handoff
 from tpsim.config import ModelConfig
 from tpsim.errors import UsageError
 from tpsim.modes import Mode
-from tpsim.parallel.launch import under_torchrun
+from tpsim.parallel.torchrun import under_torchrun
 from tpsim.parallel.pipeline import SPLITS, Split, check_pp
 from tpsim.profiles.registry import lookup
 from tpsim.run.pipeline import Pipeline

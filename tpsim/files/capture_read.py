@@ -1,5 +1,6 @@
-"""Reading one run's files for `tpsim diagnose`: a tpsim capture file (below), else the per-rank
-dumps and vLLM files of tpsim.files.dumps.
+"""Reading one run's files for `tpsim diagnose`: which kind they are (`read_rank_files`; tpsim.files.dumps
+reads each kind: tpsim rank dumps, SGLang dumper files, vLLM hidden-states files), or a tpsim capture
+file (below).
 
 A tpsim capture (`tpsim capture --out`, tpsim.files.capture) holds `aux_hidden_states` `[T, n*H]`,
 the slots in the order the engine concatenates them, and its `positions` metadata (what the
@@ -17,8 +18,9 @@ from pathlib import Path
 
 from tpsim.capture.conventions import resolve
 from tpsim.errors import UsageError
-from tpsim.files.dumps import (UNKNOWN_LAYERS, DumpKind, RankSet, expand, open_safetensors, read_rank_files,
-                               safetensors_header, unknown_point)
+from tpsim.files.capture import RANK_DUMP_FORMAT
+from tpsim.files.dumps import (UNKNOWN_LAYERS, VLLM_HIDDEN, VLLM_TOKENS, DumpKind, RankSet, open_safetensors,
+                               read_sglang, read_tpsim_dumps, read_vllm, safetensors_header, unknown_point)
 
 CAPTURE_TENSOR = "aux_hidden_states"
 ONE_COPY = ("a tpsim capture holds one copy for the whole TP group (capture writes it only when every rank "
@@ -93,3 +95,58 @@ def _named(ids: list[int], convention: str, L: int | None, n: int, path: Path) -
         raise UsageError(f"--layer-ids {text} names {len(names)} positions ({','.join(names)}) in --convention "
                          f"{convention}, but {path} holds {n} slots; pass one id per slot")
     return names
+
+
+def expand(files: list[str]) -> list[Path]:
+    """The rank files named, a directory standing for its *.safetensors and *.pt files."""
+    out = []
+    for f in files:
+        p = Path(f)
+        if p.is_dir():
+            found = sorted([*p.glob("*.safetensors"), *p.glob("*.pt")])
+            if not found:
+                raise UsageError(f"directory {p} holds no *.safetensors or *.pt rank files")
+            out += found
+        elif not p.exists():
+            raise UsageError(f"{p} does not exist; pass one rank file per rank")
+        else:
+            out.append(p)
+    if len(set(out)) != len(out):
+        raise UsageError("a rank file is named twice; pass each once")
+    return out
+
+
+def safetensors_kind(path: Path) -> DumpKind:
+    """A tpsim rank dump (its `format`) or a vLLM hidden-states file (vLLM's tensor names, no metadata)."""
+    meta, names = safetensors_header(path)
+    if meta.get("format") == RANK_DUMP_FORMAT:
+        return DumpKind.TPSIM
+    if "format" not in meta and {VLLM_HIDDEN, VLLM_TOKENS} & set(names):
+        return DumpKind.VLLM
+    raise UsageError(f"{path} is not a tpsim rank dump (format={meta.get('format')!r}) nor a vLLM hidden-states file "
+                     f"({VLLM_HIDDEN} + {VLLM_TOKENS}); pass the {{stem}}.rank{{r}}.safetensors files of one run, "
+                     f"or one {{req_id}}.safetensors of vLLM")
+
+
+def read_rank_files(files: list[str], step: int | None = None, points: list[str] | None = None,
+                    layer_ids: list[int] | None = None, num_layers: int | None = None) -> RankSet:
+    """One run's rank files (all points, or only `points` and input_ids); a vLLM file's slots named
+    by `layer_ids` (vLLM's, see `vllm_slot_names`) when given."""
+    paths = expand(files)
+    pts = [p for p in paths if p.suffix == ".pt"]
+    if pts and len(pts) != len(paths):
+        raise UsageError("mix of .pt (SGLang dumper) and other rank files; diagnose one run's files of one kind")
+    keep = None if not points else {*points, "input_ids"}
+    kinds = [DumpKind.SGLANG] if pts else sorted({safetensors_kind(p) for p in paths})
+    if len(kinds) > 1:
+        raise UsageError(f"mix of {' and '.join(kinds)} files; diagnose one run's files of one kind")
+    if layer_ids is not None and kinds != [DumpKind.VLLM]:
+        raise UsageError(f"--layer-ids names the slots of a vLLM hidden-states file or a tpsim capture, and these are "
+                         f"{kinds[0]} files, "
+                         f"whose points carry their own names; drop --layer-ids")
+    if step is not None and not pts:
+        raise UsageError(f"--step picks a forward pass among SGLang dumper files; {kinds[0]} files hold one: "
+                         "drop --step")
+    if pts:
+        return read_sglang(pts, step, keep)
+    return read_vllm(paths, keep, layer_ids, num_layers) if kinds == [DumpKind.VLLM] else read_tpsim_dumps(paths, keep)

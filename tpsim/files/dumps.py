@@ -140,61 +140,6 @@ def open_safetensors(path: Path, keep: set[str] | None = None):
     return meta, tensors, names
 
 
-def expand(files: list[str]) -> list[Path]:
-    """The rank files named, a directory standing for its *.safetensors and *.pt files."""
-    out = []
-    for f in files:
-        p = Path(f)
-        if p.is_dir():
-            found = sorted([*p.glob("*.safetensors"), *p.glob("*.pt")])
-            if not found:
-                raise UsageError(f"directory {p} holds no *.safetensors or *.pt rank files")
-            out += found
-        elif not p.exists():
-            raise UsageError(f"{p} does not exist; pass one rank file per rank")
-        else:
-            out.append(p)
-    if len(set(out)) != len(out):
-        raise UsageError("a rank file is named twice; pass each once")
-    return out
-
-
-def safetensors_kind(path: Path) -> DumpKind:
-    """A tpsim rank dump (its `format`) or a vLLM hidden-states file (vLLM's tensor names, no metadata)."""
-    meta, names = safetensors_header(path)
-    if meta.get("format") == RANK_DUMP_FORMAT:
-        return DumpKind.TPSIM
-    if "format" not in meta and {VLLM_HIDDEN, VLLM_TOKENS} & set(names):
-        return DumpKind.VLLM
-    raise UsageError(f"{path} is not a tpsim rank dump (format={meta.get('format')!r}) nor a vLLM hidden-states file "
-                     f"({VLLM_HIDDEN} + {VLLM_TOKENS}); pass the {{stem}}.rank{{r}}.safetensors files of one run, "
-                     f"or one {{req_id}}.safetensors of vLLM")
-
-
-def read_rank_files(files: list[str], step: int | None = None, points: list[str] | None = None,
-                    layer_ids: list[int] | None = None, num_layers: int | None = None) -> RankSet:
-    """One run's rank files (all points, or only `points` and input_ids); a vLLM file's slots named
-    by `layer_ids` (vLLM's, see `vllm_slot_names`) when given."""
-    paths = expand(files)
-    pts = [p for p in paths if p.suffix == ".pt"]
-    if pts and len(pts) != len(paths):
-        raise UsageError("mix of .pt (SGLang dumper) and other rank files; diagnose one run's files of one kind")
-    keep = None if not points else {*points, "input_ids"}
-    kinds = [DumpKind.SGLANG] if pts else sorted({safetensors_kind(p) for p in paths})
-    if len(kinds) > 1:
-        raise UsageError(f"mix of {' and '.join(kinds)} files; diagnose one run's files of one kind")
-    if layer_ids is not None and kinds != [DumpKind.VLLM]:
-        raise UsageError(f"--layer-ids names the slots of a vLLM hidden-states file or a tpsim capture, and these are "
-                         f"{kinds[0]} files, "
-                         f"whose points carry their own names; drop --layer-ids")
-    if step is not None and not pts:
-        raise UsageError(f"--step picks a forward pass among SGLang dumper files; {kinds[0]} files hold one: "
-                         "drop --step")
-    if pts:
-        return read_sglang(pts, step, keep)
-    return read_vllm(paths, keep, layer_ids, num_layers) if kinds == [DumpKind.VLLM] else read_tpsim_dumps(paths, keep)
-
-
 def _by_rank(items: list[tuple[int, str, object]], tp: int, what: str = "") -> list:
     """(rank, file, item) -> items in rank order 0..tp-1, exactly one per rank."""
     seen: dict[int, tuple[str, object]] = {}

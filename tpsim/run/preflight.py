@@ -10,7 +10,7 @@ import torch
 
 from tpsim.errors import UsageError
 from tpsim.model import shard_bytes
-from tpsim.parallel.launch import under_torchrun
+from tpsim.parallel.torchrun import under_torchrun
 from tpsim.run.jobs import DTYPES
 from tpsim.ui import human_bytes
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from tpsim.errors import RankError, UsageError
-from tpsim.parallel.launch import (RankPool, default_backend, gather_to_rank0, init_from_env, peer_symptom,
-                                   under_torchrun)
+from tpsim.parallel.launch import RankPool, default_backend, peer_symptom
+from tpsim.parallel.torchrun import gather_to_rank0, init_from_env, under_torchrun
 
 _TORCHRUN_CTX = None
 
