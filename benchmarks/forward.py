@@ -38,7 +38,9 @@ All-reduces per forward: measured from the tpsim model's collective trace (0 at 
 TP=8 row is the formula 1 + 2L all-reduces of [T, hidden] in the dtype (`tpsim.bench.flops.tp_all_reduces`,
 what `tpsim check` counts at TP > 1), not a measurement: the multi-GPU run measures it.
 
-Targets (reported, never asserted): capture overhead <= 0.5 % at 8192 tokens; tpsim+capture at
+Targets (reported, never asserted): capture overhead <= 0.5 % at 8192 tokens (the median of the
+per-round ratios tpsim+capture / tpsim: the two calls of a round run back to back, so the GPU's
+clock drift, +-4 % between rounds on the H200, cancels; the ratio of the two medians is reported too); tpsim+capture at
 8192 tokens <= 100 ms, >= 1.75x transformers and >= 60 % of the measured matmul rate; at 4096
 tokens >= 1.6x; at 8 tokens >= 4x transformers.
 
@@ -367,12 +369,12 @@ def targets(rows: list[dict], mm: dict | None) -> list[dict]:
     if r is None or r.get("capture_overhead_pct") is None:
         add(f"capture overhead at {P} tokens", f"<= {TARGETS['capture_overhead_pct_max']}%", None, None,
             f"not measured ({P} tokens not run)" if r is None else "not measured (a tpsim variant failed)")
-    else:
-        v, lim = r["capture_overhead_pct"], TARGETS["capture_overhead_pct_max"]
+    else:  # the paired estimate: each round's two calls run back to back, so clock drift cancels in their ratio
+        v, lim = r["capture_overhead_paired_pct"], TARGETS["capture_overhead_pct_max"]
         add(f"capture overhead at {P} tokens", f"<= {lim}%", v, v <= lim,
-            f"met: {v:+.2f}% (paired {r['capture_overhead_paired_pct']:+.2f}%)" if v <= lim
-            else f"missed: {v:+.2f}% is {v - lim:.2f} percentage points over (paired "
-                 f"{r['capture_overhead_paired_pct']:+.2f}%)")
+            f"met: {v:+.2f}% (medians {r['capture_overhead_pct']:+.2f}%)" if v <= lim
+            else f"missed: {v:+.2f}% is {v - lim:.2f} percentage points over (medians "
+                 f"{r['capture_overhead_pct']:+.2f}%)")
     r = by_t.get(P)
     ms = None if r is None else r["variants"].get("tpsim+capture", {}).get("median_ms")
     lim = TARGETS["prefill_ms_max"]

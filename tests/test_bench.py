@@ -288,11 +288,11 @@ def test_targets_report_met_and_missed():
     mm = {"tflops": 100.0}
 
     def row(T, w, wo, hf, tflops):
-        return {"tokens": T, "capture_overhead_pct": (w / wo - 1) * 100, "capture_overhead_paired_pct": 0.0,
+        return {"tokens": T, "capture_overhead_pct": 0.0, "capture_overhead_paired_pct": (w / wo - 1) * 100,
                 "variants": {"tpsim+capture": {"median_ms": w, "speedup_vs_transformers": hf / w,
                                                "matmul_fraction": tflops / 100.0}}}
     t = {x["target"]: x for x in fw.targets([row(8, 1.0, 1.0, 4.0, 1.0), row(8192, 101.0, 100.0, 120.0, 70.0)], mm)}
-    assert not t["capture overhead at 8192 tokens"]["met"]  # +1 %
+    assert not t["capture overhead at 8192 tokens"]["met"]  # +1 % paired (the medians' ratio, 0 %, is not the target)
     assert "0.50 percentage points over" in t["capture overhead at 8192 tokens"]["detail"]
     assert not t["tpsim+capture vs transformers at 8192 tokens"]["met"]  # 1.19x < 1.75x
     assert not t["tpsim+capture at 8192 tokens"]["met"] and "needs 1.01x faster" in t["tpsim+capture at 8192 tokens"]["detail"]

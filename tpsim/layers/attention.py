@@ -71,12 +71,14 @@ class MLA(Tapped, nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
         """`shards`: context parallelism, x and positions this rank's tokens (module docstring)."""
+        rope = self.rotary_emb.cos_sin(positions)  # outside the region: once per forward, not per head and layer
         if shards is None:  # one compiled region (fused.region) unless it holds a collective, fp8 or a listened tap
             whole = not (self.fp8 or self.o_proj.reduce_results or self.probe.listening)
-            return region(self._forward, positions, x, eligible=whole)
-        return self._forward(positions, x, shards)
+            return region(self._forward, rope, x, eligible=whole)
+        return self._forward(rope, x, shards)
 
-    def _forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
+    def _forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+                 shards: TokenShards | None = None) -> torch.Tensor:
         h = self.local_heads
         q_in = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         self.tap("q", q_in)
@@ -84,7 +86,7 @@ class MLA(Tapped, nn.Module):
         kv_a, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         latent = self.kv_a_layernorm(kv_a)
         self.tap("kv_latent", latent)
-        q_pe, k_pe = self.rotary_emb(positions, q_pe, rearrange(k_pe, "t d -> t 1 d"))  # one k_pe head shared by all
+        q_pe, k_pe = self.rotary_emb.rotate(rope, q_pe, rearrange(k_pe, "t d -> t 1 d"))  # one k_pe head shared by all
         if shards is not None:
             cache = shards.gather(torch.cat([latent, rearrange(k_pe, "t 1 d -> t d")], dim=-1),
                                   f"{self.prefix}.kv_gather")

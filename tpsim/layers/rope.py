@@ -53,6 +53,13 @@ def yarn(inv_freq: torch.Tensor, base: float, scaling: dict) -> tuple[torch.Tens
 
 
 class DeepseekRotaryEmbedding(nn.Module):
+    """Interleaved rotation of the rope part of MLA's q and k. `cos_sin(positions)` is computed once
+    per positions tensor and shared by every layer built with the same rope settings (the layers of
+    one forward get one positions tensor): compiled with the rotation instead, the cos and sin were
+    recomputed for each of the heads' elements in every layer."""
+
+    _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # key → (positions, cos, sin)
+
     def __init__(self, rope_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
         super().__init__()
         inv_freq = 1.0 / base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
@@ -60,13 +67,26 @@ class DeepseekRotaryEmbedding(nn.Module):
         if rope_scaling:
             inv_freq, self.mscale = yarn(inv_freq, base, rope_scaling)
         self.register_buffer("inv_freq", inv_freq.float().to(device), persistent=False)
+        self.key = (rope_dim, base, repr(sorted((rope_scaling or {}).items())), str(torch.device(device)))
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions `[T]` → (cos, sin) `[T, 1, rope_dim/2]` float32, scaled by mscale."""
+        held = self._tables.get(self.key)
+        if held is not None and held[0] is positions:  # the table holds positions, so `is` cannot see a reused id
+            return held[1], held[2]
+        freqs = positions.float()[:, None] * self.inv_freq[None]  # [T, rope_dim/2]
+        cos, sin = (freqs.cos() * self.mscale)[:, None], (freqs.sin() * self.mscale)[:, None]
+        self._tables[self.key] = (positions, cos, sin)
+        return cos, sin
+
+    @staticmethod
+    def rotate(cos_sin: tuple[torch.Tensor, torch.Tensor], *xs: torch.Tensor) -> list[torch.Tensor]:
+        """each x `[T, heads, rope_dim]` → rotated by the table `cos_sin`, same shape and dtype."""
+        return [kernels().rope_pairs(x, *cos_sin) for x in xs]
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor):
         """positions `[T]`; each x `[T, heads, rope_dim]` → rotated, same shape and dtype."""
-        freqs = positions.float()[:, None] * self.inv_freq[None]  # [T, rope_dim/2]
-        cos = (freqs.cos() * self.mscale)[:, None]
-        sin = (freqs.sin() * self.mscale)[:, None]
-        return [kernels().rope_pairs(x, cos, sin) for x in xs]
+        return self.rotate(self.cos_sin(positions), *xs)
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
