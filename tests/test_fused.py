@@ -74,6 +74,5 @@ def test_a_compiled_forward_captures_what_the_eager_one_does_without_host_sync(c
     fused.use_compiled(False)
     assert rel(caps[1], caps[0]) <= 3e-2 and torch.equal(caps[1], caps[2])
     from tpsim.layers.attention import MLA
-    from tpsim.layers.mlp import DenseMLP
     from tpsim.layers.moe import MoE
-    assert {MLA._forward, MoE._routed_forward, DenseMLP.forward} <= set(fused._regions)  # the compiled forward ran the regions
+    assert {MLA._forward, MoE._forward} <= set(fused._regions)  # the compiled forward ran the regions

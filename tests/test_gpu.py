@@ -191,33 +191,6 @@ def forward_without_host_sync(model, ids: list[int]):
     return cap, logits
 
 
-@settings(max_examples=4, deadline=None)
-@given(T=st.integers(1, 300), seed=st.integers(0, 2 ** 16), compiled=st.booleans())
-def test_shared_experts_on_a_side_stream_change_no_bit(v2_lite_2_layers, T, seed, compiled):
-    """tpsim.layers.streams: the MoE's shared experts on a side stream give the capture and logits
-    of the same forward with both on one stream, bit for bit (the same kernels, only overlapped),
-    eager and compiled (the kernels of every count, not only MIN_TOKENS')."""
-    from tpsim.layers import fused, streams
-    cfg, model = v2_lite_2_layers
-    positions = list(resolve("hf", [0, 1, 2], 2).positions)
-    ids = torch.tensor(input_ids_for(cfg, seed, T), device=model.group.device)
-    out = {}
-    fused.use_compiled(compiled, min_tokens=1)
-    try:
-        for side in (True, False, True):
-            streams.use_side_stream(side)
-            rec = Recorder(positions)
-            with torch.inference_mode():
-                logits = model(ids, recorder=rec)
-            out.setdefault(side, []).append((rec.concat(), logits))
-    finally:
-        streams.use_side_stream(True)
-        fused.use_compiled(False)
-    assert model.group.device in streams._streams  # the side stream did run
-    for cap, logits in out[True]:
-        assert torch.equal(cap, out[False][0][0]) and torch.equal(logits, out[False][0][1])
-
-
 def test_cuda_graph_replay_is_the_eager_forward(v2_lite_2_layers):
     """tpsim.cuda_graph: the replayed graph gives the eager forward's capture and logits bit for
     bit, for new ids copied into it each time."""

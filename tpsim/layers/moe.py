@@ -24,7 +24,6 @@ from tpsim.layers.fp8 import BlockFp8, act_quant, linear, quantized_mm
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
 from tpsim.layers.mlp import DenseMLP
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
-from tpsim.layers.streams import side_by_side
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
 
@@ -244,22 +243,14 @@ class MoE(Tapped, nn.Module):
         # block's own all-reduce), no per-expert loop that reads the offsets on the host (fp8 or
         # ungrouped experts; torch.compile cannot trace a float32 grouped GEMM), no tap listened to
         whole = not (self.ep or self.reduce_results or self.probe.listening) and self.experts.traceable
-        if self.shared_experts is None or self.ep or self.probe.listening:
-            return region(self._forward, x, eligible=whole)
-        # the shared experts' GEMMs on a side stream, next to the routed path's memory-bound kernels
-        routed, shared = side_by_side(lambda: region(self._routed_forward, x, eligible=whole),
-                                      lambda: region(self.shared_experts.forward, x, eligible=whole), x.device)
-        return self._reduced(routed + shared)
+        return region(self._forward, x, eligible=whole)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._routed_forward(x)
+        weights, ids = self.gate(x)
+        out = self._routed(x, weights * self.routed_scaling_factor, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return self._reduced(out)
-
-    def _routed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
-        return self._routed(x, weights * self.routed_scaling_factor, ids)
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x `[T, hidden]`, the picked experts `ids` `[T, k]` and their `weights` → sum over each token's
