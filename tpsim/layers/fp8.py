@@ -57,7 +57,11 @@ def act_quant(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     T, K = x.shape
     n = math.ceil(K / group)
     padded = F.pad(x.float(), (0, n * group - K)).view(T, n, group)
-    scale = (padded.abs().amax(-1) / FP8_MAX).clamp_min(1e-12)
+    amax = padded.abs().amax(-1)
+    # a tensor divisor: CUDA divides by a Python scalar as a product with its float32 reciprocal, one ulp
+    # off the CPU's quotient, and the ulp moved elements across fp8 rounding boundaries (H200, T=1, K=N=128,
+    # seed 126: 2.7e-2 of the norm between a CPU and a GPU quantization of the same bf16 row)
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(1e-12)
     q = (padded / scale[..., None]).to(FP8).view(T, n * group)[:, :K]
     return q, scale
 
