@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -262,6 +263,10 @@ def test_forward_script_writes_json(tmp_path, capsys):
             assert v["error"] is None and len(v["ms"]) == 2 and v["min_ms"] <= v["median_ms"] <= v["max_ms"]
         assert r["variants"]["tpsim"]["speedup_vs_transformers"] > 0
         assert "capture_overhead_pct" in r and r["all_reduces"]["tp1_measured"]["all_reduces"] == 0
+        pairs = r["capture_overhead_pairs"]  # the target's estimate: its own back-to-back pairs
+        assert pairs["n"] == 2 and len(pairs["with_ms"]) == len(pairs["without_ms"]) == 2
+        assert r["capture_overhead_paired_pct"] == pytest.approx(
+            (statistics.median(a / b for a, b in zip(pairs["with_ms"], pairs["without_ms"])) - 1) * 100)
         assert r["all_reduces"]["tp8_formula"]["all_reduces"] == 7
         assert r["check"]["capture_shape"][0] == r["tokens"] and r["check"]["logits_rel_err_vs_transformers"] <= TOL
     assert data["matmul"]["n"] == 64 and data["matmul"]["tflops"] > 0
