@@ -392,7 +392,7 @@ def targets(rows: list[dict], mm: dict | None) -> list[dict]:
     if r is None or r.get("capture_overhead_pct") is None:
         add(f"capture overhead at {P} tokens", f"<= {TARGETS['capture_overhead_pct_max']}%", None, None,
             f"not measured ({P} tokens not run)" if r is None else "not measured (a tpsim variant failed)")
-    else:  # the paired estimate: each round's two calls run back to back, so clock drift cancels in their ratio
+    else:  # the paired estimate: time_pairs' back-to-back pairs (the rounds' ratio when the pairs did not run)
         v, lim = r["capture_overhead_paired_pct"], TARGETS["capture_overhead_pct_max"]
         add(f"capture overhead at {P} tokens", f"<= {lim}%", v, v <= lim,
             f"met: {v:+.2f}% (medians {r['capture_overhead_pct']:+.2f}%)" if v <= lim

@@ -167,7 +167,7 @@ def test_act_quant_maps_each_groups_largest_magnitude_to_448():
 @settings(max_examples=20, deadline=None)
 @example(T=1, kb=1, nb=2, seed=0, dtype=torch.bfloat16)  # K/128 not a multiple of 4: cuBLAS misread the scales
 @example(T=33, kb=6, nb=3, seed=0, dtype=torch.float32)
-@example(T=1, kb=1, nb=1, seed=126, dtype=torch.bfloat16)  # one output block, K/128 = 1: 2.7e-2 off unpadded
+@example(T=1, kb=1, nb=1, seed=126, dtype=torch.bfloat16)  # 2.7e-2 off: act_quant's scalar divisor, one ulp off on CUDA
 @given(T=st.integers(1, 300), kb=st.integers(1, 8), nb=st.integers(1, 8), seed=st.integers(0, 2 ** 16),
        dtype=st.sampled_from([torch.bfloat16, torch.float32]))
 def test_cuda_block_scaled_gemm_is_the_blockwise_sum(T, kb, nb, seed, dtype):
