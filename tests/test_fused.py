@@ -76,3 +76,46 @@ def test_a_compiled_forward_captures_what_the_eager_one_does_without_host_sync(c
     from tpsim.layers.attention import MLA
     from tpsim.layers.moe import MoE
     assert {MLA._forward, MoE._forward} <= set(fused._regions)  # the compiled forward ran the regions
+
+
+def _triton_kernels(compiled):
+    if fused._triton is None:
+        pytest.skip("Triton is not installed: the compiled regions fuse the reference forms")
+    return fused._triton
+
+
+@settings(max_examples=16, deadline=None)
+@given(T=st.integers(1, 300), heads=st.sampled_from([1, 3, 16]), v=st.sampled_from([64, 128]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2 ** 16))
+def test_the_triton_q_k_assembly_is_its_reference(compiled, T, heads, v, dtype, seed):
+    """MLA's q and k heads from one Triton pass: the copied parts (q's nope dims, k's nope dims and
+    the shared k_pe) bitwise, the rotated rope dims within the kernels' bound, on strided views as
+    the attention passes them (q a view of q_proj's output, k_pe of kv_a_proj's, kv of kv_b_proj's)."""
+    tk = _triton_kernels(compiled)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    nope, rope = 128, 64
+    q = torch.randn(T, heads * (nope + rope), device="cuda", generator=g, dtype=dtype).view(T, heads, nope + rope)
+    k_pe = torch.randn(T, 512 + rope, device="cuda", generator=g, dtype=dtype)[:, 512:].view(T, 1, rope)
+    kv = torch.randn(T, heads * (nope + v), device="cuda", generator=g, dtype=dtype).view(T, heads, nope + v)
+    ang = torch.rand(T, 1, rope // 2, device="cuda", generator=g) * 1000
+    assert tk.fits_rope_assemble(q, k_pe, kv)
+    (q1, k1), (q0, k0) = (f(q, k_pe, kv, ang.cos(), ang.sin())
+                          for f in (fused.rope_assemble_qk_fast, fused.rope_assemble_qk))
+    assert torch.equal(q1[..., :nope], q0[..., :nope]) and torch.equal(k1, k0)
+    assert rel(q1[..., nope:], q0[..., nope:]) <= BOUND[dtype]
+
+
+@settings(max_examples=16, deadline=None)
+@given(T=st.integers(1, 300), E=st.sampled_from([8, 64, 160]), k=st.sampled_from([1, 2, 6]),
+       softmax=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_the_triton_greedy_router_is_its_reference(compiled, T, E, k, softmax, seed):
+    """The router's pick from one Triton pass per token: the same experts in the same order wherever
+    the reference's margin leaves room for the kernels' rounding, the same scores and margins in
+    float32 to 1e-6 of the largest."""
+    _triton_kernels(compiled)
+    logits = torch.randn(T, E, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)) * 3
+    (w1, i1, m1), (w0, i0, m0) = (f(logits, k, softmax) for f in (fused.greedy_top_fast, fused.greedy_top))
+    clear = m0 > 1e-5
+    assert torch.equal(i1[clear], i0[clear])
+    assert ((w1 - w0).abs() * clear[:, None]).max().item() <= 1e-6
+    assert torch.allclose(m1, m0, atol=1e-6, rtol=0)

@@ -82,11 +82,10 @@ class MLA(Tapped, nn.Module):
         h = self.local_heads
         q_in = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         self.tap("q", q_in)
-        q_nope, q_pe = rearrange(q_in, "t (h d) -> t h d", h=h).split([self.nope, self.rope], dim=-1)
         kv_a, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         latent = self.kv_a_layernorm(kv_a)
         self.tap("kv_latent", latent)
-        q_pe, k_pe = self.rotary_emb.rotate(rope, q_pe, rearrange(k_pe, "t d -> t 1 d"))  # one k_pe head shared by all
+        (k_pe,) = self.rotary_emb.rotate(rope, rearrange(k_pe, "t d -> t 1 d"))  # one k_pe head shared by all
         if shards is not None:
             cache = shards.gather(torch.cat([latent, rearrange(k_pe, "t 1 d -> t d")], dim=-1),
                                   f"{self.prefix}.kv_gather")
@@ -94,8 +93,9 @@ class MLA(Tapped, nn.Module):
             k_pe = rearrange(k_pe, "t d -> t 1 d")
         kv = self.kv_b_proj(latent)
         self.tap("kv", lambda: kv if shards is None else shards.own(kv))
-        k_nope, v = rearrange(kv, "t (h d) -> t h d", h=h).split([self.nope, self.v_dim], dim=-1)
-        q, k = kernels().assemble_qk(q_nope, q_pe, k_nope, k_pe)
+        kv = rearrange(kv, "t (h d) -> t h d", h=h)
+        q, k = kernels().rope_assemble_qk(rearrange(q_in, "t (h d) -> t h d", h=h), k_pe, kv, *rope)  # q's rope rotated
+        v = kv[..., self.nope:]
         # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (30x slower at 8k tokens)
         q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
         out = rearrange(causal_attention(q, k, v, self.scaling, shards), "1 h t d -> t (h d)")

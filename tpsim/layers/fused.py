@@ -10,9 +10,11 @@ start) to the compiled path:
 
 - `region`: MLA attention and the MoE block each run as one `torch.compile`d graph (`fullgraph`,
   shapes specialized), in which inductor fuses across what would be separate kernels (the gather
-  back from expert order into the weighted sum, silu * up into the grouped GEMM's input, the router's
-  softmax and top-k);
-- `kernels()`: everything else (the layer's add + RMSNorm) calls each function compiled alone.
+  back from expert order into the weighted sum, silu * up into the grouped GEMM's input);
+- `kernels()`: everything else (the layer's add + RMSNorm) calls each function compiled alone;
+- on CUDA with Triton, two steps run as Triton kernels (tpsim.layers.triton_kernels), in a region
+  and out of one, where inductor's code for them was slow: MLA's q/k assembly with q's rotation,
+  and a greedy router's softmax and top-k.
 
 A region runs only when no tap inside it is listened to (`Probe.listening`: a `tpsim capture` of
 named points runs those sublayers eagerly), and the EAGLE-3 capture reads the stream between
@@ -59,6 +61,22 @@ def assemble_qk(q_nope: torch.Tensor, q_pe: torch.Tensor, k_nope: torch.Tensor, 
     return torch.cat([q_nope, q_pe], dim=-1), torch.cat([k_nope, k_pe.expand(k_nope.shape[0], h, rope)], dim=-1)
 
 
+def rope_assemble_qk(q: torch.Tensor, k_pe: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """MLA's query and key heads `[T, h, nope | rope]`: q `[T, h, nope | rope]` with its rope part
+    rotated by `cos`, `sin` here; k from kv `[T, h, nope | v]` (its first nope dims) and the rotated
+    k_pe head `[T, 1, rope]` every head shares."""
+    rope = k_pe.shape[-1]
+    q_nope, q_pe = q.split([q.shape[-1] - rope, rope], dim=-1)
+    return assemble_qk(q_nope, rope_pairs(q_pe, cos, sin), kv[..., :q_nope.shape[-1]], k_pe)
+
+
+def rope_assemble_qk_fast(q, k_pe, kv, cos, sin):
+    """`rope_assemble_qk` as one Triton kernel where it fits (tpsim.layers.triton_kernels)."""
+    if _triton is not None and _triton.fits_rope_assemble(q, k_pe, kv):
+        return _triton.rope_assemble_qk(q, k_pe, kv, cos, sin)
+    return rope_assemble_qk(q, k_pe, kv, cos, sin)
+
+
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The MoE router's logits in float32, as transformers computes them: a float32 GEMM of the
     float32 copies of x and the gate weight."""
@@ -88,22 +106,50 @@ def weighted_sum_fused(weights: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (y.float() * weights.to(y.dtype).float().unsqueeze(-1)).sum(1).to(y.dtype)
 
 
+def top_k_margin(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the indices of the k largest scores `[T, k]`, the margin `[T]`: the k-th largest minus the
+    (k+1)-th, inf when nothing competes), from one topk: how much a perturbation must move the
+    scores to change the pick."""
+    if scores.shape[-1] <= k:
+        return scores.topk(k, dim=-1).indices, torch.full(scores.shape[:1], float("inf"), device=scores.device)
+    top = scores.topk(k + 1, dim=-1)
+    gap = top.values[:, k - 1] - top.values[:, k]
+    return top.indices[:, :k], torch.where(torch.isfinite(gap), gap, torch.full_like(gap, float("inf")))
+
+
+def greedy_top(logits: torch.Tensor, k: int, softmax: bool):
+    """A greedy router's pick from float32 logits `[T, E]`: (the picked scores `[T, k]`, their
+    experts `[T, k]`, the margin `[T]`), scores the softmax or the sigmoid of the logits."""
+    scores = logits.softmax(-1) if softmax else logits.sigmoid()
+    ids, margin = top_k_margin(scores, k)
+    return scores.gather(1, ids), ids, margin
+
+
+def greedy_top_fast(logits: torch.Tensor, k: int, softmax: bool):
+    """`greedy_top` as one Triton kernel on CUDA float32 logits (tpsim.layers.triton_kernels)."""
+    if _triton is not None and logits.is_cuda and logits.dtype == torch.float32 and k < logits.shape[-1]:
+        return _triton.greedy_top(logits, k, softmax)
+    return greedy_top(logits, k, softmax)
+
+
 @dataclass(frozen=True)
 class Kernels:
     add_rms_norm: Callable
     rms_norm: Callable
     silu_mul: Callable
     rope_pairs: Callable
-    assemble_qk: Callable
+    rope_assemble_qk: Callable
     weighted_sum: Callable
     router_logits: Callable
+    greedy_top: Callable
 
 
-_FUNCTIONS = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum, router_logits)
-_TO_COMPILE = (add_rms_norm, rms_norm, silu_mul, rope_pairs, assemble_qk, weighted_sum_fused)
-EAGER = Kernels(*_FUNCTIONS)
-# what a compiled region traces: the fusible forms, uncompiled (the region compiles them with the rest)
-FUSIBLE = Kernels(*_TO_COMPILE, router_logits_fp32_out)
+EAGER = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk, weighted_sum, router_logits,
+                greedy_top)
+# what a compiled region traces: the fusible forms, uncompiled (the region compiles them with the rest),
+# and the Triton kernels where inductor's own code was slower
+FUSIBLE = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk_fast, weighted_sum_fused,
+                  router_logits_fp32_out, greedy_top_fast)
 # The CLI's threshold. With the regions the compiled forward is faster at every token count on the H200
 # (benchmarks/results/forward-cuda.json, V2-Lite bf16, same rounds: 8 tokens 30.5 vs 49.4 ms eager, 512:
 # 29.6 vs 42.5, 4096: 52.3 vs 73.8, 8192: 104.0 vs 141.3), but every new token count compiles its graphs
@@ -113,6 +159,7 @@ MIN_TOKENS = 4096
 # each token count and dtype is a graph; beyond this many a region runs eagerly
 RECOMPILE_LIMIT = 64
 _compiled: Kernels | None = None
+_triton = None  # tpsim.layers.triton_kernels, once use_compiled(True) found CUDA and Triton
 _wanted, _min_tokens = False, MIN_TOKENS
 _active = EAGER
 
@@ -120,11 +167,18 @@ _active = EAGER
 def use_compiled(on: bool, min_tokens: int = MIN_TOKENS) -> None:
     """Ask for the compiled kernels (compiled on first use) in forwards of at least `min_tokens` tokens
     (`select`), or for the eager ones everywhere."""
-    global _active, _compiled, _wanted, _min_tokens
+    global _active, _compiled, _triton, _wanted, _min_tokens
     if on:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    if on and _triton is None and torch.cuda.is_available():
+        try:
+            from tpsim.layers import triton_kernels as _triton
+        except ImportError:  # no Triton: the compiled regions fuse the reference forms
+            _triton = None
     if on and _compiled is None:
-        _compiled = Kernels(*(torch.compile(f, dynamic=None) for f in _TO_COMPILE), router_logits_fp32_out)
+        each = (torch.compile(f, dynamic=None) for f in (add_rms_norm, rms_norm, silu_mul, rope_pairs))
+        _compiled = Kernels(*each, rope_assemble_qk_fast, torch.compile(weighted_sum_fused, dynamic=None),
+                            router_logits_fp32_out, greedy_top_fast)
     _wanted, _min_tokens = on, min_tokens
     _active = EAGER
 

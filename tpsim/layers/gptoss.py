@@ -32,8 +32,9 @@ from einops import einsum, repeat
 from torch import nn
 
 from tpsim.config import ModelConfig
+from tpsim.layers.fused import top_k_margin
 from tpsim.layers.linear import WeightSpec, _copy, divide
-from tpsim.layers.moe import MoE, Experts, _inverse, _top, expert_order
+from tpsim.layers.moe import MoE, Experts, _inverse, expert_order
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
@@ -159,7 +160,7 @@ class GptOssRouter(Tapped, nn.Module):
     def forward(self, x: torch.Tensor):
         logits = F.linear(x, self.weight, self.bias)
         self.tap("router_logits", logits, self.placement)
-        ids, self.last_margin = _top(logits.float(), self.top_k)
+        ids, self.last_margin = top_k_margin(logits.float(), self.top_k)
         self.last_ids = ids
         return logits.gather(1, ids).float().softmax(-1), ids
 

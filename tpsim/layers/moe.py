@@ -19,24 +19,13 @@ import torch
 from torch import nn
 
 from tpsim.config import ModelConfig
-from tpsim.layers.fused import kernels, region
+from tpsim.layers.fused import kernels, region, top_k_margin
 from tpsim.layers.fp8 import BlockFp8, act_quant, linear, quantized_mm
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
 from tpsim.layers.mlp import DenseMLP
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
-
-
-def _top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the indices of the k largest scores `[T, k]`, the margin `[T]`: the k-th largest minus the
-    (k+1)-th, inf when nothing competes), from one topk: how much a perturbation must move the
-    scores to change the pick."""
-    if scores.shape[-1] <= k:
-        return scores.topk(k, dim=-1).indices, torch.full(scores.shape[:1], float("inf"), device=scores.device)
-    top = scores.topk(k + 1, dim=-1)
-    gap = top.values[:, k - 1] - top.values[:, k]
-    return top.indices[:, :k], torch.where(torch.isfinite(gap), gap, torch.full_like(gap, float("inf")))
 
 
 class MoEGate(Tapped, nn.Module):
@@ -72,25 +61,33 @@ class MoEGate(Tapped, nn.Module):
     def forward(self, x: torch.Tensor):
         logits = kernels().router_logits(x, self.weight)
         self.tap("router_logits", logits, self.placement)
-        scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
-        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
-        if self.method != "greedy":
-            grouped = choice.view(x.shape[0], self.n_group, choice.shape[-1] // self.n_group)  # T may be 0 (EP)
-            group_scores = grouped.max(-1).values if self.method == "group_limited_greedy" \
-                else grouped.topk(2, dim=-1).values.sum(-1)
-            keep = torch.zeros_like(group_scores, dtype=torch.bool)
-            picked, group_margin = _top(group_scores, self.topk_group)
-            keep.scatter_(1, picked, True)
-            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        if self.method == "greedy" and self.e_score_correction_bias is None:
+            weights, ids, self.last_margin = kernels().greedy_top(logits, self.top_k, self.scoring == "softmax")
         else:
-            group_margin = None
-        ids, margin = _top(choice, self.top_k)
-        self.last_margin = margin if group_margin is None else torch.minimum(margin, group_margin)
-        weights = scores.gather(1, ids)  # from the un-biased scores
+            weights, ids = self._grouped_pick(logits)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
         self.last_ids = ids
         return weights, ids
+
+    def _grouped_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, ids) of the group-limited methods and of any router with a selection bias: the
+        experts picked from the biased scores within the best groups, weighted by the un-biased ones."""
+        scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
+        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
+        if self.method != "greedy":
+            grouped = choice.view(logits.shape[0], self.n_group, choice.shape[-1] // self.n_group)  # T may be 0 (EP)
+            group_scores = grouped.max(-1).values if self.method == "group_limited_greedy" \
+                else grouped.topk(2, dim=-1).values.sum(-1)
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            picked, group_margin = top_k_margin(group_scores, self.topk_group)
+            keep.scatter_(1, picked, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        else:
+            group_margin = None
+        ids, margin = top_k_margin(choice, self.top_k)
+        self.last_margin = margin if group_margin is None else torch.minimum(margin, group_margin)
+        return scores.gather(1, ids), ids  # weights from the un-biased scores
 
 
 class Experts(nn.Module):
@@ -170,8 +167,9 @@ def expert_order(experts: torch.Tensor, count: int) -> tuple[torch.Tensor, torch
     """Rows grouped by expert: (their stable order `[N]`, the int32 end of each of the `count` experts'
     rows in it, as torch._grouped_mm takes `offs`). The ends come from a binary search of the sorted
     ids, not from counting with index_add_: compiled, that became a sort-based index_put, 0.17 ms a
-    layer at 8192 tokens on the H200. int32 keys: half the radix-sort passes of int64."""
-    order = experts.to(torch.int32).argsort(stable=True)
+    layer at 8192 tokens on the H200. uint8 keys where the ids fit: one radix-sort pass over 8-bit keys
+    where int32 takes four."""
+    order = experts.to(torch.uint8 if count <= 256 else torch.int32).argsort(stable=True)
     ends = torch.searchsorted(experts[order], torch.arange(count, device=experts.device), right=True)
     return order, ends.to(torch.int32)
 

@@ -84,10 +84,6 @@ class DeepseekRotaryEmbedding(nn.Module):
         """each x `[T, heads, rope_dim]` → rotated by the table `cos_sin`, same shape and dtype."""
         return [kernels().rope_pairs(x, *cos_sin) for x in xs]
 
-    def forward(self, positions: torch.Tensor, *xs: torch.Tensor):
-        """positions `[T]`; each x `[T, heads, rope_dim]` → rotated, same shape and dtype."""
-        return self.rotate(self.cos_sin(positions), *xs)
-
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """Llama 3.1's frequency scaling (`rope_type: llama3`; transformers `_compute_llama3_parameters`,
