@@ -119,3 +119,15 @@ def test_the_triton_greedy_router_is_its_reference(compiled, T, E, k, softmax, s
     assert torch.equal(i1[clear], i0[clear])
     assert ((w1 - w0).abs() * clear[:, None]).max().item() <= 1e-6
     assert torch.allclose(m1, m0, atol=1e-6, rtol=0)
+
+
+def test_the_triton_kernels_leave_zero_tokens_to_the_reference(compiled):
+    """An EP rank can route no tokens: no kernel is launched on an empty grid, and the shapes hold."""
+    tk = _triton_kernels(compiled)
+    q, k_pe, kv = (torch.empty(0, 16, d, device="cuda", dtype=torch.bfloat16) for d in (192, 64, 256))
+    k_pe = k_pe[:, :1]
+    assert not tk.fits_rope_assemble(q, k_pe, kv)
+    cos = sin = torch.empty(0, 1, 32, device="cuda")
+    assert [t.shape for t in fused.rope_assemble_qk_fast(q, k_pe, kv, cos, sin)] == [(0, 16, 192)] * 2
+    w, i, m = fused.greedy_top_fast(torch.empty(0, 64, device="cuda"), 6, True)
+    assert w.shape == i.shape == (0, 6) and m.shape == (0,)

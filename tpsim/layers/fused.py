@@ -127,7 +127,8 @@ def greedy_top(logits: torch.Tensor, k: int, softmax: bool):
 
 def greedy_top_fast(logits: torch.Tensor, k: int, softmax: bool):
     """`greedy_top` as one Triton kernel on CUDA float32 logits (tpsim.layers.triton_kernels)."""
-    if _triton is not None and logits.is_cuda and logits.dtype == torch.float32 and k < logits.shape[-1]:
+    if _triton is not None and logits.is_cuda and logits.dtype == torch.float32 and 0 < logits.shape[0] \
+            and k < logits.shape[-1]:  # T may be 0 (EP): no kernel to launch
         return _triton.greedy_top(logits, k, softmax)
     return greedy_top(logits, k, softmax)
 

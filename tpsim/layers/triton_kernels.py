@@ -17,10 +17,12 @@ from torch.library import triton_op, wrap_triton
 
 
 def fits_rope_assemble(q: torch.Tensor, k_pe: torch.Tensor, kv: torch.Tensor) -> bool:
-    """Whether `rope_assemble_qk` takes these: CUDA, unit inner strides, power-of-two nope and rope dims."""
+    """Whether `rope_assemble_qk` takes these: CUDA, some tokens, unit inner strides, power-of-two nope
+    and rope dims."""
     nope, rope = q.shape[-1] - k_pe.shape[-1], k_pe.shape[-1]
     pow2 = all(n > 0 and n & (n - 1) == 0 for n in (nope, rope))
-    return q.is_cuda and pow2 and all(t.stride(-1) == 1 for t in (q, k_pe, kv)) and kv.shape[-1] >= nope
+    return (q.is_cuda and pow2 and q.shape[0] > 0 and all(t.stride(-1) == 1 for t in (q, k_pe, kv))
+            and kv.shape[-1] >= nope)
 
 
 @triton.jit
