@@ -12,9 +12,10 @@ start) to the compiled path:
   shapes specialized), in which inductor fuses across what would be separate kernels (the gather
   back from expert order into the weighted sum, silu * up into the grouped GEMM's input);
 - `kernels()`: everything else (the layer's add + RMSNorm) calls each function compiled alone;
-- on CUDA with Triton, two steps run as Triton kernels (tpsim.layers.triton_kernels), in a region
-  and out of one, where inductor's code for them was slow: MLA's q/k assembly with q's rotation,
-  and a greedy router's softmax and top-k.
+- on CUDA with Triton, three steps run as Triton kernels (tpsim.layers.triton_kernels), in a region
+  and out of one, where inductor's code or PyTorch's kernel for them was slow: MLA's q/k assembly
+  with q's rotation, a greedy router's softmax and top-k, and the routed experts' gather, gate/up
+  GEMM and silu * up.
 
 A region runs only when no tap inside it is listened to (`Probe.listening`: a `tpsim capture` of
 named points runs those sublayers eagerly), and the EAGLE-3 capture reads the stream between
@@ -75,6 +76,19 @@ def rope_assemble_qk_fast(q, k_pe, kv, cos, sin):
     if _triton is not None and _triton.fits_rope_assemble(q, k_pe, kv):
         return _triton.rope_assemble_qk(q, k_pe, kv, cos, sin)
     return rope_assemble_qk(q, k_pe, kv, cos, sin)
+
+
+def expert_gate_up(x: torch.Tensor, src: torch.Tensor, w13: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """The routed experts' first half: rows `x[src]` `[N, hidden]`, grouped by expert (group e ends at
+    `ends[e]`), each times its expert's `w13 [E, 2I, hidden]` (gate | up) → silu(gate) * up `[N, I]`."""
+    return silu_mul(torch._grouped_mm(x[src], w13.transpose(-2, -1), offs=ends))
+
+
+def expert_gate_up_fast(x, src, w13, ends):
+    """`expert_gate_up` as one Triton kernel where it fits (tpsim.layers.triton_kernels)."""
+    if _triton is not None and _triton.fits_expert_gate_up(x, src, w13):
+        return _triton.expert_gate_up(x, src, w13, ends)
+    return expert_gate_up(x, src, w13, ends)
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -143,14 +157,15 @@ class Kernels:
     weighted_sum: Callable
     router_logits: Callable
     greedy_top: Callable
+    expert_gate_up: Callable
 
 
 EAGER = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk, weighted_sum, router_logits,
-                greedy_top)
+                greedy_top, expert_gate_up)
 # what a compiled region traces: the fusible forms, uncompiled (the region compiles them with the rest),
 # and the Triton kernels where inductor's own code was slower
 FUSIBLE = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk_fast, weighted_sum_fused,
-                  router_logits_fp32_out, greedy_top_fast)
+                  router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast)
 # The CLI's threshold. With the regions the compiled forward is faster at every token count on the H200
 # (benchmarks/results/forward-cuda.json, V2-Lite bf16, same rounds: 8 tokens 27.4 vs 44.3 ms eager, 512:
 # 47.8 vs 66.0, 4096: 50.9 vs 72.8, 8192: 101.4 vs 138.5), but every new token count compiles its graphs
@@ -179,7 +194,7 @@ def use_compiled(on: bool, min_tokens: int = MIN_TOKENS) -> None:
     if on and _compiled is None:
         each = (torch.compile(f, dynamic=None) for f in (add_rms_norm, rms_norm, silu_mul, rope_pairs))
         _compiled = Kernels(*each, rope_assemble_qk_fast, torch.compile(weighted_sum_fused, dynamic=None),
-                            router_logits_fp32_out, greedy_top_fast)
+                            router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast)
     _wanted, _min_tokens = on, min_tokens
     _active = EAGER
 

@@ -10,7 +10,8 @@ expert's rank with `all_to_all_single` (uneven splits), and gets the outputs bac
 
 The routed experts run as two grouped GEMMs over rows sorted by expert (`torch._grouped_mm`
 with device-side offsets: no loop over experts, no host sync) where the dtype and device allow,
-else one GEMM per expert.
+else one GEMM per expert. Compiled on a Hopper GPU with Triton, the first (the gather into expert
+order, gate/up and silu * up) is one Triton kernel (`fused.expert_gate_up_fast`).
 """
 
 from __future__ import annotations
@@ -140,8 +141,12 @@ class Experts(nn.Module):
         when `rows` is None) → `[N, hidden]`, each row through its expert (this rank's partial
         sum under TP, the whole expert output under EP)."""
         order, offs = expert_order(experts, self.count)
-        xs = x[order if rows is None else rows[order]]  # one gather, straight into expert order
-        y = self._mm(kernels().silu_mul(self._mm(xs, self._stack("w13"), offs)), self._stack("w2"), offs)
+        src = order if rows is None else rows[order]  # where each row in expert order comes from
+        if self.grouped:
+            h = kernels().expert_gate_up(x, src, self.w13, offs)
+        else:
+            h = kernels().silu_mul(self._mm(x[src], self._stack("w13"), offs))
+        y = self._mm(h, self._stack("w2"), offs)
         return y[_inverse(order)]  # back to row order: a gather (faster than the scatter index_copy_)
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

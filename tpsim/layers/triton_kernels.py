@@ -1,4 +1,4 @@
-"""Triton kernels for two memory-bound steps that inductor's generated code does slowly, each a
+"""Triton kernels for steps that inductor's generated code and PyTorch's kernels do slowly, each a
 `torch.library.triton_op` so that a compiled region traces it whole. Imported only where Triton
 is; `tpsim.layers.fused` holds the pure-tensor reference of each and chooses.
 
@@ -6,6 +6,11 @@ is; `tpsim.layers.fused` holds the pure-tensor reference of each and chooses.
   per element, recomputing the shared k_pe rotation for every head.
 - `greedy_top`: the router's softmax, top-(k+1) and gather were four kernels (torch.topk alone a
   radix select and a bitonic sort), for 64 scores a token.
+- `expert_gate_up`: the routed experts' gather into expert order, gate/up GEMM and silu * up as one
+  persistent kernel. PyTorch's grouped GEMM computes each expert's rows in whole 256-row clusters
+  (V2-Lite at 8192 tokens: 15.6 % padding) and writes gate and up for a second pass; here the tiles
+  are 128 rows, the rows are read from the tokens where they are (in L2) instead of a gathered copy,
+  and only silu(gate) * up is written.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+
+# device-side TMA descriptors (tl.make_tensor_descriptor) take their scratch from this allocator
+triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
 def fits_rope_assemble(q: torch.Tensor, k_pe: torch.Tensor, kv: torch.Tensor) -> bool:
@@ -102,3 +110,68 @@ def greedy_top(logits: torch.Tensor, k: int, softmax: bool) -> tuple[torch.Tenso
         logits, weights, ids, margin, T, E=E, BE=triton.next_power_of_2(E), K=k, SOFTMAX=softmax, BT=block,
         num_warps=4)
     return weights, ids, margin
+
+
+# measured on the H200 (benchmarks/results/probes-issue17/expert-gate-up.json): 128-row tiles of 128 gate and
+# 128 up columns, 64-deep k steps, 3 stages; groups of 4 row tiles sweep the columns, so that an expert's
+# weights are read while its rows are in L2
+EXPERT_TILE = dict(BM=128, BH=128, BK=64, GROUP=4, num_warps=8, num_stages=3)
+
+
+def fits_expert_gate_up(x: torch.Tensor, src: torch.Tensor, w13: torch.Tensor) -> bool:
+    """Whether `expert_gate_up` takes these: bf16 on a Hopper GPU (TMA descriptors, measured there),
+    some rows, unit inner strides, the hidden size a multiple of the k step."""
+    return (x.is_cuda and x.dtype == w13.dtype == torch.bfloat16 and src.shape[0] > 0 and x.stride(-1) == 1
+            and w13.is_contiguous() and x.shape[-1] % EXPERT_TILE["BK"] == 0
+            and torch.cuda.get_device_capability(x.device)[0] == 9)
+
+
+@triton.jit
+def _expert_gate_up(x_ptr, src_ptr, w_ptr, ends_ptr, tile_ends_ptr, out_ptr, N, K, I, sx, NT, PROGRAMS,
+                    E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
+                    GROUP: tl.constexpr):
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * 2 * I, K], strides=[K, 1], block_shape=[BH, BK])
+    ei = tl.arange(0, BE)
+    tile_ends = tl.load(tile_ends_ptr + ei, mask=ei < E, other=2 ** 30)
+    m_tiles = tl.load(tile_ends_ptr + E - 1)
+    for tile in range(tl.program_id(0), m_tiles * NT, PROGRAMS):
+        first = tile // (GROUP * NT) * GROUP
+        size = tl.minimum(m_tiles - first, GROUP)
+        tm, tn = first + (tile - first * NT) % size, (tile - first * NT) // size
+        e = tl.sum((tile_ends <= tm).to(tl.int32))  # the expert whose row tiles hold tile tm
+        prev = tl.maximum(e - 1, 0)
+        first_row, first_tile = tl.load(ends_ptr + prev), tl.load(tile_ends_ptr + prev)
+        m0 = tl.where(e > 0, first_row, 0) + (tm - tl.where(e > 0, first_tile, 0)) * BM
+        rows = m0 + tl.arange(0, BM)
+        token = tl.load(src_ptr + tl.minimum(rows, N - 1)).to(tl.int64)  # rows past the expert's: computed, not stored
+        a = x_ptr + token[:, None] * sx + tl.arange(0, BK)[None, :]
+        gate_row = e * 2 * I + tn * BH
+        g = tl.zeros((BM, BH), tl.float32)
+        u = tl.zeros((BM, BH), tl.float32)
+        for k in range(0, K, BK):
+            xk = tl.load(a + k)
+            g = tl.dot(xk, w_desc.load([gate_row, k]).T, g)
+            u = tl.dot(xk, w_desc.load([gate_row + I, k]).T, u)
+        g = g.to(tl.bfloat16).to(tl.float32)  # rounded as the GEMM's bf16 output is
+        u = u.to(tl.bfloat16).to(tl.float32)
+        cols = tn * BH + tl.arange(0, BH)
+        keep = (rows < tl.load(ends_ptr + e))[:, None] & (cols < I)[None, :]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :], (g * tl.sigmoid(g) * u).to(tl.bfloat16),
+                 mask=keep)
+
+
+@triton_op("tpsim::expert_gate_up", mutates_args={})
+def expert_gate_up(x: torch.Tensor, src: torch.Tensor, w13: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """As `fused.expert_gate_up` (`fits_expert_gate_up` says when it applies): one persistent kernel, one
+    program per SM."""
+    N, (E, I2, K) = src.shape[0], w13.shape
+    I, c = I2 // 2, EXPERT_TILE
+    tiles = (torch.diff(ends, prepend=ends.new_zeros(1)) + c["BM"] - 1) // c["BM"]
+    tile_ends = torch.cumsum(tiles, 0).to(torch.int32)
+    out = x.new_empty((N, I))
+    programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    wrap_triton(_expert_gate_up)[(programs,)](
+        x, src, w13, ends, tile_ends, out, N, K, I, x.stride(0), triton.cdiv(I, c["BH"]), programs,
+        E=E, BE=triton.next_power_of_2(E), BM=c["BM"], BH=c["BH"], BK=c["BK"], GROUP=c["GROUP"],
+        num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return out
