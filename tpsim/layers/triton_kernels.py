@@ -118,10 +118,19 @@ def greedy_top(logits: torch.Tensor, k: int, softmax: bool) -> tuple[torch.Tenso
 EXPERT_TILE = dict(BM=128, BH=128, BK=64, GROUP=4, num_warps=8, num_stages=3)
 
 
+# decode-sized routings stay on the grouped GEMM: with the kernel at every size, V2-Lite's CUDA-graph forward
+# on the H200 lost at 8 tokens (48 rows for 64 experts: 8.18 against 7.01 ms before the kernel) and won at
+# 512 (48 rows an expert: 14.4 against 15.2 ms; benchmarks/results/probes-issue17/forward-cuda-first-run-of-
+# 30b68f9.json against forward-cuda.json at eb58b70); the crossing between the two was not measured
+MIN_ROWS_PER_EXPERT = 16
+
+
 def fits_expert_gate_up(x: torch.Tensor, src: torch.Tensor, w13: torch.Tensor) -> bool:
     """Whether `expert_gate_up` takes these: bf16 on a Hopper GPU (TMA descriptors, measured there),
-    some rows, unit inner strides, the hidden size a multiple of the k step."""
-    return (x.is_cuda and x.dtype == w13.dtype == torch.bfloat16 and src.shape[0] > 0 and x.stride(-1) == 1
+    at least MIN_ROWS_PER_EXPERT rows an expert on average, unit inner strides, the hidden size a
+    multiple of the k step."""
+    return (x.is_cuda and x.dtype == w13.dtype == torch.bfloat16 and x.stride(-1) == 1
+            and src.shape[0] >= max(1, MIN_ROWS_PER_EXPERT * w13.shape[0])
             and w13.is_contiguous() and x.shape[-1] % EXPERT_TILE["BK"] == 0
             and torch.cuda.get_device_capability(x.device)[0] == 9)
 
