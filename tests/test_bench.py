@@ -319,6 +319,7 @@ H200_KERNELS = {
     "void at_cuda_detail::cub::detail::radix_sort::DeviceRadixSortOnesweepKernel<at_cuda_detail": "sort / top-k",
     "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long,": "gather / scatter",
     "Memset (Device)": "other",
+    "_expert_gate_up": "gemm",
 }
 
 

@@ -150,12 +150,16 @@ def test_the_triton_expert_gate_up_is_its_reference(compiled, T, E, k, hidden, i
     from tpsim.layers.moe import expert_order
     order, ends = expert_order(experts, E)
     src = order // k  # row (token, slot) in expert order reads token's hidden
-    assert tk.fits_expert_gate_up(x, src, w13) == (T * k >= tk.MIN_ROWS_PER_EXPERT * E)
+    fits = tk.fits_expert_gate_up(x, src, w13)
+    assert fits == (T * k >= tk.MIN_ROWS_PER_EXPERT * E)
     got, want = fused.expert_gate_up_fast(x, src, w13, ends), fused.expert_gate_up(x, src, w13, ends)
     assert got.shape == want.shape == (T * k, inter)
     assert rel(got, want) <= BOUND[torch.bfloat16]
-    traced = torch.compile(fused.expert_gate_up_fast, fullgraph=True, dynamic=False)
-    assert torch.equal(traced(x, src, w13, ends), got)  # a region traces the op whole: the same kernel
+    traced = torch.compile(fused.expert_gate_up_fast, fullgraph=True, dynamic=False)(x, src, w13, ends)
+    if fits:  # a region traces the op whole: the same kernel, the same bits
+        assert torch.equal(traced, got)
+    else:  # the reference, compiled: inductor rounds silu * up once where eager rounds twice
+        assert rel(traced, want) <= BOUND[torch.bfloat16]
 
 
 def test_the_triton_expert_gate_up_leaves_zero_rows_to_the_reference(compiled):
