@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tpsim.layers import fused
@@ -147,8 +147,7 @@ def test_the_triton_expert_gate_up_is_its_reference(compiled, T, E, k, hidden, i
     w13 = torch.randn(E, 2 * inter, hidden, device="cuda", generator=g, dtype=torch.bfloat16) / hidden ** 0.5
     p = torch.rand(E, device="cuda", generator=g) * (torch.rand(E, device="cuda", generator=g) >= idle) + 1e-9
     experts = torch.multinomial(p, T * k, replacement=True, generator=g)
-    from tpsim.layers.moe import expert_order
-    order, ends = expert_order(experts, E)
+    order, ends = fused.expert_order(experts, E)
     src = order // k  # row (token, slot) in expert order reads token's hidden
     fits = tk.fits_expert_gate_up(x, src, w13)
     assert fits == (T * k >= tk.MIN_ROWS_PER_EXPERT * E)
@@ -169,3 +168,25 @@ def test_the_triton_expert_gate_up_leaves_zero_rows_to_the_reference(compiled):
     src, ends = torch.empty(0, dtype=torch.long, device="cuda"), torch.zeros(8, dtype=torch.int32, device="cuda")
     assert not tk.fits_expert_gate_up(x, src, w13)
     assert fused.expert_gate_up_fast(x, src, w13, ends).shape == (0, 16)
+
+
+@settings(max_examples=24, deadline=None)
+@given(N=st.integers(1, 70_000), E=st.sampled_from([1, 3, 8, 64, 160, 256, 1024]), idle=st.floats(0, 0.9),
+       seed=st.integers(0, 2 ** 16))
+@example(N=48, E=64, idle=0.0, seed=0)  # the 8-token decode step of V2-Lite
+@example(N=49_152, E=64, idle=0.0, seed=1)  # 8192 tokens, 6 experts each
+def test_the_triton_expert_places_are_the_stable_sort(compiled, N, E, idle, seed):
+    """The counting sort's order, expert ends and places equal the stable radix sort's, the binary
+    search's and the inverse permutation's, bit for bit: drawn row counts across block boundaries,
+    expert counts that are not powers of two, idle experts (a block, or the whole routing, without
+    an expert); and the same traced whole, as a region runs it."""
+    tk = _triton_kernels(compiled)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    p = torch.rand(E, device="cuda", generator=g) * (torch.rand(E, device="cuda", generator=g) >= idle) + 1e-9
+    experts = torch.multinomial(p, N, replacement=True, generator=g)
+    assert tk.fits_expert_places(experts, E) == (N <= tk.PLACES_BLOCKS * tk._places_tile(E)[1])
+    want = fused.expert_places(experts, E)
+    got = fused.expert_places_fast(experts, E)
+    traced = torch.compile(fused.expert_places_fast, fullgraph=True, dynamic=False)(experts, E)
+    for a, b, c in zip(got, want, traced):
+        assert a.dtype == b.dtype and torch.equal(a, b) and torch.equal(c, b)

@@ -12,10 +12,10 @@ start) to the compiled path:
   shapes specialized), in which inductor fuses across what would be separate kernels (the gather
   back from expert order into the weighted sum, silu * up into the grouped GEMM's input);
 - `kernels()`: everything else (the layer's add + RMSNorm) calls each function compiled alone;
-- on CUDA with Triton, three steps run as Triton kernels (tpsim.layers.triton_kernels), in a region
+- on CUDA with Triton, four steps run as Triton kernels (tpsim.layers.triton_kernels), in a region
   and out of one, where inductor's code or PyTorch's kernel for them was slow: MLA's q/k assembly
-  with q's rotation, a greedy router's softmax and top-k, and the routed experts' gather, gate/up
-  GEMM and silu * up.
+  with q's rotation, a greedy router's softmax and top-k, the rows' order by expert (a counting
+  sort), and the routed experts' gather, gate/up GEMM and silu * up.
 
 A region runs only when no tap inside it is listened to (`Probe.listening`: a `tpsim capture` of
 named points runs those sublayers eagerly), and the EAGLE-3 capture reads the stream between
@@ -91,6 +91,35 @@ def expert_gate_up_fast(x, src, w13, ends):
     return expert_gate_up(x, src, w13, ends)
 
 
+def expert_order(experts: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows grouped by expert: (their stable order `[N]`, the int32 end of each of the `count` experts'
+    rows in it, as torch._grouped_mm takes `offs`). The ends come from a binary search of the sorted
+    ids, not from counting with index_add_: compiled, that became a sort-based index_put, 0.17 ms a
+    layer at 8192 tokens on the H200. uint8 keys where the ids fit: one radix-sort pass over 8-bit keys
+    where int32 takes four."""
+    order = experts.to(torch.uint8 if count <= 256 else torch.int32).argsort(stable=True)
+    ends = torch.searchsorted(experts[order], torch.arange(count, device=experts.device), right=True)
+    return order, ends.to(torch.int32)
+
+
+def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
+    """The inverse of a permutation `[N]`: `x[perm][inverse_permutation(perm)] == x`."""
+    return torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.shape[0], device=perm.device))
+
+
+def expert_places(experts: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`expert_order`'s (order, ends) and each row's place in that order `[N]` (its inverse)."""
+    order, ends = expert_order(experts, count)
+    return order, ends, inverse_permutation(order)
+
+
+def expert_places_fast(experts: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`expert_places` as a counting sort in three Triton kernels where it fits (tpsim.layers.triton_kernels)."""
+    if _triton is not None and _triton.fits_expert_places(experts, count):
+        return _triton.expert_places(experts, count)
+    return expert_places(experts, count)
+
+
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The MoE router's logits in float32, as transformers computes them: a float32 GEMM of the
     float32 copies of x and the gate weight."""
@@ -158,14 +187,15 @@ class Kernels:
     router_logits: Callable
     greedy_top: Callable
     expert_gate_up: Callable
+    expert_places: Callable
 
 
 EAGER = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk, weighted_sum, router_logits,
-                greedy_top, expert_gate_up)
+                greedy_top, expert_gate_up, expert_places)
 # what a compiled region traces: the fusible forms, uncompiled (the region compiles them with the rest),
 # and the Triton kernels where inductor's own code was slower
 FUSIBLE = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk_fast, weighted_sum_fused,
-                  router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast)
+                  router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast)
 # The CLI's threshold. With the regions the compiled forward is faster at every token count on the H200
 # (benchmarks/results/forward-cuda.json, V2-Lite bf16, same rounds: 8 tokens 48.2 vs 70.9 ms eager, 512:
 # 47.6 vs 66.6, 4096: 51.3 vs 73.3, 8192: 102.0 vs 141.5), but every new token count compiles its graphs
@@ -194,7 +224,7 @@ def use_compiled(on: bool, min_tokens: int = MIN_TOKENS) -> None:
     if on and _compiled is None:
         each = (torch.compile(f, dynamic=None) for f in (add_rms_norm, rms_norm, silu_mul, rope_pairs))
         _compiled = Kernels(*each, rope_assemble_qk_fast, torch.compile(weighted_sum_fused, dynamic=None),
-                            router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast)
+                            router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast)
     _wanted, _min_tokens = on, min_tokens
     _active = EAGER
 

@@ -32,9 +32,9 @@ from einops import einsum, repeat
 from torch import nn
 
 from tpsim.config import ModelConfig
-from tpsim.layers.fused import top_k_margin
+from tpsim.layers.fused import kernels, top_k_margin
 from tpsim.layers.linear import WeightSpec, _copy, divide
-from tpsim.layers.moe import MoE, Experts, _inverse, expert_order
+from tpsim.layers.moe import MoE, Experts
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
@@ -120,7 +120,7 @@ class GptOssExperts(Experts):
         """experts `[N]`: the local expert of each of N rows (`x[rows]`, or `x` when `rows` is None)
         → `[N, hidden]`: each row through its expert, down_proj_bias included on shard rank 0
         (this rank's partial sum under TP, the whole output under EP)."""
-        order, offs = expert_order(experts, self.count)
+        order, offs, back = kernels().expert_places(experts, self.count)
         sorted_experts = experts[order]
         xs = x[order if rows is None else rows[order]]
         h = self._mm(xs, self.w13, offs) + self.w13_bias[sorted_experts]
@@ -128,7 +128,7 @@ class GptOssExperts(Experts):
         y = self._mm(clamped_swiglu(gate, up, self.limit, self.alpha), self.w2, offs)
         if self.shard.rank == 0:
             y = y + self.w2_bias[sorted_experts]
-        return y[_inverse(order)]
+        return y[back]
 
 
 class GptOssRouter(Tapped, nn.Module):

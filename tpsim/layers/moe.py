@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tpsim.config import ModelConfig
-from tpsim.layers.fused import kernels, region, top_k_margin
+from tpsim.layers.fused import inverse_permutation, kernels, region, top_k_margin
 from tpsim.layers.fp8 import BlockFp8, act_quant, linear, quantized_mm
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
 from tpsim.layers.mlp import DenseMLP
@@ -140,14 +140,14 @@ class Experts(nn.Module):
         """experts `[N]`: the local expert of each of N rows; the rows are `x[rows]` (`x` itself
         when `rows` is None) → `[N, hidden]`, each row through its expert (this rank's partial
         sum under TP, the whole expert output under EP)."""
-        order, offs = expert_order(experts, self.count)
+        order, offs, back = kernels().expert_places(experts, self.count)
         src = order if rows is None else rows[order]  # where each row in expert order comes from
         if self.grouped:
             h = kernels().expert_gate_up(x, src, self.w13, offs)
         else:
             h = kernels().silu_mul(self._mm(x[src], self._stack("w13"), offs))
         y = self._mm(h, self._stack("w2"), offs)
-        return y[_inverse(order)]  # back to row order: a gather (faster than the scatter index_copy_)
+        return y[back]  # back to row order: a gather (faster than the scatter index_copy_)
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Rows of group e (between offs[e-1] and offs[e]) times w[e]^T."""
@@ -161,22 +161,6 @@ class Experts(nn.Module):
             xq, xs = act_quant(x, w.block[1])
             return torch.cat([quantized_mm(xq[a:b], xs[a:b], w[e], x.dtype) for e, a, b in groups])
         return torch.cat([linear(x[a:b], w[e]) for e, a, b in groups])
-
-
-def _inverse(perm: torch.Tensor) -> torch.Tensor:
-    """The inverse of a permutation `[N]`: `x[perm][_inverse(perm)] == x`."""
-    return torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.shape[0], device=perm.device))
-
-
-def expert_order(experts: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows grouped by expert: (their stable order `[N]`, the int32 end of each of the `count` experts'
-    rows in it, as torch._grouped_mm takes `offs`). The ends come from a binary search of the sorted
-    ids, not from counting with index_add_: compiled, that became a sort-based index_put, 0.17 ms a
-    layer at 8192 tokens on the H200. uint8 keys where the ids fit: one radix-sort pass over 8-bit keys
-    where int32 takes four."""
-    order = experts.to(torch.uint8 if count <= 256 else torch.int32).argsort(stable=True)
-    ends = torch.searchsorted(experts[order], torch.arange(count, device=experts.device), right=True)
-    return order, ends.to(torch.int32)
 
 
 def _counts(ids: torch.Tensor, n: int) -> torch.Tensor:
@@ -288,4 +272,4 @@ class MoE(Tapped, nn.Module):
         local = torch.arange(per_rank, device=rows.device).repeat(group.size).repeat_interleave(got)
         out = self.experts(received, local)
         back = group.all_to_all(out, f"{self.prefix}.combine", send, recv)
-        return back[_inverse(order)]
+        return back[inverse_permutation(order)]

@@ -11,6 +11,9 @@ is; `tpsim.layers.fused` holds the pure-tensor reference of each and chooses.
   (V2-Lite at 8192 tokens: 15.6 % padding) and writes gate and up for a second pass; here the tiles
   are 128 rows, the rows are read from the tokens where they are (in L2) instead of a gathered copy,
   and only silu(gate) * up is written.
+- `expert_places`: the rows' stable order by expert, each expert's end and each row's place, as a
+  counting sort in three kernels; PyTorch's radix sort with its memsets and copy, the binary search for
+  the ends and the inverse's scatter were eight launches a MoE layer.
 """
 
 from __future__ import annotations
@@ -184,3 +187,81 @@ def expert_gate_up(x: torch.Tensor, src: torch.Tensor, w13: torch.Tensor, ends: 
         E=E, BE=triton.next_power_of_2(E), BM=c["BM"], BH=c["BH"], BK=c["BK"], GROUP=c["GROUP"],
         num_warps=c["num_warps"], num_stages=c["num_stages"])
     return out
+
+
+# rows a program ranks at once: its [rows, experts] one-hot table stays this many elements; one program
+# turns the blocks' counts into starts, so past this many blocks the radix sort takes over (V2-Lite:
+# 262,144 rows, 43k tokens; 256 experts: 65,536 rows)
+PLACES_TABLE, PLACES_BLOCKS = 16384, 1024
+
+
+def _places_tile(count: int) -> tuple[int, int]:
+    """(experts padded to a power of two, at least 16; rows a block)."""
+    width = max(16, triton.next_power_of_2(count))
+    return width, PLACES_TABLE // width
+
+
+def fits_expert_places(experts: torch.Tensor, count: int) -> bool:
+    """Whether `expert_places` takes these: CUDA, rows in one dimension, 1 to 1024 experts, at most
+    PLACES_BLOCKS blocks of rows."""
+    return (experts.is_cuda and experts.dim() == 1 and 0 < count <= 1024
+            and 0 < experts.shape[0] <= PLACES_BLOCKS * _places_tile(count)[1])
+
+
+@triton.jit
+def _expert_counts(ids_ptr, counts_ptr, N, BE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    e = tl.load(ids_ptr + i, mask=i < N, other=-1)
+    hit = (e[:, None] == tl.arange(0, BE)[None, :]).to(tl.int32)
+    tl.store(counts_ptr + tl.program_id(0) * BE + tl.arange(0, BE), tl.sum(hit, axis=0))
+
+
+@triton.jit
+def _expert_starts(counts_ptr, starts_ptr, ends_ptr, P, E, BE: tl.constexpr, BP: tl.constexpr):
+    """One program: where each block's rows of each expert start (the experts' starts plus the rows of
+    the blocks before), and each expert's end."""
+    cols = tl.arange(0, BE)
+    total = tl.zeros((BE,), tl.int32)
+    for q0 in range(0, P, BP):
+        q = q0 + tl.arange(0, BP)
+        total += tl.sum(tl.load(counts_ptr + q[:, None] * BE + cols[None, :], mask=(q < P)[:, None], other=0), axis=0)
+    ends = tl.cumsum(total, axis=0)
+    tl.store(ends_ptr + cols, ends, mask=cols < E)
+    start = ends - total
+    for q0 in range(0, P, BP):
+        q = q0 + tl.arange(0, BP)
+        at = q[:, None] * BE + cols[None, :]
+        c = tl.load(counts_ptr + at, mask=(q < P)[:, None], other=0)
+        tl.store(starts_ptr + at, start[None, :] + tl.cumsum(c, axis=0) - c, mask=(q < P)[:, None])
+        start += tl.sum(c, axis=0)
+
+
+@triton.jit
+def _expert_places(ids_ptr, starts_ptr, order_ptr, back_ptr, N, BE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, BE)
+    e = tl.load(ids_ptr + i, mask=i < N, other=-1)
+    hit = (e[:, None] == cols[None, :]).to(tl.int32)
+    rank = tl.sum(tl.cumsum(hit, axis=0) * hit, axis=1) - 1  # rows of its expert before it in this block
+    start = tl.load(starts_ptr + tl.program_id(0) * BE + cols)
+    place = tl.sum(hit * start[None, :], axis=1) + rank
+    tl.store(order_ptr + place, i.to(tl.int64), mask=i < N)
+    tl.store(back_ptr + i, place.to(tl.int64), mask=i < N)
+
+
+@triton_op("tpsim::expert_places", mutates_args={})
+def expert_places(experts: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As `fused.expert_places` (`fits_expert_places` says when it applies): blocks of rows count their
+    experts, one program turns the counts into each block's starts, then each block places its rows
+    after the blocks before it, in row order: the stable sort's order."""
+    experts = experts.contiguous()
+    N, (BE, block) = experts.shape[0], _places_tile(count)
+    P = triton.cdiv(N, block)
+    counts = torch.empty((P, BE), dtype=torch.int32, device=experts.device)
+    starts = torch.empty_like(counts)
+    order, back = torch.empty_like(experts, dtype=torch.int64), torch.empty_like(experts, dtype=torch.int64)
+    ends = torch.empty(count, dtype=torch.int32, device=experts.device)
+    wrap_triton(_expert_counts)[(P,)](experts, counts, N, BE=BE, BLOCK=block, num_warps=8)
+    wrap_triton(_expert_starts)[(1,)](counts, starts, ends, P, count, BE=BE, BP=block, num_warps=8)
+    wrap_triton(_expert_places)[(P,)](experts, starts, order, back, N, BE=BE, BLOCK=block, num_warps=8)
+    return order, ends, back
