@@ -47,13 +47,14 @@ from tpsim.run.spec import input_ids_for  # noqa: E402
 # (kind, substrings of a kernel name, lower case): the first kind with a match names the kernel. Every
 # inductor kernel is "compiled", even one named after the GEMM or attention whose input it prepares
 # (triton_poi_fused__grouped_mm_..._silu: silu * up written for the grouped GEMM); tpsim's own Triton GEMM
-# (_expert_gate_up, tpsim.layers.triton_kernels) is a GEMM
+# (_expert_gate_up, tpsim.layers.triton_kernels) is a GEMM, its counting sort (_expert_counts, _starts, _places)
+# a sort
 KINDS = (
     ("compiled (triton)", ("triton",)),
     ("attention", ("fmha", "flash", "attention", "cudnn")),
     ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "grouped", "matmul", "splitk", "aten::mm", "aten::addmm",
               "aten::bmm", "aten::linear", "expert_gate_up")),
-    ("sort / top-k", ("sort", "topk", "radix", "cub::")),
+    ("sort / top-k", ("sort", "topk", "radix", "cub::", "expert_counts", "expert_starts", "expert_places")),
     ("gather / scatter", ("index", "gather", "scatter")),
     ("copy / cast", ("copy", "cat_", "catarray")),
     ("reduction", ("reduce",)),

@@ -320,6 +320,9 @@ H200_KERNELS = {
     "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long,": "gather / scatter",
     "Memset (Device)": "other",
     "_expert_gate_up": "gemm",
+    "_expert_counts": "sort / top-k",
+    "_expert_starts": "sort / top-k",
+    "_expert_places": "sort / top-k",
 }
 
 

@@ -197,8 +197,8 @@ EAGER = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk, 
 FUSIBLE = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk_fast, weighted_sum_fused,
                   router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast)
 # The CLI's threshold. With the regions the compiled forward is faster at every token count on the H200
-# (benchmarks/results/forward-cuda.json, V2-Lite bf16, same rounds: 8 tokens 48.2 vs 70.9 ms eager, 512:
-# 47.6 vs 66.6, 4096: 51.3 vs 73.3, 8192: 102.0 vs 141.5), but every new token count compiles its graphs
+# (benchmarks/results/forward-cuda.json, V2-Lite bf16, same rounds: 8 tokens 53.1 vs 76.3 ms eager, 512:
+# 39.1 vs 58.7, 4096: 54.0 vs 77.8, 8192: 97.8 vs 139.2), but every new token count compiles its graphs
 # first (5-12 s), and a `tpsim check` forwards each count a few times: only long prefills pay that back
 MIN_TOKENS = 4096
 # regions specialize on shapes (dynamic kernels were slower: silu * up at 8192 tokens 0.20 vs 0.17 ms), so
