@@ -202,7 +202,7 @@ def test_a_silent_rank_at_tp_1_is_named_within_the_timeout(tmp_path):
     deadline = time.monotonic() + 120
     while "TP=1" not in log.read_text() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)  # the rank is building its weights
-    rank = [pid for pid in marked_processes(marker) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    rank = [pid for pid in marked_processes(marker) if Path(f"/proc/{pid}/comm").read_text().startswith("tpsim rank")]
     assert p.poll() is None and rank, log.read_text()
     for pid in rank:
         os.kill(pid, signal.SIGSTOP)

@@ -1,5 +1,5 @@
-"""Tie a process's life to its launcher's (Linux: PR_SET_PDEATHSIG). Standard library only: it
-runs in a spawned rank before torch is imported."""
+"""A rank process's ties to its launcher (Linux prctl): it dies with its parent, and `ps` names it.
+Standard library only: the fork server imports tpsim before torch and installs the guard first."""
 
 from __future__ import annotations
 
@@ -8,17 +8,27 @@ import os
 import signal
 import sys
 
+PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_launcher(launcher_pid: int | None = None) -> None:
-    """SIGKILL this process when its parent dies; if the parent (the launcher `launcher_pid`) is
-    already gone, exit now (the death came before the guard)."""
+def _prctl(option: int, arg) -> bool:
     if not sys.platform.startswith("linux"):
-        return
+        return False
     try:
-        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        return ctypes.CDLL("libc.so.6").prctl(option, arg) == 0
     except OSError:
-        return
-    if launcher_pid is not None and os.getppid() != launcher_pid:
+        return False
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """SIGKILL this process when its parent dies; if the parent is no longer `parent_pid` (it died
+    before the guard was in place, and the process was re-parented), exit now."""
+    if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
+
+
+def name_process(name: str) -> None:
+    """The name `ps`, `top` and /proc/PID/comm show (at most 15 bytes): a forked rank would otherwise
+    carry its launcher's name and command line."""
+    _prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))

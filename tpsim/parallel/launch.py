@@ -1,9 +1,9 @@
-"""Getting ranks: self-spawned local ranks (a reusable pool) or ranks started by torchrun
+"""Getting ranks: local ranks the launcher starts itself (a reusable pool, forked) or ranks started by torchrun
 (tpsim.parallel.torchrun).
 
 Both give every rank a `RankContext` holding one `TPGroup` per TP degree that divides the
 world size: with 8 ranks, one TP=8 group, two TP=4, four TP=2 and eight TP=1. Under
-torchrun every block runs; in a self-spawned pool only the first block of each degree
+torchrun every block runs; in a self-started pool only the first block of each degree
 (global ranks 0..tp-1) runs, so 8 CPU ranks on a laptop do not repeat the same work.
 
 A job is a module-level function `fn(ctx, **kwargs)` (pickled by reference, so a moved or
@@ -13,12 +13,14 @@ picklable.
 
 from __future__ import annotations
 
+import enum
 import os
 import queue
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 from tpsim.errors import RankError, UsageError
-from tpsim.parallel import faults
+from tpsim.parallel import deathsig, faults
 from tpsim.parallel.group import LOADING_TIMEOUT_S, TPGroup
 
 
 # NVLink multicast (NVLS) stays off in every process tpsim starts: on a shared host a program using
 # it can take the GPUs out of service. NCCL reads these when a communicator starts, so setting them
-# at import (before any process group; spawned ranks inherit them) is early enough.
+# at import (before any process group; forked ranks inherit them) is early enough.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 for _name, _value in MULTICAST_OFF.items():
     os.environ.setdefault(_name, _value)
@@ -81,7 +83,7 @@ class RankContext:
 
     def in_pipeline(self, tp: int, pp: int) -> bool:
         """Whether this rank is one of the pp * tp ranks of a PP x TP world (stage `rank // tp`):
-        under torchrun the world must be exactly that; a self-spawned pool uses its first pp * tp ranks."""
+        under torchrun the world must be exactly that; a self-started pool uses its first pp * tp ranks."""
         return tp in self.groups and self.rank < pp * tp and (not self.all_blocks or self.world_size == pp * tp)
 
     def progress(self, msg: str) -> None:
@@ -119,10 +121,57 @@ def verify_collectives(device: torch.device) -> bool:
     return env == "1" if env in ("0", "1") else device.type == "cpu"
 
 
-# --- self-spawned pool ------------------------------------------------------------------
+# --- self-started pool ------------------------------------------------------------------
 
-def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, slot):
+class StartMethod(enum.Enum):
+    """How a pool's ranks come to life. Both pay torch's import (~2 s of CPU) once per launcher, not
+    once per rank: FORK copies the launcher, which has imported torch and tpsim already; FORKSERVER
+    forks from a server that imported them once (multiprocessing's forkserver, tpsim preloaded) and
+    serves every later pool of the process."""
+
+    FORK = "fork"
+    FORKSERVER = "forkserver"
+
+
+START_ENV = "TPSIM_RANK_START"  # fork or forkserver: overrides start_method's choice
+
+
+def start_method(device: str) -> StartMethod:
+    """FORK where it is safe: Linux, CPU ranks, no CUDA context in the launcher, no other Python
+    thread (one could hold a lock the child then waits on forever: a stream's, logging's). Idle
+    OpenMP workers are harmless: a rank runs with one intra-op thread and never enters their pool.
+    FORKSERVER elsewhere. TPSIM_RANK_START chooses."""
+    env = os.environ.get(START_ENV)
+    if env:
+        try:
+            return StartMethod(env)
+        except ValueError:
+            raise UsageError(f"{START_ENV}={env!r} is not one of fork, forkserver; fix it or unset {START_ENV}") \
+                from None
+    forkable = (sys.platform.startswith("linux") and device == "cpu" and threading.active_count() == 1
+                and not torch.cuda.is_initialized())
+    return StartMethod.FORK if forkable else StartMethod.FORKSERVER
+
+
+def rank_context(start: StartMethod):
+    mp = torch.multiprocessing.get_context(start.value)
+    if start is StartMethod.FORKSERVER:
+        mp.set_forkserver_preload(["tpsim.parallel.launch"])  # takes effect when the server starts
+    return mp
+
+
+def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, slot, start, env):
+    # First: a launcher gone before this line ends the rank here. A forked rank's parent is the
+    # launcher; a fork server's child's is the fork server, which dies with the launcher.
+    launcher = int(env["TPSIM_LAUNCHER_PID"])
+    deathsig.die_with_parent(launcher if start is StartMethod.FORK else None)
+    if not _alive(launcher):
+        os._exit(1)
+    deathsig.name_process(f"tpsim rank {rank}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and kills us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked rank inherits the CLI's unwinding handler
+    os.environ.clear()
+    os.environ.update(env)  # the launcher's environment now, not the fork server's when it started
     torch.set_num_threads(1)
     faults.install(slot)
     try:
@@ -212,29 +261,32 @@ class RankPool:
     """
 
     def __init__(self, world: int, backend: str = "gloo", device: str = "cpu", timeout_s: float = 60.0,
-                 env: dict | None = None, on_progress=None, stall_grace_s: float = STALL_GRACE_S):
+                 env: dict | None = None, on_progress=None, stall_grace_s: float = STALL_GRACE_S,
+                 start: StartMethod | None = None):
         self.world, self.backend, self.device, self.timeout_s = world, backend, device, timeout_s
         self.stall_grace_s = stall_grace_s
         self.on_progress = on_progress
         remove_stale_rendezvous()
         self._tmp = tempfile.mkdtemp(prefix=f"{RENDEZVOUS_PREFIX}{os.getpid()}-")
-        mp = torch.multiprocessing.get_context("spawn")
+        self.start = start or start_method(device)
+        mp = rank_context(self.start)
         self._results = mp.Queue()
-        self._tasks = [mp.Queue() for _ in range(world)]
+        self._tasks = [mp.SimpleQueue() for _ in range(world)]  # no feeder thread here: the next pool may fork
         self._slots = [mp.Array("c", faults.SLOT_BYTES) for _ in range(world)]  # what each rank is doing
         child_env = {"OMP_NUM_THREADS": "1", "TPSIM_LAUNCHER_PID": str(os.getpid()), **(env or {})}
         if sys.platform.startswith("linux"):
             child_env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        rank_env = {**os.environ, **child_env}
         saved = {k: os.environ.get(k) for k in child_env}
-        os.environ.update(child_env)  # spawn copies the parent's environment at start
-        # A rank inherits the signal mask: Ctrl-C while its interpreter starts (before tpsim ignores
-        # SIGINT there) stays pending and is dropped, not printed as a traceback from inside an
-        # import; the launcher gets it as soon as the ranks are started.
+        os.environ.update(child_env)  # a fork server started now keeps this environment
+        # A child inherits the signal mask: Ctrl-C while the fork server imports torch (before tpsim
+        # ignores SIGINT there) stays pending and is dropped, not printed as a traceback from inside
+        # an import; the launcher gets it as soon as the ranks are started.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             self._procs = [mp.Process(target=_worker, daemon=True,
-                                      args=(r, world, os.path.join(self._tmp, "store"), backend, device,
-                                            timeout_s, self._tasks[r], self._results, self._slots[r]))
+                                      args=(r, world, os.path.join(self._tmp, "store"), backend, device, timeout_s,
+                                            self._tasks[r], self._results, self._slots[r], self.start, rank_env))
                            for r in range(world)]
             for p in self._procs:
                 p.start()
@@ -245,9 +297,11 @@ class RankPool:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+        if on_progress:
+            on_progress(f"starting {world} {backend} rank{'s' if world > 1 else ''}")
         self.closed = False
         try:
-            self._collect("starting", extra_s=60)  # spawned ranks import torch first: slow on a busy machine
+            self._collect("starting", extra_s=60)  # a fork server imports torch first: slow on a busy machine
         except BaseException:
             self.kill()
             raise
@@ -367,6 +421,8 @@ class RankPool:
                 p.kill()
         for p in self._procs:
             p.join(timeout=5)
+        self._results.close()
+        self._results.join_thread()
         self._cleanup()
 
     def close(self) -> None:

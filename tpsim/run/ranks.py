@@ -1,4 +1,4 @@
-"""Run a job on real ranks: under torchrun when launched by it, else a self-spawned pool."""
+"""Run a job on real ranks: under torchrun when launched by it, else a self-started pool."""
 
 from __future__ import annotations
 
@@ -77,14 +77,12 @@ def run_on_ranks(job: Callable, world: int, *, device: str, backend: str | None,
                 if gone:
                     break
                 time.sleep(0.1)
-            if gone:  # the root cause, as the self-spawned pool names it, not this rank's lost connection
+            if gone:  # the root cause, as the self-started pool names it, not this rank's lost connection
                 raise RankError(f"rank {gone[0]} died (its process is gone) while running {job.__name__}; rank {me} "
                                 f"then failed: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}\n{report}") from e
             raise RankError(f"rank {me} failed while running {job.__name__}: "
                             f"{e.__class__.__name__}: {e}\n{report}") from e
         return gather_to_rank0(result)
     backend = pick_backend(device, backend, world)
-    if progress:
-        progress(f"starting {world} {backend} rank{'s' if world > 1 else ''}")
     with RankPool(world, backend, device, timeout_s, on_progress=progress) as pool:
         return pool.run(job, **kwargs)
