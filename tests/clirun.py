@@ -1,11 +1,17 @@
-"""`python -m tpsim` as a real subprocess, and the bad-input contract, shared by the CLI tests."""
+"""`python -m tpsim` as a real process (a fork of tests/cliserver.py, which imported the CLI once),
+and the bad-input contract, shared by the CLI tests."""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,28 +56,60 @@ def _kill_group(pgid: int, fired: threading.Event) -> None:
         pass
 
 
+class CliServer:
+    """tests/cliserver.py, started on first use and kept for the session: every run_cli is a
+    fork of it (tpsim's CLI imported once), in its own session, as `python -m tpsim` would run."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.proc = None
+        self.dir = None
+
+    def socket_path(self) -> str:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.dir = tempfile.mkdtemp(prefix="tpsim-cliserver-")
+                path = os.path.join(self.dir, "socket")
+                self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "cliserver.py"), path], cwd=ROOT,
+                                             env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                ready = self.proc.stdout.readline()
+                assert ready == b"ready\n", f"the CLI server did not start: {ready!r}"
+                atexit.register(self.stop)
+            return os.path.join(self.dir, "socket")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+SERVER = CliServer()
+
+
 def run_cli(*args, cwd: Path = ROOT, timeout_s: float = RUN_TIMEOUT_S) -> Run:
-    """`python -m tpsim ARGS` in `cwd`, in its own session (killed with its children after
-    `timeout_s`); waited for with wait4 to get its CPU time."""
+    """`python -m tpsim ARGS` in `cwd`, as a fork of the CLI server (a new session, killed with its
+    children after `timeout_s`); its status and CPU time (it and the ranks it reaped) from wait4."""
     argv = [str(a) for a in args]
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "tpsim", *argv], cwd=cwd, env=cli_env(), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    fired = threading.Event()
-    timer = threading.Timer(timeout_s, _kill_group, (p.pid, fired))
-    timer.start()
-    try:
-        with ThreadPoolExecutor(max_workers=2) as readers:
-            out, err = readers.submit(p.stdout.read), readers.submit(p.stderr.read)
-            _, status, usage = os.wait4(p.pid, 0)
-            p.returncode = os.waitstatus_to_exitcode(status)
-            stdout, stderr = out.result(), err.result()
-    finally:
-        timer.cancel()
-        p.stdout.close()
-        p.stderr.close()
-    return Run(argv, p.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace"),
-               time.monotonic() - t0, usage.ru_utime + usage.ru_stime, fired.is_set(), Path(cwd))
+    with tempfile.TemporaryDirectory(prefix="tpsim-run-") as out, socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(SERVER.socket_path())
+        paths = {"stdout": os.path.join(out, "stdout"), "stderr": os.path.join(out, "stderr")}
+        conn.sendall(json.dumps({"argv": argv, "cwd": str(cwd), "env": cli_env(), **paths}).encode() + b"\n")
+        replies = conn.makefile("rb")
+        pid = json.loads(replies.readline())["pid"]
+        fired = threading.Event()
+        timer = threading.Timer(timeout_s, _kill_group, (pid, fired))
+        timer.start()
+        try:
+            end = json.loads(replies.readline())
+        finally:
+            timer.cancel()
+            replies.close()
+        stdout, stderr = (Path(paths[k]).read_bytes() for k in ("stdout", "stderr"))
+    return Run(argv, end["status"], stdout.decode(errors="replace"), stderr.decode(errors="replace"),
+               time.monotonic() - t0, end["cpu_s"], fired.is_set(), Path(cwd))
 
 
 def run_clis(argvs: dict, workers: int = 2) -> dict:

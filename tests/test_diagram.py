@@ -6,14 +6,16 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import numpy as np
-import png
 import pytest
-import resvg_py
 from hypothesis import given, settings, strategies as st
 
 from clirun import run_cli
 from tpsim.cli.diagram import LANE_BG, Step, draw
 from tpsim.parallel.placement import P, R, S0, S1
+
+# The renderer and the PNG decoder come with the `test` extra; without them (the GPU image) the module skips.
+png = pytest.importorskip("png", reason="pypng is not installed: pip install -e '.[test]'")
+resvg_py = pytest.importorskip("resvg_py", reason="resvg-py is not installed: pip install -e '.[test]'")
 
 SVG_RECT = "{http://www.w3.org/2000/svg}rect"
 WIDTH = 64

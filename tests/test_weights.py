@@ -187,13 +187,13 @@ def test_cuda_seeded_model_equals_cpu(dtype, monkeypatch):
     W.init_random_weights(cpu, 7)
     gpu = CausalLM(cfg, TPGroup(device=torch.device("cuda")), dtype)
     devices = []
-    real = W.init_tensor
+    real = W._fill  # where every seeded element is generated, into the tensor it is handed
 
-    def spy(seed, name, shape, device=torch.device("cpu"), **kw):
-        devices.append(torch.device(device).type)
-        return real(seed, name, shape, device, **kw)
+    def spy(out, *args, **kw):
+        devices.append(out.device.type)
+        return real(out, *args, **kw)
 
-    monkeypatch.setattr(W, "init_tensor", spy)
+    monkeypatch.setattr(W, "_fill", spy)
     W.init_random_weights(gpu, 7)
     assert devices and set(devices) == {"cuda"}  # generated on the GPU, not copied from the CPU
     p_cpu, p_gpu = dict(cpu.named_parameters()), dict(gpu.named_parameters())
