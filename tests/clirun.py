@@ -88,15 +88,16 @@ class CliServer:
 SERVER = CliServer()
 
 
-def run_cli(*args, cwd: Path = ROOT, timeout_s: float = RUN_TIMEOUT_S) -> Run:
-    """`python -m tpsim ARGS` in `cwd`, as a fork of the CLI server (a new session, killed with its
-    children after `timeout_s`); its status and CPU time (it and the ranks it reaped) from wait4."""
+def run_cli(*args, cwd: Path = ROOT, timeout_s: float = RUN_TIMEOUT_S, env: dict[str, str] | None = None) -> Run:
+    """`python -m tpsim ARGS` in `cwd` with `env` (default cli_env()), as a fork of the CLI server (a
+    new session, killed with its children after `timeout_s`); its status and CPU time (it and the
+    ranks it reaped) from wait4."""
     argv = [str(a) for a in args]
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tpsim-run-") as out, socket.socket(socket.AF_UNIX) as conn:
         conn.connect(SERVER.socket_path())
         paths = {"stdout": os.path.join(out, "stdout"), "stderr": os.path.join(out, "stderr")}
-        conn.sendall(json.dumps({"argv": argv, "cwd": str(cwd), "env": cli_env(), **paths}).encode() + b"\n")
+        conn.sendall(json.dumps({"argv": argv, "cwd": str(cwd), "env": env or cli_env(), **paths}).encode() + b"\n")
         replies = conn.makefile("rb")
         pid = json.loads(replies.readline())["pid"]
         fired = threading.Event()

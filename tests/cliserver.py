@@ -17,58 +17,16 @@ What the fork cannot give a run is a fresh import: a test of what happens while 
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import signal
 import socket
 import sys
-import tempfile
-import traceback
 from pathlib import Path
 
-
-def _exit_code(e: SystemExit) -> int:
-    """What the interpreter exits with for SystemExit(e.code)."""
-    if e.code is None:
-        return 0
-    if isinstance(e.code, int):
-        return e.code
-    print(e.code, file=sys.stderr)
-    return 1
-
-
-def _run(request: dict) -> None:
-    """In the forked child: become `python -m tpsim ARGV`, run, exit. Never returns."""
-    os.setsid()
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    tempfile.tempdir = None  # TMPDIR as this run has it
-    fd_in = os.open(os.devnull, os.O_RDONLY)
-    fd_out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    fd_err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
-        os.dup2(fd, target)
-        os.close(fd)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
-        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
-                      else signal.SIG_IGN if sig == signal.SIGPIPE else signal.SIG_DFL)
-    import tpsim.__main__ as entry
-    sys.argv = [entry.__file__, *request["argv"]]
-    try:
-        code = entry.main()
-    except SystemExit as e:
-        code = _exit_code(e)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    try:
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code or 0)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tpsim.parallel.deathsig import die_with_parent  # noqa: E402  (standard library only)
+from tpsim.run import forked  # noqa: E402  (no torch)
 
 
 def _runner(conn: socket.socket) -> None:
@@ -78,7 +36,8 @@ def _runner(conn: socket.socket) -> None:
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _run(request)
+        os.setsid()  # a process group of its own, which the client kills on its timeout
+        forked.become(request["argv"], request["cwd"], request["env"], request["stdout"], request["stderr"])
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status, usage = os.wait4(pid, 0)
     conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status),
@@ -88,7 +47,6 @@ def _runner(conn: socket.socket) -> None:
 
 
 def serve(path: str) -> None:
-    from tpsim.parallel.deathsig import die_with_parent
     die_with_parent(os.getppid())  # the test session gone: so is the server
     import tpsim.cli  # noqa: F401  (the point: everything the CLI imports, once)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners reap themselves
@@ -111,5 +69,4 @@ def serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     serve(sys.argv[1])

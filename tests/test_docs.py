@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import ROOT, cli_env
+from clirun import ROOT, cli_env, run_cli
 
 README = ROOT / "README.md"
 README_MAX_LINES = 250
@@ -86,9 +86,7 @@ def argv_env(cmd: str) -> tuple[list[str], dict[str, str]]:
         name, _, value = words.pop(0).partition("=")
         env[name] = value
     assert words, f"no command in {cmd!r}"
-    if words[0] == "tpsim":
-        words[:1] = [sys.executable, "-m", "tpsim"]
-    elif words[0] == "python":
+    if words[0] == "python":
         words[0] = sys.executable
     return words, env
 
@@ -103,8 +101,11 @@ def run_block(cmds: tuple[str, ...], scratch: str) -> tuple[tuple[str, int, str]
     out = []
     for i, cmd in enumerate(cmds):
         argv, env = argv_env(cmd.replace("/tmp/", scratch + "/"))
-        r = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=RUN_TIMEOUT_S)
+        if argv[0] == "tpsim":  # a fork of the CLI server: what `python -m tpsim` runs, its import paid once
+            r = run_cli(*argv[1:], env=env, timeout_s=RUN_TIMEOUT_S)
+        else:
+            r = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=RUN_TIMEOUT_S)
         out.append((cmd, r.returncode, (r.stdout + r.stderr).replace(scratch + "/", "/tmp/")))
         if r.returncode != 0 and i < len(cmds) - 1:
             break

@@ -12,10 +12,23 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-_probe = Console()
 WIDTH = 100  # what a table may take (a pipe gets this width too)
-stdout = Console(highlight=False, width=min(_probe.width, WIDTH) if _probe.is_terminal else WIDTH)
-stderr = Console(stderr=True, highlight=False)
+
+
+def _consoles() -> tuple[Console, Console]:
+    """(stdout, stderr) as this process's streams and environment are now (terminal, width, colour)."""
+    probe = Console()
+    return (Console(highlight=False, width=min(probe.width, WIDTH) if probe.is_terminal else WIDTH),
+            Console(stderr=True, highlight=False))
+
+
+stdout, stderr = _consoles()
+
+
+def reopen() -> None:
+    """Consoles for streams that changed under this process (a forked command's: tpsim.run.forked)."""
+    global stdout, stderr
+    stdout, stderr = _consoles()
 
 
 class ProgressLine:

@@ -4,11 +4,14 @@
 - `forward_sweep_job`: seconds per forward (and in its all-reduces) per token count at a TP degree
   (`tpsim.bench.scaling.tp_table`);
 - `allreduce_job`: the all-reduce sweep (benchmarks/allreduce.py);
-- `cuda_capture_job`: a capture on CUDA ranks with TF32 off (tests/test_gpu.py).
+- `cuda_capture_job`: a capture on CUDA ranks with TF32 off (tests/test_gpu.py);
+- `phased_job`: any job, with the time spent in named functions of its module (benchmarks/startup.py).
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
 
 import torch
@@ -204,3 +207,29 @@ def cuda_capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_i
     return {"rank": ctx.rank, "group_rank": group.rank, "device": str(capture.device), "capture": capture.cpu(),
             "logits_finite": bool(torch.isfinite(logits).all()), "routing": picked,
             "all_reduces": sum(r.op == "all_reduce" for r in records)}
+
+
+def phased_job(ctx: RankContext, job, functions: list[str], **kwargs) -> tuple[object, dict[str, float]]:
+    """(job's result, {name: seconds spent in it}) for functions of the job's module the job calls
+    by name: each is wrapped in a timer for the one run (no profiler: its overhead would be timed)."""
+    module = sys.modules[job.__module__]
+    spent = dict.fromkeys(functions, 0.0)
+    saved = {name: getattr(module, name) for name in functions}
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return run
+
+    for name, fn in saved.items():
+        setattr(module, name, timed(name, fn))
+    try:
+        return job(ctx, **kwargs), spent
+    finally:
+        for name, fn in saved.items():
+            setattr(module, name, fn)

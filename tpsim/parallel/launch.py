@@ -301,7 +301,8 @@ class RankPool:
             on_progress(f"starting {world} {backend} rank{'s' if world > 1 else ''}")
         self.closed = False
         try:
-            self._collect("starting", extra_s=60)  # a fork server imports torch first: slow on a busy machine
+            # a fork server's first pool waits for it to import torch: seconds, a minute on a busy machine
+            self._collect("starting", extra_s=60 if self.start is StartMethod.FORKSERVER else 0)
         except BaseException:
             self.kill()
             raise

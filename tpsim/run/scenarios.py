@@ -11,6 +11,7 @@ the scenario's reason) and `expect` (more substrings it must print, e.g. the fix
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import yaml
 
 from tpsim.config import BUILTIN_CONFIGS
 from tpsim.errors import UsageError
+from tpsim.run import forked
 
 SCENARIOS = BUILTIN_CONFIGS / "scenarios"
 
@@ -121,7 +123,8 @@ def load(name: str, where: Path = SCENARIOS) -> Scenario:
 
 
 def run(spec: Scenario, echo=None) -> Outcome:
-    """Run every command of `spec` as `python -m tpsim` in a fresh directory; `echo(text)`
+    """Run every command of `spec` as `python -m tpsim` (a fork of this process where safe) in a
+    fresh directory; `echo(text)`
     hears each command line and its output."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tpsim-scenario-") as tmp:
@@ -129,23 +132,34 @@ def run(spec: Scenario, echo=None) -> Outcome:
         for i, argv in enumerate(commands):
             if echo:
                 echo(f"$ tpsim {shlex.join(argv)}")
-            p = subprocess.run([sys.executable, "-m", "tpsim", *argv], cwd=tmp, capture_output=True, text=True)
-            text = p.stdout + p.stderr
+            code, text = _run_step(argv, tmp)
             if echo:
                 echo(text.rstrip("\n"))
-            if i < len(commands) - 1 and p.returncode != 0:
-                return Outcome(spec, False, f"step {i + 1} exited {p.returncode}: {_last_line(text)}",
-                               p.returncode, time.monotonic() - start, text)
+            if i < len(commands) - 1 and code != 0:
+                return Outcome(spec, False, f"step {i + 1} exited {code}: {_last_line(text)}",
+                               code, time.monotonic() - start, text)
         expected = spec.expected(tmp)
         missing = [e for e in expected if e not in text]
-        if p.returncode != spec.expect_exit:
-            why = f"exit {p.returncode}, expected {spec.expect_exit}: {_last_line(text)}"
+        if code != spec.expect_exit:
+            why = f"exit {code}, expected {spec.expect_exit}: {_last_line(text)}"
         elif missing:
             why = f"the output lacks {missing[0]!r}"
         else:
             why = next(line.strip() for line in text.splitlines() if expected[0] in line)
-        caught = p.returncode == spec.expect_exit and not missing
-        return Outcome(spec, caught, why, p.returncode, time.monotonic() - start, text)
+        caught = code == spec.expect_exit and not missing
+        return Outcome(spec, caught, why, code, time.monotonic() - start, text)
+
+
+def _run_step(argv: list[str], cwd: str) -> tuple[int, str]:
+    """(exit status, stdout + stderr) of `python -m tpsim ARGV` in `cwd`: a fork of this process where
+    that is safe (tpsim.run.forked: no second import of torch), else a new interpreter."""
+    if not forked.can_fork():
+        p = subprocess.run([sys.executable, "-m", "tpsim", *argv], cwd=cwd, capture_output=True, text=True)
+        return p.returncode, p.stdout + p.stderr
+    with tempfile.TemporaryDirectory(prefix="tpsim-step-") as out:
+        paths = [Path(out, "stdout"), Path(out, "stderr")]
+        ended = forked.run(argv, cwd, dict(os.environ), *paths)
+        return ended.status, "".join(p.read_text(errors="replace") for p in paths)
 
 
 def _last_line(text: str) -> str:
