@@ -2,7 +2,9 @@
 at TP 1,2,4,8 (what `make check` runs), against a bare `python -c "import torch"` timed beside it.
 
 Whole commands, each a fresh process (median of --repeats): `python -c "import torch"`,
-`python -c "import tpsim.cli"`, `tpsim check`, `make check` (the venv already built); the first
+`python -c "import tpsim.cli"`, `tpsim check` (ranks forked from the launcher), the same with
+TPSIM_RANK_START=forkserver (ranks forked from a fork server that imports torch and tpsim once),
+`make check` (the venv already built); the first
 `tpsim check` after dropping the page cache (cold; when this user may write
 /proc/sys/vm/drop_caches) and warm. Then one launcher in this process runs the same check in
 phases, --repeats times: the spec (argument parsing, config, validation), the ranks (fork +
@@ -66,7 +68,9 @@ def commands(repeats: int, cold: bool) -> dict:
     cmds = {"python -c 'import torch'": [py, "-c", "import torch"],
             "python -c 'import tpsim.cli'": [py, "-c", "import tpsim.cli"],
             "tpsim check": [tpsim, *CHECK],
+            "TPSIM_RANK_START=forkserver tpsim check": [tpsim, *CHECK],
             "make check": ["make", "-s", "check", f"VENV={Path(sys.executable).parent.parent}"]}
+    envs = {k: {**env, "TPSIM_RANK_START": "forkserver"} if k.startswith("TPSIM_RANK_START") else env for k in cmds}
     out = {}
     if cold:
         out["tpsim check (cold: page cache dropped)"] = {"runs": [wall([tpsim, *CHECK], env)]
@@ -75,7 +79,7 @@ def commands(repeats: int, cold: bool) -> dict:
     wall([tpsim, *CHECK], env)  # warm the page cache
     for _ in range(repeats):
         for k, cmd in cmds.items():
-            runs[k].append(wall(cmd, env))
+            runs[k].append(wall(cmd, envs[k]))
     out.update({k: {"runs": v} for k, v in runs.items()})
     for v in out.values():
         v["median"] = statistics.median(v["runs"]) if v["runs"] else None

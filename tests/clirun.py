@@ -41,6 +41,7 @@ class Run:
     cpu_s: float  # user + system of the CLI process and the ranks it reaped
     timed_out: bool = False
     cwd: Path = ROOT
+    pid: int = 0  # the run's process id: its session and process group too (every rank it started is in them)
 
     def __str__(self) -> str:  # what a failing assert shows
         return (f"tpsim {' '.join(self.argv)} -> exit {self.returncode} in {self.seconds:.1f} s "
@@ -110,7 +111,7 @@ def run_cli(*args, cwd: Path = ROOT, timeout_s: float = RUN_TIMEOUT_S, env: dict
             replies.close()
         stdout, stderr = (Path(paths[k]).read_bytes() for k in ("stdout", "stderr"))
     return Run(argv, end["status"], stdout.decode(errors="replace"), stderr.decode(errors="replace"),
-               time.monotonic() - t0, end["cpu_s"], fired.is_set(), Path(cwd))
+               time.monotonic() - t0, end["cpu_s"], fired.is_set(), Path(cwd), pid)
 
 
 def run_clis(argvs: dict, workers: int = 2) -> dict:

@@ -625,9 +625,7 @@ def env_runs(tmp_path_factory):
     def run(key):
         name, command = key
         cwd = tmp_path_factory.mktemp(f"env-{name}-{command}")
-        r = subprocess.run([sys.executable, "-m", "tpsim", *ENV_COMMANDS[command]], cwd=cwd,
-                           env={**cli_env(), **ENV_CASES[name][0]}, capture_output=True, text=True, timeout=120)
-        return r, cwd
+        return run_cli(*ENV_COMMANDS[command], cwd=cwd, env={**cli_env(), **ENV_CASES[name][0]}, timeout_s=120), cwd
     keys = [(n, c) for n in ENV_CASES for c in ENV_COMMANDS]
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip(keys, pool.map(run, keys)))

@@ -9,8 +9,6 @@ the head's gather an all-reduce whatever the MLP's padding). Under `--dp-local-t
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from hypothesis import strategies as st
 from strategies import boundary_positions, config_dicts, token_ids
 from test_modes import reference
 from test_properties import TINY
+from clirun import run_cli
 from tpsim.capture import Position
 from tpsim.config import config_from_dict
 from tpsim.model import split_sizes
@@ -117,8 +116,7 @@ def test_dp_gather_modes_compute_tp1_and_run_their_formula(rank_pool, c):
 def test_check_cli_passes_in_each_dp_setting(argv):
     """`tpsim check --mode dp-attention` end to end in the settings the default run does not take
     (check compares the trace with the formula and each rank with its TP=1 replica)."""
-    r = subprocess.run([sys.executable, "-m", "tpsim", "check", "--tp", "1,2", "--seq-len", "7", "--mode",
-                        "dp-attention", *argv], capture_output=True, text=True, timeout=300)
+    r = run_cli("check", "--tp", "1,2", "--seq-len", "7", "--mode", "dp-attention", *argv, timeout_s=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1].startswith("PASS: "), r.stdout
 

@@ -7,8 +7,6 @@ token-sharded one)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +15,7 @@ from hypothesis import strategies as st
 
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
+from clirun import run_cli
 from tpsim.capture import Position
 from tpsim.capture.points import Taps
 from tpsim.capture.recorder import GATHERED_AFTER_3, UNCLONED
@@ -183,8 +182,7 @@ def test_check_mode_cli_passes_right_and_names_placement_for_naive():
     """`tpsim check --mode ar-fusion`: the right strategy passes at a decode-sized batch, the
     model-level one fails naming Partial(sum), and passes again above --fusion-max-tokens."""
     def check(*extra):
-        return subprocess.run([sys.executable, "-m", "tpsim", "check", "--tp", "1,2", "--mode", "ar-fusion", *extra],
-                              capture_output=True, text=True, timeout=300)
+        return run_cli("check", "--tp", "1,2", "--mode", "ar-fusion", *extra, timeout_s=300)
     ok = check()
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = check("--strategy", "model-level")
@@ -199,8 +197,7 @@ def test_check_cli_passes_in_each_mode(mode, argv):
     """`tpsim check --mode M` end to end for the modes whose branches of check_job and the report
     only the in-process mode job exercised (feeding the dp-attention TP=1 reference every token
     instead of the rank's own made `check --mode dp-attention --tp 1,2` exit 3 and the suite pass)."""
-    r = subprocess.run([sys.executable, "-m", "tpsim", "check", "--tp", "1,2", "--seq-len", "7", "--mode", mode, *argv],
-                       capture_output=True, text=True, timeout=300)
+    r = run_cli("check", "--tp", "1,2", "--seq-len", "7", "--mode", mode, *argv, timeout_s=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1].startswith("PASS: "), r.stdout
     assert f"mode {mode}, capture strategy {STRATEGIES[mode][0]}" in r.stdout, r.stdout

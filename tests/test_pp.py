@@ -7,8 +7,6 @@ every lost slot. Plus the layer split of each engine, and the CLI."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -175,8 +173,7 @@ def test_pp_bad_input_is_one_line_exit_2():
         assert_one_line_error(runs[k], words)
     env = {**cli_env(), "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "1"}
-    r = subprocess.run([sys.executable, "-m", "tpsim", "check", "--pp", "2", "--tp", "1"], env=env, cwd=os.getcwd(),
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli("check", "--pp", "2", "--tp", "1", env=env, cwd=os.getcwd(), timeout_s=120)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == ("tpsim: error: under torchrun --pp 2 x --tp 1 = 2 ranks, but the world has 4; "
                                 "launch 2 ranks or use --tp 2"), r.stderr

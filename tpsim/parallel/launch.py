@@ -14,6 +14,7 @@ picklable.
 from __future__ import annotations
 
 import enum
+import multiprocessing
 import os
 import queue
 import shutil
@@ -173,6 +174,11 @@ def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, 
     os.environ.clear()
     os.environ.update(env)  # the launcher's environment now, not the fork server's when it started
     torch.set_num_threads(1)
+    # multiprocessing's own files (the socket a tensor's storage is shared through) go under the
+    # rendezvous directory, which the launcher removes even when it has to kill this rank
+    mp_dir = os.path.join(os.path.dirname(init_file), f"rank{rank}")
+    os.makedirs(mp_dir, exist_ok=True)
+    multiprocessing.current_process()._config["tempdir"] = mp_dir
     faults.install(slot)
     try:
         faults.doing("starting up (joining the process group)")
