@@ -68,7 +68,10 @@ def test_the_expert_places_group_rows_stably_and_invert(N, E, seed):
     assert torch.equal(order[back], torch.arange(N)) and torch.equal(back[order], torch.arange(N))
 
 
-@settings(max_examples=3, deadline=None)
+# Each draw is a new token count, and a region is one graph per token count and dtype: ~7 s of inductor
+# compile per region and dtype on 2 cores with a cold cache (a draw ~15 s, the first ~45 s). So one draw
+# beside the two examples, which are kept for what they found or first compile.
+@settings(max_examples=1, deadline=None)
 @given(T=st.integers(3, 40), seed=st.integers(0, 2 ** 16))
 @example(T=17, seed=0)
 @example(T=3, seed=33624)
