@@ -11,7 +11,7 @@ phases, --repeats times: the spec (argument parsing, config, validation), the ra
 rendezvous + process groups), the job on the ranks (on rank 0 by function: the run agreed on,
 weights seeded, forwards, comparisons), the report (summarize + print), the pool closed.
 
-    .venv/bin/python benchmarks/startup.py [--repeats 5] [--out benchmarks/results/startup-cpu.json]
+    .venv/bin/python benchmarks/startup.py [--repeats 5] [--baseline DIR] [--out benchmarks/results/startup-cpu.json]
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=5, help="runs of each command and of the in-process phases")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "startup-cpu.json"))
     ap.add_argument("--no-cold", action="store_true", help="skip the cold run (it drops the page cache)")
+    ap.add_argument("--baseline", metavar="DIR", help="a checkout of an earlier tpsim: its `tpsim check` (PYTHONPATH=DIR) "
+                                                      "is timed beside this one's, interleaved")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -60,7 +62,7 @@ def drop_page_cache() -> bool:
         return False
 
 
-def commands(repeats: int, cold: bool) -> dict:
+def commands(repeats: int, cold: bool, baseline: str | None) -> dict:
     """{name: {"runs": [...], "median": s}} for the whole commands, interleaved so that load drifts
     alike over all of them."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -71,6 +73,10 @@ def commands(repeats: int, cold: bool) -> dict:
             "TPSIM_RANK_START=forkserver tpsim check": [tpsim, *CHECK],
             "make check": ["make", "-s", "check", f"VENV={Path(sys.executable).parent.parent}"]}
     envs = {k: {**env, "TPSIM_RANK_START": "forkserver"} if k.startswith("TPSIM_RANK_START") else env for k in cmds}
+    if baseline:
+        key = f"tpsim check @ {git_head(baseline)} (--baseline)"
+        cmds[key] = [py, "-m", "tpsim", *CHECK]
+        envs[key] = {**env, "PYTHONPATH": str(Path(baseline).resolve())}
     out = {}
     if cold:
         out["tpsim check (cold: page cache dropped)"] = {"runs": [wall([tpsim, *CHECK], env)]
@@ -84,6 +90,11 @@ def commands(repeats: int, cold: bool) -> dict:
     for v in out.values():
         v["median"] = statistics.median(v["runs"]) if v["runs"] else None
     return out
+
+
+def git_head(where: str) -> str:
+    r = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or where
 
 
 RANK0_PHASES = {  # time in these functions of tpsim.run.jobs on rank 0, inside check_job
@@ -137,7 +148,7 @@ def main(argv=None) -> int:
     from tpsim import ui
     from tpsim.files.atomic import write_json
 
-    whole = commands(args.repeats, not args.no_cold)
+    whole = commands(args.repeats, not args.no_cold, args.baseline)
     parts = phases(args.repeats)
     torch_s = whole["python -c 'import torch'"]["median"]
     check_s = whole["tpsim check"]["median"]
@@ -151,6 +162,7 @@ def main(argv=None) -> int:
     print(f"tpsim check / python -c 'import torch' = {ratio:.2f} (target <= 4); make check {fmt(whole['make check']['median'])} "
           "(target < 8 s)")
     result = {"benchmark": "startup", "command": "tpsim " + " ".join(CHECK) + " (tiny, TP 1,2,4,8)",
+              "tpsim": git_head(str(ROOT)),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
               "cpus": os.cpu_count(), "python": platform.python_version(), "torch": __import__("torch").__version__,
               "load_average_at_end": os.getloadavg(), "repeats": args.repeats, "commands": whole, "phases": parts,
