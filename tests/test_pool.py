@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
 import pytest
 
 from tpsim.errors import RankError
-from tpsim.parallel.launch import RankPool
+from tpsim.errors import UsageError
+from tpsim.parallel.launch import START_ENV, RankPool, StartMethod, start_method
 from tpsim.capture import resolve
 from tpsim.config import load_config
 from tpsim.run.spec import ModelSource, RunSpec, model_path
-from tpsim.testing.jobs import (RUN_CHANGES, disagree_job, fault_job, mismatch_job, report_job, run_disagree_job,
-                                slow_job)
+from tpsim.testing.jobs import (RUN_CHANGES, disagree_job, fault_job, mismatch_job, rank_facts_job, report_job,
+                                run_disagree_job, slow_job)
 
 
+@pytest.mark.parametrize("start", list(StartMethod), ids=lambda m: m.value)
 @pytest.mark.parametrize("how,message", [("raise", "rank 1 failed while running fault_job: RuntimeError"),
                                          ("die", "rank 1 died (exit code 7) while running fault_job")])
-def test_a_failing_rank_brings_the_pool_down_with_its_name(how, message):
-    pool = RankPool(3, timeout_s=20)
+def test_a_failing_rank_brings_the_pool_down_with_its_name(how, message, start):
+    pool = RankPool(3, timeout_s=20, start=start)
     start = time.monotonic()
     with pytest.raises(RankError, match=message.replace("(", r"\(").replace(")", r"\)")):
         pool.run(fault_job, rank=1, how=how)
@@ -68,7 +72,6 @@ def test_the_stall_watchdog_counts_silence_not_total_time():
 ])
 def test_ranks_that_disagree_stop_before_any_forward(rank_pool, field, from_rank, expect):
     """A real all_gather of each rank's hashes; every rank raises, none hangs."""
-    from tpsim.errors import UsageError
     start = time.monotonic()
     with pytest.raises(UsageError, match=expect):
         rank_pool.run(disagree_job, field=field, from_rank=from_rank)
@@ -94,10 +97,47 @@ def test_a_collective_mismatch_is_an_error_not_an_abort(case, expect):
 def test_every_field_of_a_run_is_agreed_on(rank_pool, field):
     """agree_on_run compares every field of the run, each named in the refusal (dropping `input ids`
     from it passed the whole suite: agree() was only tested with its own fields)."""
-    from tpsim.errors import UsageError
     cfg = load_config(model_path("tiny"))
     spec = RunSpec(ModelSource("tiny", cfg), 0, "float32", tuple(range(5)),
                    tuple(resolve("sglang", None, cfg.num_hidden_layers).positions))
     with pytest.raises(UsageError, match=rf"the ranks disagree on {field} \(rank 0 \w+; ranks 1-7 \w+\)"):
         rank_pool.run(run_disagree_job, spec=spec, field=field, from_rank=1)
     assert rank_pool.run(run_disagree_job, spec=spec, field=field, from_rank=8) == {r: "ran" for r in range(8)}
+
+
+@pytest.mark.parametrize("start", list(StartMethod), ids=lambda m: m.value)
+def test_every_start_method_gives_its_ranks_the_same_guarantees(start, monkeypatch):
+    """Forked from the launcher or from the fork server: each rank has the launcher's environment as it
+    is when the pool starts (not the fork server's, started with the first pool), dies with its
+    parent (SIGKILL), carries its rank in its name, has SIGTERM's default handler (not the CLI's, a
+    fork inherits it) and one torch thread."""
+    for value in ("first pool", "second pool"):
+        monkeypatch.setenv("TPSIM_TEST_VALUE", value)
+        with RankPool(2, timeout_s=20, start=start) as pool:
+            facts = pool.run(rank_facts_job, name="TPSIM_TEST_VALUE")
+            procs = pool._procs
+        assert [facts[r]["comm"] for r in (0, 1)] == ["tpsim rank 0", "tpsim rank 1"]
+        for f in facts.values():
+            assert f["env"] == value and f["death_signal"] == signal.SIGKILL and f["sigterm_default"], f
+            assert f["torch_threads"] == 1, f
+        assert all(not p.is_alive() for p in procs)
+
+
+def test_the_start_method_is_fork_only_where_a_fork_is_safe(monkeypatch):
+    monkeypatch.delenv(START_ENV, raising=False)
+    alone = threading.active_count() == 1  # this test process, unless an earlier test left a thread running
+    assert start_method("cpu") is (StartMethod.FORK if alone else StartMethod.FORKSERVER)
+    assert start_method("cuda") is StartMethod.FORKSERVER
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert start_method("cpu") is StartMethod.FORKSERVER  # another thread could hold a lock across the fork
+    finally:
+        stop.set()
+        other.join()
+    monkeypatch.setenv(START_ENV, "forkserver")
+    assert start_method("cpu") is StartMethod.FORKSERVER
+    monkeypatch.setenv(START_ENV, "spawn")
+    with pytest.raises(UsageError, match=f"{START_ENV}='spawn' is not one of fork, forkserver"):
+        start_method("cpu")

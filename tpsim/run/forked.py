@@ -75,6 +75,11 @@ def become(argv: list[str], cwd: str | Path, env: dict[str, str], stdout: str | 
             opened = os.open(path, flags, 0o600)
             os.dup2(opened, fd)
             os.close(opened)
+        # streams on those descriptors, as a new interpreter opens them (the parent's sys.stdout may be
+        # anything: a pipe-safe wrapper, a test runner's capture)
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
+        sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)

@@ -7,7 +7,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -105,10 +109,22 @@ def gqa_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int):
 
 
 def sigint_job(ctx: RankContext) -> dict:
-    """How this rank treats SIGINT: blocked since it started (the launcher's mask at spawn) and ignored."""
-    import signal
+    """How this rank treats SIGINT: blocked since it started (the launcher's mask at the fork) and ignored."""
     return {"blocked": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
             "ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
+
+
+PR_GET_PDEATHSIG = 2
+
+
+def rank_facts_job(ctx: RankContext, name: str) -> dict:
+    """What a started rank is, whatever started it: the launcher's value of environment variable
+    `name`, its name in ps, the signal it gets when its parent dies, its handlers, its threads."""
+    sig = ctypes.c_int(0)
+    ctypes.CDLL("libc.so.6").prctl(PR_GET_PDEATHSIG, ctypes.byref(sig))
+    return {"env": os.environ.get(name), "comm": Path("/proc/self/comm").read_text().strip(),
+            "death_signal": sig.value, "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+            "torch_threads": torch.get_num_threads(), "pid": os.getpid()}
 
 
 def _sabotage(model, how: str, seed: int) -> None:
@@ -155,7 +171,6 @@ def fault_job(ctx: RankContext, rank: int, how: str):
     collective on the world group, as ranks do when a peer fails mid-forward."""
     if ctx.rank == rank:
         if how == "die":
-            import os
             os._exit(7)
         raise RuntimeError(f"injected fault on rank {rank}")
     group = ctx.groups[ctx.world_size]
