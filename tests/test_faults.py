@@ -179,14 +179,15 @@ def test_the_next_run_removes_a_killed_launchers_rendezvous(tmp_path):
     assert _rendezvous(tmp_path) == [live.name]
 
 
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_a_launcher_killed_while_its_ranks_start_leaves_no_process(tmp_path, sig):
-    """The launcher killed while its spawned ranks still import torch: they were re-parented to
-    PID 1 and lived on, blocked on a pipe, because the die-with-parent guard came only with the
-    worker function. It now comes with `import tpsim`, before torch."""
+def test_a_launcher_killed_while_its_ranks_start_leaves_no_process(tmp_path, sig, start):
+    """The launcher killed while its ranks start: spawned ranks still importing torch were re-parented
+    to PID 1 and lived on, blocked on a pipe. A forked rank ties its life to its parent first thing;
+    the fork server does from its first instruction (`import tpsim`, before torch), and its ranks to it."""
     marker = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
-    env.update(TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
+    env.update(TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TPSIM_RANK_START=start)
     env.pop("TPSIM_FAULT", None)
     p = subprocess.Popen([sys.executable, "-m", "tpsim", "capture", "--tp", "4", "--out", str(tmp_path / "c.safetensors")],
                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
