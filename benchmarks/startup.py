@@ -4,10 +4,9 @@ at TP 1,2,4,8 (what `make check` runs), against a bare `python -c "import torch"
 Whole commands, each a fresh process (median of --repeats): `python -c "import torch"`,
 `python -c "import tpsim.cli"`, `tpsim check` (ranks forked from the launcher), the same with
 TPSIM_RANK_START=forkserver (ranks forked from a fork server that imports torch and tpsim once),
-`make check` (the venv already built); the first
-`tpsim check` after dropping the page cache (cold; when this user may write
-/proc/sys/vm/drop_caches) and warm. Then one launcher in this process runs the same check in
-phases, --repeats times: the spec (argument parsing, config, validation), the ranks (fork +
+`make check` (the venv already built); `tpsim check` and `make check` each once right after
+dropping the page cache (cold; when this user may write /proc/sys/vm/drop_caches), then warm.
+Then one launcher in this process runs the same check in phases, --repeats times: the spec (argument parsing, config, validation), the ranks (fork +
 rendezvous + process groups), the job on the ranks (on rank 0 by function: the run agreed on,
 weights seeded, forwards, comparisons), the report (summarize + print), the pool closed.
 
@@ -79,8 +78,8 @@ def commands(repeats: int, cold: bool, baseline: str | None) -> dict:
         envs[key] = {**env, "PYTHONPATH": str(Path(baseline).resolve())}
     out = {}
     if cold:
-        out["tpsim check (cold: page cache dropped)"] = {"runs": [wall([tpsim, *CHECK], env)]
-                                                         if drop_page_cache() else []}
+        for k in ("tpsim check", "make check"):
+            out[f"{k} (cold: page cache dropped)"] = {"runs": [wall(cmds[k], env)] if drop_page_cache() else []}
     runs = {k: [] for k in cmds}
     wall([tpsim, *CHECK], env)  # warm the page cache
     for _ in range(repeats):
