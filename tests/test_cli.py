@@ -1,15 +1,13 @@
-"""The `tpsim` command line, run as a real subprocess (`python -m tpsim ...`).
+"""The `tpsim` command line, run as `python -m tpsim ...` (a fork of the tests' CLI server, clirun).
 
 Contract: exit 0 all good, 1 a property failed, 2 bad input, 3 a rank failed. Bad input is one
 stderr line `tpsim: error: <problem and fix>`, no traceback, nothing on stdout, no file written,
-and it is caught before any rank is spawned.
+and it is caught before any rank is started.
 
-Every subprocess pays a torch import (~1-2 s), and the runs that spawn ranks cost several seconds
-more, so a module-scoped fixture starts every subprocess the selected tests need up front: the
-rank-spawning runs all at once in the background, the quick ones two at a time. Tests then wait on
-their own result. Each invocation runs exactly once, in its own process, shared by the tests that
-read it (the TP=1 and TP=2 captures, for instance).
-"""
+A module-scoped fixture starts every run the selected tests need up front: the runs that start
+ranks all at once in the background, the quick ones two at a time. Tests then wait on their own
+result. Each invocation runs exactly once, shared by the tests that read it (the TP=1 and TP=2
+captures, for instance)."""
 
 from __future__ import annotations
 
@@ -34,16 +32,13 @@ TINY = ROOT / "configs" / "tiny.yaml"
 HIDDEN = 64  # tiny.yaml hidden_size
 ALL_CONVENTIONS = ", ".join(CONVENTIONS)
 
-# Bad input fails in validation, before any rank starts: a torch import and a few checks, about
-# 1.5 s of CPU; a run that spawns even one rank costs at least 2.7 s (the rank imports torch too).
-# The proof that no rank was spawned is the single stderr line (spawning prints "tpsim: starting
-# N gloo ranks" first); the speed bound is on CPU seconds (the process and the children it
-# reaped), not wall time, because this module's subprocesses run concurrently on a machine that
-# may be busy with other work.
-# The bound is relative: `tpsim check --help` (the same imports, no validation) runs in the same pool,
-# under the same load, and a bad input may cost at most BAD_INPUT_EXTRA_CPU_S more than it. A fixed
-# bound failed: importing torch and tpsim alone took 4.1 s on the 2-core machine, and 5.06 s for a bad
-# input while the rank-spawning runs of this module ran beside it (CI, 2026-12-02).
+# Bad input fails in validation, before any rank starts. The proof that no rank was started is the
+# single stderr line (starting prints "tpsim: starting N gloo ranks" first); the cost bound is on CPU
+# seconds (the run and the children it reaped), not wall time, because this module's runs go
+# concurrently on a machine that may be busy with other work. The bound is relative: `tpsim check
+# --help` (the same imports, no validation) runs the same way, under the same load, and a bad input
+# may cost at most BAD_INPUT_EXTRA_CPU_S more than it. (Runs are forks of the tests' CLI server, so
+# neither pays the torch import; a fixed bound that did failed under load in CI, 2026-12-02.)
 BAD_INPUT_EXTRA_CPU_S = 1.5
 # --- configs written next to the runs ------------------------------------------------------
 
