@@ -14,7 +14,7 @@ from tpsim.parallel.launch import START_ENV, RankPool, StartMethod, start_method
 from tpsim.capture import resolve
 from tpsim.config import load_config
 from tpsim.run.spec import ModelSource, RunSpec, model_path
-from tpsim.testing.jobs import (RUN_CHANGES, disagree_job, fault_job, mismatch_job, rank_facts_job, report_job,
+from tpsim.testing.jobs import (RUN_CHANGES, busy_job, disagree_job, fault_job, mismatch_job, rank_facts_job, report_job,
                                 run_disagree_job, slow_job)
 
 
@@ -56,9 +56,12 @@ def test_pool_answers_many_jobs():
 
 def test_the_stall_watchdog_counts_silence_not_total_time():
     """Loading a full-size model takes minutes: a job that keeps reporting progress runs past
-    the watchdog's limit, and a silent one is stopped at it with the rank named."""
+    the watchdog's limit, and so does one that computes without a word (DeepSeek-V3's MoE layer on
+    a busy 2-core machine took over the 65 s limit, and `tpsim explain` was named stalled); a silent
+    idle one is stopped at it with the rank named."""
     with RankPool(2, timeout_s=1, stall_grace_s=1) as pool:  # silence limit: 2 s
         assert pool.run(slow_job, seconds=4, report_every=0.3) == {0: 0, 1: 1}
+        assert pool.run(busy_job, seconds=5) == {0: 0, 1: 1}  # 5 s of CPU each: past the limit, on any machine
         start = time.monotonic()
         with pytest.raises(RankError, match=r"rank 0 stalled while running slow_job \(silent for 2 s\)"):
             pool.run(slow_job, seconds=30, report_every=None)

@@ -256,6 +256,10 @@ def _alive(pid: int) -> bool:
 # own collective timeouts (which name the root cause) to arrive first, short enough that at TP=1,
 # where no collective can time out, --timeout still bounds the wait.
 STALL_GRACE_S = 5.0
+# A rank that used this much CPU in a silence window is working, not stalled (a SIGSTOPped rank, or
+# one blocked on a pipe or a lock, uses none; one waiting in a gloo collective next to nothing).
+WORKING_CPU_S = 1.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class RankPool:
@@ -316,9 +320,11 @@ class RankPool:
     def _collect(self, doing: str, extra_s: float = 0.0) -> dict:
         got: dict[int, object] = {}
         # The collective timeout fires first; this catches a rank stuck elsewhere. It counts
-        # silence: every progress message (weights report every few seconds) restarts it.
+        # silence: every progress message (weights report every few seconds) restarts it, and so
+        # does a rank that is computing (a long forward on a busy machine says nothing for minutes).
         limit = self.timeout_s + self.stall_grace_s + extra_s
         deadline = time.monotonic() + limit
+        cpu = self._cpu_seconds()
         while len(got) < self.world:
             try:
                 kind, rank, payload = self._results.get(timeout=0.2)
@@ -330,13 +336,17 @@ class RankPool:
                     raise RankError(f"rank {dead} {self._death(dead)} while {doing}{what}")
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.world)) - set(got))
+                    now = self._cpu_seconds()
+                    if any(now.get(r, 0.0) - cpu.get(r, 0.0) >= WORKING_CPU_S for r in missing):
+                        deadline, cpu = time.monotonic() + limit, now
+                        continue
                     what = self._what(missing[0])
                     self.kill()
                     raise RankError(f"rank {missing[0]} stalled while {doing}{what} "
                                     f"(silent for {limit:.0f} s)")
                 continue
             if kind == "progress":
-                deadline = time.monotonic() + limit
+                deadline, cpu = time.monotonic() + limit, self._cpu_seconds()
                 if self.on_progress:
                     self.on_progress(payload)
             elif kind == "usage":
@@ -347,6 +357,18 @@ class RankPool:
             else:
                 got[rank] = payload
         return got
+
+    def _cpu_seconds(self) -> dict[int, float]:
+        """{rank: CPU seconds its process has used} (Linux /proc; {} elsewhere, where only progress
+        messages restart the watchdog)."""
+        out = {}
+        for r, p in enumerate(self._procs):
+            try:
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rpartition(")")[2].split()
+            except (OSError, TypeError):
+                continue
+            out[r] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+        return out
 
     def _what(self, rank: int) -> str:
         """", during all_reduce in model.layers.2..." (nothing when the rank was just running the job)."""

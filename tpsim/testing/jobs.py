@@ -220,6 +220,16 @@ def slow_job(ctx: RankContext, seconds: float, report_every: float | None):
     return ctx.rank
 
 
+def busy_job(ctx: RankContext, seconds: float):
+    """Compute for `seconds` of this rank's CPU time without a word or a collective (a long forward)."""
+    import time
+    end = time.process_time() + seconds
+    x = torch.ones(64, 64)
+    while time.process_time() < end:
+        x = (x @ x).clamp_(-1, 1)
+    return ctx.rank
+
+
 def disagree_job(ctx: RankContext, field: str, from_rank: int):
     """Ranks >= from_rank start with a different `field` (as a torchrun rank given other
     arguments would); the consistency check must stop every rank before any forward."""
