@@ -24,7 +24,7 @@ check: $(VENV)/.installed
 	$(VENV)/bin/tpsim check
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/capture_overhead.py

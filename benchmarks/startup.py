@@ -74,7 +74,7 @@ def commands(repeats: int, cold: bool, baseline: str | None) -> dict:
     envs = {k: {**env, "TPSIM_RANK_START": "forkserver"} if k.startswith("TPSIM_RANK_START") else env for k in cmds}
     if baseline:
         key = f"tpsim check @ {git_head(baseline)} (--baseline)"
-        cmds[key] = [py, "-m", "tpsim", *CHECK]
+        cmds[key] = [baseline_python(), "-m", "tpsim", *CHECK]
         envs[key] = {**env, "PYTHONPATH": str(Path(baseline).resolve())}
     out = {}
     if cold:
@@ -89,6 +89,20 @@ def commands(repeats: int, cold: bool, baseline: str | None) -> dict:
     for v in out.values():
         v["median"] = statistics.median(v["runs"]) if v["runs"] else None
     return out
+
+
+def baseline_python() -> str:
+    """A venv that sees this one's packages (torch, ...) but not its editable tpsim, whose import hook
+    would win over PYTHONPATH: the packages directory is added as a plain path, its .pth files unread."""
+    import sysconfig
+    import tempfile
+    venv = Path(tempfile.mkdtemp(prefix="tpsim-baseline-venv-"))
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return str(py)
 
 
 def git_head(where: str) -> str:
