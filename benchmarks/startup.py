@@ -46,7 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def wall(cmd: list[str], env: dict) -> float:
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the baseline runs in its own checkout: `python -m` puts the working directory first on the path
+    r = subprocess.run(cmd, cwd=env.get("PYTHONPATH", ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"startup.py: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()[-400:]}")
     return time.monotonic() - t0
