@@ -7,12 +7,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from clirun import cli_env
 from tpsim.run import forked
@@ -24,21 +25,31 @@ def run(argv, cwd: Path, env: dict | None = None) -> tuple[forked.Ended, str, st
     return ended, out.read_text(), err.read_text()
 
 
-@pytest.fixture
-def cwd(tmp_path) -> Path:
-    d = tmp_path / "cwd"
-    d.mkdir()
-    return d
-
-
 def alone() -> bool:
     """can_fork(), once threads an earlier test just finished with (a cancelled Timer) have ended."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 5
     while threading.active_count() > 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     return forked.can_fork()
 
 
+def forking(test):
+    """Run `test(cwd)` in this process when it may fork; in a fresh interpreter when an earlier test of
+    this worker left a thread running (transformers' loaders leave a thread pool and tqdm's monitor)."""
+    def run(tmp_path):
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        if alone():
+            return test(cwd)
+        code = (f"import sys, pathlib; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_forked; "
+                f"test_forked.{test.__name__}.body(pathlib.Path({str(cwd)!r}))")
+        r = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    run.__name__, run.__doc__, run.body = test.__name__, test.__doc__, test
+    return run
+
+
+@forking
 def test_a_forked_command_prints_exits_and_writes_as_the_command_does(cwd):
     assert alone(), threading.enumerate()
     ended, out, err = run(["resolve", "--convention", "specforge", "--layers", "1,29,57", "--num-layers", "61"], cwd)
@@ -50,6 +61,7 @@ def test_a_forked_command_prints_exits_and_writes_as_the_command_does(cwd):
     assert ended.status == 0 and out.splitlines()[-1].startswith("PASS: "), (out, err)
 
 
+@forking
 def test_bad_input_and_the_environment_reach_the_run(cwd):
     assert alone(), threading.enumerate()
     ended, out, err = run(["check", "--tp", "0"], cwd)
@@ -59,16 +71,17 @@ def test_bad_input_and_the_environment_reach_the_run(cwd):
     assert not any(cwd.iterdir())
 
 
-def test_the_parents_exit_handlers_and_temporary_directories_stay_the_parents(cwd, tmp_path):
+@forking
+def test_the_parents_exit_handlers_and_temporary_directories_stay_the_parents(cwd):
     """A fork inherits the parent's atexit handlers and the finalizers of its TemporaryDirectory
     objects: run at the fork's exit they removed the parent's directories (the scenario runner's
     own, in the first version) and stopped the test session's CLI server."""
     assert alone(), threading.enumerate()
-    mark = tmp_path / "handler-ran"
+    mark = cwd.parent / "handler-ran"
     handler = lambda: mark.write_text(str(os.getpid()))  # noqa: E731
     atexit.register(handler)
     try:
-        with tempfile.TemporaryDirectory(dir=tmp_path) as mine:
+        with tempfile.TemporaryDirectory(dir=cwd.parent) as mine:
             ended, out, err = run(["profiles"], cwd)
             assert ended.status == 0, err
             assert Path(mine).is_dir()

@@ -256,9 +256,10 @@ def _alive(pid: int) -> bool:
 # own collective timeouts (which name the root cause) to arrive first, short enough that at TP=1,
 # where no collective can time out, --timeout still bounds the wait.
 STALL_GRACE_S = 5.0
-# A rank that used this much CPU in a silence window is working, not stalled (a SIGSTOPped rank, or
-# one blocked on a pipe or a lock, uses none; one waiting in a gloo collective next to nothing).
-WORKING_CPU_S = 1.0
+# A rank that used this share of a silence window's time on a CPU is working, not stalled (a
+# SIGSTOPped rank, or one blocked on a pipe or a lock, uses none; one waiting in a gloo collective
+# next to nothing; a working one on a machine busy with other work still gets far more than this).
+WORKING_CPU_SHARE = 0.05
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -337,7 +338,7 @@ class RankPool:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.world)) - set(got))
                     now = self._cpu_seconds()
-                    if any(now.get(r, 0.0) - cpu.get(r, 0.0) >= WORKING_CPU_S for r in missing):
+                    if any(now.get(r, 0.0) - cpu.get(r, 0.0) >= WORKING_CPU_SHARE * limit for r in missing):
                         deadline, cpu = time.monotonic() + limit, now
                         continue
                     what = self._what(missing[0])
