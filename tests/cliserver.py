@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tpsim.parallel.deathsig import die_with_parent  # noqa: E402  (standard library only)
-from tpsim.run import forked  # noqa: E402  (no torch)
 
 
 def _runner(conn: socket.socket) -> None:
@@ -37,7 +36,8 @@ def _runner(conn: socket.socket) -> None:
     if pid == 0:
         conn.close()
         os.setsid()  # a process group of its own, which the client kills on its timeout
-        forked.become(request["argv"], request["cwd"], request["env"], request["stdout"], request["stderr"])
+        from tpsim.run.forked import become  # imported by serve() with the CLI: no cost here
+        become(request["argv"], request["cwd"], request["env"], request["stdout"], request["stderr"])
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status, usage = os.wait4(pid, 0)
     conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status),
@@ -47,7 +47,7 @@ def _runner(conn: socket.socket) -> None:
 
 
 def serve(path: str) -> None:
-    die_with_parent(os.getppid())  # the test session gone: so is the server
+    die_with_parent(os.getppid())  # the test session gone: so is the server (before torch's import)
     import tpsim.cli  # noqa: F401  (the point: everything the CLI imports, once)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners reap themselves
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -137,11 +137,16 @@ class StartMethod(enum.Enum):
 START_ENV = "TPSIM_RANK_START"  # fork or forkserver: overrides start_method's choice
 
 
+def can_fork() -> bool:
+    """Whether a fork of this process is a faithful copy: Linux, no other Python thread (one could
+    hold a lock the child then waits on forever: a stream's, logging's), no CUDA context (a child
+    cannot use its parent's). Idle OpenMP workers are harmless: a rank runs with one intra-op thread
+    and never enters their pool."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1 and not torch.cuda.is_initialized()
+
+
 def start_method(device: str) -> StartMethod:
-    """FORK where it is safe: Linux, CPU ranks, no CUDA context in the launcher, no other Python
-    thread (one could hold a lock the child then waits on forever: a stream's, logging's). Idle
-    OpenMP workers are harmless: a rank runs with one intra-op thread and never enters their pool.
-    FORKSERVER elsewhere. TPSIM_RANK_START chooses."""
+    """FORK where a fork is safe (can_fork) for CPU ranks; FORKSERVER elsewhere. TPSIM_RANK_START chooses."""
     env = os.environ.get(START_ENV)
     if env:
         try:
@@ -149,9 +154,7 @@ def start_method(device: str) -> StartMethod:
         except ValueError:
             raise UsageError(f"{START_ENV}={env!r} is not one of fork, forkserver; fix it or unset {START_ENV}") \
                 from None
-    forkable = (sys.platform.startswith("linux") and device == "cpu" and threading.active_count() == 1
-                and not torch.cuda.is_initialized())
-    return StartMethod.FORK if forkable else StartMethod.FORKSERVER
+    return StartMethod.FORK if device == "cpu" and can_fork() else StartMethod.FORKSERVER
 
 
 def rank_context(start: StartMethod):
@@ -452,7 +455,6 @@ class RankPool:
         for p in self._procs:
             p.join(timeout=5)
         self._results.close()
-        self._results.join_thread()
         self._cleanup()
 
     def close(self) -> None:

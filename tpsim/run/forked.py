@@ -12,27 +12,19 @@ import runpy
 import signal
 import sys
 import tempfile
-import threading
 import traceback
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from tpsim import ui
+from tpsim.parallel.launch import can_fork  # noqa: F401  (callers ask it before run())
 
 
 @dataclass(frozen=True)
 class Ended:
     status: int  # as subprocess gives it: the exit code, or -N for signal N
     cpu_s: float  # user + system of the run and the ranks it reaped
-
-
-def can_fork() -> bool:
-    """Where a fork is a faithful copy: Linux, no other Python thread (one could hold a lock the
-    child then waits on forever), no CUDA context (a child cannot use its parent's)."""
-    cuda = sys.modules.get("torch.cuda")
-    return (sys.platform.startswith("linux") and threading.active_count() == 1
-            and not (cuda is not None and cuda.is_initialized()))
 
 
 def _exit_code(e: SystemExit) -> int:
