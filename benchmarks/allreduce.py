@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tpsim import ui  # noqa: E402
+from tpsim.base import ui  # noqa: E402
 from tpsim.bench.jobs import allreduce_job  # noqa: E402
-from tpsim.errors import RankError, UsageError  # noqa: E402
-from tpsim.files.atomic import write_json  # noqa: E402
+from tpsim.base.errors import RankError, UsageError  # noqa: E402
+from tpsim.base.atomic import write_json  # noqa: E402
 from tpsim.parallel import launch, torchrun  # noqa: E402  (launch's import turns NVLink multicast off: launch.MULTICAST_OFF)
 
 NVLS_ENV = tuple(launch.MULTICAST_OFF)

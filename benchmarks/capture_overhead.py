@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from tpsim import ui
+from tpsim.base import ui
 from tpsim.bench.jobs import overhead_job
 from tpsim.capture import CONVENTIONS, resolve
-from tpsim.config import load_config
-from tpsim.errors import UsageError
-from tpsim.files.atomic import write_json
+from tpsim.config.loader import load_config
+from tpsim.base.errors import UsageError
+from tpsim.base.atomic import write_json
 from tpsim.parallel.launch import RankPool
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@
 One run builds, on one device, tpsim at TP=1 (`TPGroup(device=...)`, no process group) and
 transformers' `DeepseekV2ForCausalLM` (V3 for a V3 config; `attn_implementation="sdpa"`, its
 default experts implementation) holding the same seeded weights: each Hugging Face checkpoint
-tensor is generated once by `tpsim.weights.init_tensor` and copied into both models (no
+tensor is generated once by `tpsim.weights.seeded.init_tensor` and copied into both models (no
 checkpoint written). Then, per token count (one sequence each), it times:
 
 - `tpsim+capture`: `model(ids, recorder=Recorder(positions))` + `recorder.concat()`, the sglang
@@ -11,7 +11,7 @@ checkpoint written). Then, per token count (one sequence each), it times:
 - `tpsim`: `model(ids)` (logits included);
 - `transformers`: `model(input_ids=ids[None], output_hidden_states=True, use_cache=False)`;
 - `tpsim+capture graph` (CUDA, up to `--graph-max-tokens` tokens): the first variant captured once
-  as a CUDA graph (`tpsim.cuda_graph.GraphedForward`) and replayed; the 8-token target uses it.
+  as a CUDA graph (`tpsim.capture.graphs.GraphedForward`) and replayed; the 8-token target uses it.
 
 All under `torch.inference_mode()`. Timing: `--warmup` untimed calls of each variant, then
 `--repeats` rounds, each running every variant once, the order reversed every other round
@@ -83,14 +83,14 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .`
 
 import torch  # noqa: E402
 
-from tpsim import ui  # noqa: E402
+from tpsim.base import ui  # noqa: E402
 from tpsim.bench.flops import FLOP_FORMULA, active_params, forward_flops, tp_all_reduces  # noqa: E402
 from tpsim.bench.hf import build_models, hf_unsupported  # noqa: E402
 from tpsim.bench.scaling import tp_table  # noqa: E402
 from tpsim.capture import Recorder, resolve  # noqa: E402
-from tpsim.config import ModelConfig, load_config, with_overrides  # noqa: E402
-from tpsim.errors import UsageError  # noqa: E402
-from tpsim.files.atomic import write_json  # noqa: E402
+from tpsim.config.loader import ModelConfig, load_config, with_overrides  # noqa: E402
+from tpsim.base.errors import UsageError  # noqa: E402
+from tpsim.base.atomic import write_json  # noqa: E402
 from tpsim.layers import fused  # noqa: E402
 from tpsim.run.jobs import DTYPES  # noqa: E402
 from tpsim.run.spec import input_ids_for  # noqa: E402
@@ -622,7 +622,7 @@ def main(argv=None) -> int:
             sync(device)
             result.setdefault("compile_s", {})[str(T)] = time.perf_counter() - t1
         if cuda and T <= args.graph_max_tokens:  # the decode/verify regime: launch-bound, replay a CUDA graph
-            from tpsim.cuda_graph import GraphedForward
+            from tpsim.capture.graphs import GraphedForward
             with torch.inference_mode():
                 graphed = GraphedForward(model, T, positions)
             fns["tpsim+capture graph"] = lambda: graphed(ids)

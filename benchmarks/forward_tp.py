@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .`
 import torch  # noqa: E402
 
 from benchmarks.forward import add_model_args, environment, int_list, load_model_config, resolve_device  # noqa: E402
-from tpsim import ui  # noqa: E402
+from tpsim.base import ui  # noqa: E402
 from tpsim.bench.scaling import tp_table  # noqa: E402
-from tpsim.errors import RankError, UsageError  # noqa: E402
-from tpsim.files.atomic import write_json  # noqa: E402
+from tpsim.base.errors import RankError, UsageError  # noqa: E402
+from tpsim.base.atomic import write_json  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -25,11 +25,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tpsim import ui  # noqa: E402
+from tpsim.base import ui  # noqa: E402
 from tpsim.capture import resolve  # noqa: E402
-from tpsim.config import load_config, with_overrides  # noqa: E402
-from tpsim.files.atomic import write_json  # noqa: E402
-from tpsim.model import shard_bytes  # noqa: E402
+from tpsim.config.loader import load_config, with_overrides  # noqa: E402
+from tpsim.base.atomic import write_json  # noqa: E402
+from tpsim.model.decoder import shard_bytes  # noqa: E402
 from tpsim.parallel import TPGroup  # noqa: E402
 from tpsim.run.jobs import build_model, run_captured  # noqa: E402
 from tpsim.run.spec import input_ids_for  # noqa: E402

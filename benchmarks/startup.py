@@ -127,7 +127,7 @@ def phases(repeats: int) -> dict:
     from tpsim.cli.options import run_spec, tp_degrees
     from tpsim.parallel.launch import RankPool
     from tpsim.run.jobs import check_job
-    from tpsim.run.report import summarize
+    from tpsim.app.report import summarize
 
     got = {k: [] for k in ("spec: parse, config, validate", "ranks: fork + rendezvous + groups", "job on the ranks",
                            *RANK0_PHASES, "report: summarize + print", "close the pool")}
@@ -159,8 +159,8 @@ def phases(repeats: int) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from tpsim import ui
-    from tpsim.files.atomic import write_json
+    from tpsim.base import ui
+    from tpsim.base.atomic import write_json
 
     whole = commands(args.repeats, not args.no_cold, args.baseline)
     parts = phases(args.repeats)

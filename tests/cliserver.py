@@ -36,7 +36,7 @@ def _runner(conn: socket.socket) -> None:
     if pid == 0:
         conn.close()
         os.setsid()  # a process group of its own, which the client kills on its timeout
-        from tpsim.run.forked import become  # imported by serve() with the CLI: no cost here
+        from tpsim.app.forked import become  # imported by serve() with the CLI: no cost here
         become(request["argv"], request["cwd"], request["env"], request["stdout"], request["stderr"])
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status, usage = os.wait4(pid, 0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from tpsim.errors import RankError
+from tpsim.base.errors import RankError
 from tpsim.parallel.launch import RankPool
 
 torch.set_num_threads(1)  # the in-process TP=1 reference runs the same kernels as a rank

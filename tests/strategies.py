@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from tpsim.capture import Position, resolve
-from tpsim.config import config_from_dict
+from tpsim.config.loader import config_from_dict
 
 TP_DEGREES = [1, 2, 4, 8]
 

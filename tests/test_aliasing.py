@@ -22,7 +22,7 @@ from clirun import run_cli
 from strategies import forward_cases
 from test_properties import TINY
 from tpsim.capture import Position
-from tpsim.config import config_from_dict
+from tpsim.config.loader import config_from_dict
 from tpsim.modes import Mode
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import build_model, rel_err, run_captured_parts

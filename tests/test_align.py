@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 from strategies import ID_RANGES
 from clirun import assert_one_line_error, run_clis
-from tpsim.capture.align import align, make_side, read_draft_config
+from tpsim.offline.align import align, make_side, read_draft_config
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
-from tpsim.profiles.sides import align_profiles, side_from_config
+from tpsim.offline.sides import align_profiles, side_from_config
 from tpsim.capture import Position, ids_for, resolve
 from tpsim.cli import run_command
-from tpsim.run.scenarios import load
-from tpsim.errors import UsageError
+from tpsim.app.scenarios import load
+from tpsim.base.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "configs" / "scenarios").glob("align-*.yaml"))

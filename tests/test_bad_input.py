@@ -558,7 +558,7 @@ def fuzz_dir(tmp_path_factory, clean_env):
 
 def test_in_process_capture_sees_rich_output(clean_env):
     """The fuzz's capture works: rich's stdout console (tables) writes into redirect_stdout."""
-    from tpsim.ui import table
+    from tpsim.base.ui import table
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         table(["a"], [["rich-cell"]])

@@ -17,9 +17,9 @@ from tpsim.bench.flops import active_params, forward_flops, tp_all_reduces
 from tpsim.bench.hf import build_models
 from tpsim.bench.jobs import allreduce_job, forward_sweep_job, overhead_job
 from tpsim.capture import Recorder, resolve
-from tpsim.checkpoint import expected_tensors
-from tpsim.config import load_config, with_overrides
-from tpsim.errors import UsageError
+from tpsim.weights.reader import expected_tensors
+from tpsim.config.loader import load_config, with_overrides
+from tpsim.base.errors import UsageError
 from tpsim.run.jobs import build_model, rel_err
 from tpsim.parallel import TPGroup
 from tpsim.parallel.launch import RankPool

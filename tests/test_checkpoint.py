@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 
 from strategies import TP_DEGREES, config_dicts
 from clirun import assert_one_line_error, run_cli
-from tpsim.checkpoint import Checkpoint, expected_tensors, validate
-from tpsim.checkpoint.export import export_checkpoint
-from tpsim.checkpoint.fp8 import dequantize, quantize
-from tpsim.config import config_from_dict, load_config, with_overrides
-from tpsim.errors import UsageError
+from tpsim.weights.reader import Checkpoint, expected_tensors, validate
+from tpsim.weights.export import export_checkpoint
+from tpsim.weights.fp8 import dequantize, quantize
+from tpsim.config.loader import config_from_dict, load_config, with_overrides
+from tpsim.base.errors import UsageError
 from tpsim.testing.jobs import load_job, model_job
 
 ROOT = Path(__file__).resolve().parents[1]

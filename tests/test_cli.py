@@ -25,8 +25,8 @@ import tpsim
 from clirun import RUN_TIMEOUT_S, ROOT, Run, assert_one_line_error, run_cli
 from tpsim.capture import CONVENTIONS
 from tpsim.cli.options import DEFAULT_TP
-from tpsim.files.safetensors import tensor_sha256
-from tpsim.config import load_config
+from tpsim.base.safetensors import tensor_sha256
+from tpsim.config.loader import load_config
 
 TINY = ROOT / "configs" / "tiny.yaml"
 HIDDEN = 64  # tiny.yaml hidden_size

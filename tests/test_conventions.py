@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from strategies import ID_RANGES
 from tpsim.capture import Position, default_ids, ids_for, resolve
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 LOOP_ORDER = {"sglang", "sglang-boundary", "vllm", "eagle"}  # capture ascending, each position once
 DEFAULT_CONVENTIONS = ["sglang", "sglang-boundary", "vllm", "specforge", "eagle"]

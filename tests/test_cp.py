@@ -18,9 +18,9 @@ from conftest import Pool
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position
-from tpsim.capture.diagnosis import diagnose_tensors
-from tpsim.config import config_from_dict
-from tpsim.model import split_sizes
+from tpsim.offline.diagnosis import diagnose_tensors
+from tpsim.config.loader import config_from_dict
+from tpsim.model.decoder import split_sizes
 from tpsim.modes import Mode, expected_collectives
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import build_model, rel_err, routing_rows, run_captured_parts

@@ -32,13 +32,13 @@ from safetensors.torch import load_file, save_file
 
 import diagnose_jobs
 from clirun import assert_one_line_error, run_cli, run_clis
-from tpsim.files.safetensors import tensor_sha256
-from tpsim.capture.diagnosis import UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors, match_threshold
-from tpsim.files.capture_read import read_rank_files
-from tpsim.files.dumps import DumpKind
-from tpsim.files.reference import read_reference
+from tpsim.base.safetensors import tensor_sha256
+from tpsim.offline.diagnosis import UNEXPLAINED, calc_diff, diagnose_files, diagnose_tensors, match_threshold
+from tpsim.offline.capture_read import read_rank_files
+from tpsim.offline.dumps import DumpKind
+from tpsim.offline.reference import read_reference
 from tpsim.parallel.placement import P, R, S0, S1
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

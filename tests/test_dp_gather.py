@@ -20,11 +20,11 @@ from test_modes import reference
 from test_properties import TINY
 from clirun import run_cli
 from tpsim.capture import Position
-from tpsim.config import config_from_dict
-from tpsim.model import split_sizes
+from tpsim.config.loader import config_from_dict
+from tpsim.model.decoder import split_sizes
 from tpsim.modes import DpLocalTokens, DpPadding, Mode, expected_collectives
 from tpsim.run.jobs import check_job, rel_err
-from tpsim.run.report import model_collectives, summarize
+from tpsim.app.report import model_collectives, summarize
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.testing.jobs import mode_job
 

@@ -22,7 +22,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from test_parity import check_parity, hf_reference, positions_for, randomize
-from tpsim.config import load_config
+from tpsim.config.loader import load_config
 from tpsim.run.jobs import rel_err
 from tpsim.testing.jobs import model_job
 
@@ -154,8 +154,8 @@ def test_transformers_loads_an_export(tmp_path, name):
     """`tpsim export` of each family writes what transformers' from_pretrained reads (Qwen3-MoE's
     `num_experts` by the Hub's name), and transformers then computes tpsim's seeded model."""
     from tpsim.capture import Position
-    from tpsim.checkpoint.export import export_checkpoint
-    from tpsim.config import with_overrides
+    from tpsim.weights.export import export_checkpoint
+    from tpsim.config.loader import with_overrides
     from tpsim.parallel import TPGroup
     from tpsim.run.jobs import build_model, run_captured
     cfg = with_overrides(load_config(CONFIGS / f"{name}.yaml"), ["num_hidden_layers=3"])
@@ -178,7 +178,7 @@ def test_bench_builds_transformers_beside_tpsim(name):
     """benchmarks/forward.py's pairing (tpsim.bench.hf.build_models) holds for the GQA families:
     the same seeded weights in both, the same logits."""
     from tpsim.bench.hf import build_models
-    from tpsim.config import with_overrides
+    from tpsim.config.loader import with_overrides
     cfg = with_overrides(load_config(CONFIGS / f"{name}.yaml"), ["num_hidden_layers=2"])
     ours, hf = build_models(cfg, 5, "float32", torch.device("cpu"))
     ids = torch.tensor([7, 3, 99, 1, 0, 42])
@@ -229,9 +229,9 @@ def test_gpt_oss_mxfp4_checkpoint_reads_as_its_dequantized_weights(rank_pool, tm
 
     from safetensors.torch import load_file, save_file
 
-    from tpsim.checkpoint.export import export_checkpoint
-    from tpsim.checkpoint.mxfp4 import dequantize, quantize
-    from tpsim.config import with_overrides
+    from tpsim.weights.export import export_checkpoint
+    from tpsim.weights.mxfp4 import dequantize, quantize
+    from tpsim.config.loader import with_overrides
     cfg = with_overrides(load_config(CONFIGS / "tiny-gpt-oss.yaml"), ["num_hidden_layers=2"])
     plain, packed = tmp_path / "plain", tmp_path / "mxfp4"
     export_checkpoint(cfg, 3, plain, "float32", 10**9)

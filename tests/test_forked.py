@@ -1,4 +1,4 @@
-"""tpsim.run.forked: `python -m tpsim ARGS` as a fork of this process behaves as the new interpreter
+"""tpsim.app.forked: `python -m tpsim ARGS` as a fork of this process behaves as the new interpreter
 would (`tpsim scenario` runs its steps this way, the tests' CLI server too), and leaves this
 process's own state alone: its temporary directories, its exit handlers, its children."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 from clirun import cli_env
-from tpsim.run import forked
+from tpsim.app import forked
 
 
 def run(argv, cwd: Path, env: dict | None = None) -> tuple[forked.Ended, str, str]:

@@ -17,11 +17,11 @@ from safetensors.torch import load_file
 
 from clirun import assert_one_line_error, run_cli
 from test_checkpoint import export, fp8_pair
-from tpsim.config import load_config
+from tpsim.config.loader import load_config
 from tpsim.layers.fp8 import FP8_MAX, BlockFp8, act_quant, linear, quantize
-from tpsim.model import CausalLM, shard_bytes
+from tpsim.model.decoder import CausalLM, shard_bytes
 from tpsim.parallel.group import TPGroup
-from tpsim.weights import init_random_weights
+from tpsim.weights.seeded import init_random_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 QCFG = "quantization_config:\n  quant_method: fp8\n  fmt: e4m3\n  weight_block_size: [{b}, {b}]\n"
@@ -189,7 +189,7 @@ def test_cuda_block_scaled_gemm_is_the_blockwise_sum(T, kb, nb, seed, dtype):
        data=st.data())
 @example(n=20, m=33, bo=16, bi=16, data=None)
 def test_a_checkpoint_part_is_that_part_of_the_whole_dequantized_weight(n, m, bo, bi, data):
-    from tpsim.checkpoint.fp8 import Fp8Source, dequantize
+    from tpsim.weights.fp8 import Fp8Source, dequantize
     q, scale = quantize(torch.randn(n, m, generator=torch.Generator().manual_seed(n * 41 + m)), (bo, bi))
     src, whole = Fp8Source(q, scale, (bo, bi), (n, m)), dequantize(q, scale, (bo, bi))
     if data is None:

@@ -1,4 +1,4 @@
-"""GPT-OSS building blocks (tpsim.layers.gptoss, tpsim.checkpoint.mxfp4) against transformers 5.24:
+"""GPT-OSS building blocks (tpsim.layers.gptoss, tpsim.weights.mxfp4) against transformers 5.24:
 the MoE block on real gloo ranks equals `GptOssMLP` at every TP degree (and under EP), sink
 attention on each rank's heads equals `eager_attention_forward` with the sliding-window mask,
 and the MXFP4 dequantizer equals `convert_moe_packed_tensors`, whole and sliced."""
@@ -10,12 +10,12 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from strategies import TP_DEGREES
-from tpsim.checkpoint.mxfp4 import Mxfp4Source, dequantize, quantize
+from tpsim.weights.mxfp4 import Mxfp4Source, dequantize, quantize
 from tpsim.layers.gptoss import GptOssExperts, GptOssMoE, GptOssMoEShape
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import rel_err
 from tpsim.testing.jobs import gptoss_moe_job, layer_input, sink_attention_job
-from tpsim.weights import init_tensor
+from tpsim.weights.seeded import init_tensor
 
 PREFIX = "model.layers.0.mlp"
 

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from strategies import captures
 from tpsim.bench.jobs import cuda_capture_job
 from tpsim.capture import Recorder, resolve
-from tpsim.config import load_config, with_overrides
+from tpsim.config.loader import load_config, with_overrides
 from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, rel_err
 from tpsim.run.spec import input_ids_for
 from tpsim.parallel import TPGroup
@@ -192,9 +192,9 @@ def forward_without_host_sync(model, ids: list[int]):
 
 
 def test_cuda_graph_replay_is_the_eager_forward(v2_lite_2_layers):
-    """tpsim.cuda_graph: the replayed graph gives the eager forward's capture and logits bit for
+    """tpsim.capture.graphs: the replayed graph gives the eager forward's capture and logits bit for
     bit, for new ids copied into it each time."""
-    from tpsim.cuda_graph import GraphedForward
+    from tpsim.capture.graphs import GraphedForward
     cfg, model = v2_lite_2_layers
     positions = list(resolve("hf", [0, 1, 2], 2).positions)
     with torch.inference_mode():
@@ -213,7 +213,7 @@ def test_real_cuda_graphs_freeze_the_capture_set_of_the_start_up_order(v2_lite_2
     positions set when the graph was captured (the configured ones, the defaults, or nothing),
     bitwise what an eager forward with those positions captures; the eager batch the configured."""
     from tpsim.capture.graphs import CaptureSet, GraphRunner
-    from tpsim.cuda_graph import GraphedForward
+    from tpsim.capture.graphs import GraphedForward
     from tpsim.profiles.profile import GraphIds
     from tpsim.run.graphs import start
     cfg, model = v2_lite_2_layers

@@ -15,7 +15,7 @@ from tpsim.layers import GQA, AttentionShape
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import rel_err
 from tpsim.testing.jobs import gqa_job, layer_input
-from tpsim.weights import init_tensor
+from tpsim.weights.seeded import init_tensor
 
 PREFIX = "model.layers.0.self_attn"
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

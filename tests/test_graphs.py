@@ -14,7 +14,7 @@ from clirun import run_cli
 from strategies import forward_cases
 from test_properties import TINY
 from tpsim.capture import Position
-from tpsim.config import config_from_dict
+from tpsim.config.loader import config_from_dict
 from tpsim.profiles.profile import GraphIds
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from clirun import ROOT, cli_env, run_cli
 from tpsim.cli import build_parser, run_command
 from tpsim.cli.options import DEFAULT_TP, TP_RULE
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 PARSER = build_parser()
 COMMANDS = {name: p for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)
@@ -289,7 +289,7 @@ def test_an_unsupported_model_type_is_named_with_the_supported_ones(tmp_path, mo
 
 
 def test_scenario_list_cuts_descriptions_at_a_word():
-    from tpsim.run.scenarios import available, load
+    from tpsim.app.scenarios import available, load
     r = run_cli("scenario", "--list")
     for line, name in zip(r.stdout.splitlines(), available()):
         shown = line.split(None, 1)[1]

@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from strategies import TP_DEGREES, config_dicts
 from clirun import cli_env, run_cli
-from tpsim.files.atomic import atomic_write
+from tpsim.base.atomic import atomic_write
 from tpsim.capture.points import Tap
-from tpsim.files.capture import rank_dump_path, write_capture, write_rank_dumps
-from tpsim.checkpoint.export import export_checkpoint
-from tpsim.config import config_from_dict, load_config, with_overrides
-from tpsim.model import shard_bytes
+from tpsim.capture.files import rank_dump_path, write_capture, write_rank_dumps
+from tpsim.weights.export import export_checkpoint
+from tpsim.config.loader import config_from_dict, load_config, with_overrides
+from tpsim.model.decoder import shard_bytes
 from tpsim.parallel.placement import R
-from tpsim.files.verify import verify_file
+from tpsim.offline.verify import verify_file
 from tpsim.testing.jobs import param_bytes_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_moe_layer_count_matches_the_per_layer_rule():
     the per-rank estimate equals a whole meta-device model's parameters."""
     import itertools
 
-    from tpsim.model import CausalLM
+    from tpsim.model.decoder import CausalLM
     from tpsim.parallel import TPGroup
     base = load_config(ROOT / "configs/tiny.yaml")
     for L, first, freq in itertools.product(range(1, 9), range(0, 9), range(1, 4)):

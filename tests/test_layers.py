@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 import reference as R
 from strategies import TP_DEGREES, config_dicts
-from tpsim.config import config_from_dict
+from tpsim.config.loader import config_from_dict
 from tpsim.run.jobs import rel_err
 from tpsim.parallel import TPGroup
 from tpsim.testing.jobs import embedding_ids, layer_input, make_layer
-from tpsim.weights import init_tensor, weight_specs
+from tpsim.weights.seeded import init_tensor, weight_specs
 from tpsim.testing.jobs import layer_job
 
 # kind -> (placement of the output on each rank, collectives per forward at tp > 1)

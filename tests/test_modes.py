@@ -19,10 +19,10 @@ from clirun import run_cli
 from tpsim.capture import Position
 from tpsim.capture.points import Taps
 from tpsim.capture.recorder import GATHERED_AFTER_3, UNCLONED
-from tpsim.config import config_from_dict
-from tpsim.capture.diagnosis import diagnose_tensors
+from tpsim.config.loader import config_from_dict
+from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.run.jobs import build_model, rel_err, routing_rows, run_captured
-from tpsim.model import split_sizes
+from tpsim.model.decoder import split_sizes
 from tpsim.modes import STRATEGIES, Mode, expected_collectives
 from tpsim.parallel import TPGroup
 from tpsim.testing.jobs import mode_job

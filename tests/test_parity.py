@@ -33,8 +33,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tpsim.config import load_config
-from tpsim.errors import UsageError
+from tpsim.config.loader import load_config
+from tpsim.base.errors import UsageError
 from tpsim.run.jobs import rel_err
 from tpsim.testing.jobs import model_job
 
@@ -194,7 +194,7 @@ def test_exception_v2_ignores_norm_topk_prob(rank_pool, tmp_path):
 def test_exception_moe_layer_freq(tmp_path):
     """IGNORES_MOE_LAYER_FREQ: transformers saves experts in layer 1 of a moe_layer_freq=2
     model; the engines (and tpsim) expect a dense MLP there, and tpsim says which tensor."""
-    from tpsim.checkpoint import Checkpoint, validate
+    from tpsim.weights.reader import Checkpoint, validate
     save_hf(hf_config(moe_layer_freq=2, first_k_dense_replace=0), 6, tmp_path)
     with pytest.raises(UsageError, match=r"model\.layers\.1\.mlp\.gate_proj\.weight is missing"):
         validate(Checkpoint(tmp_path), load_config(tmp_path))
@@ -244,8 +244,8 @@ def test_transformers_loads_an_export(tmp_path, over):
     """`tpsim export` writes what transformers' from_pretrained reads, and transformers then
     computes tpsim's seeded model (TP=1 in process; the TP degrees agree by the main property)."""
     from tpsim.capture import Position
-    from tpsim.checkpoint.export import export_checkpoint
-    from tpsim.config import with_overrides
+    from tpsim.weights.export import export_checkpoint
+    from tpsim.config.loader import with_overrides
     from tpsim.run.jobs import build_model, run_captured
     from tpsim.parallel import TPGroup
     from pathlib import Path

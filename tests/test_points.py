@@ -22,8 +22,8 @@ from strategies import TP_DEGREES, config_dicts
 from clirun import run_cli
 from tpsim.capture.points import catalogue
 from tpsim.parallel.placement import P, R, S1
-from tpsim.config import config_from_dict
-from tpsim.capture.diagnosis import diagnose_tensors
+from tpsim.config.loader import config_from_dict
+from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.run.jobs import rel_err
 from tpsim.run.jobs import points_job
 from tpsim.run.spec import ModelSource, RunSpec

@@ -16,11 +16,11 @@ from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.capture.pipeline import Handoff, stage_of
-from tpsim.config import config_from_dict
+from tpsim.config.loader import config_from_dict
 from tpsim.parallel.pipeline import Split, stages
 from tpsim.run.pipeline import Pipeline, stage_collectives
 from tpsim.run.pp_jobs import pp_check_job
-from tpsim.run.report import model_collectives, pp_row
+from tpsim.app.report import model_collectives, pp_row
 from tpsim.run.spec import ModelSource, RunSpec
 
 WORLD = 8  # the rank pool's (conftest)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from clirun import assert_one_line_error, run_cli
 from tpsim.capture import Position
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
 from tpsim.profiles.profile import EmbedId, Gpu, Numbering, Order, Served

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from reference import reference_capture
 from strategies import TP_DEGREES, captures, config_dicts
 from tpsim.capture import resolve
-from tpsim.config import config_from_dict, load_config
+from tpsim.config.loader import config_from_dict, load_config
 from tpsim.run.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured
 from tpsim.parallel import TPGroup
-from tpsim.weights import init_tensor, weight_specs
+from tpsim.weights.seeded import init_tensor, weight_specs
 from tpsim.testing.jobs import model_job
 
 FP32_TOL = 1e-5  # ‖Δ‖/‖ref‖, float32

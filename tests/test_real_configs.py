@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tpsim.checkpoint import expected_tensors
-from tpsim.config import load_config, with_overrides
+from tpsim.weights.reader import expected_tensors
+from tpsim.config.loader import load_config, with_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tpsim.capture import Recorder, resolve
 from tpsim.capture.points import Taps
-from tpsim.config import load_config, with_overrides
+from tpsim.config.loader import load_config, with_overrides
 from tpsim.layers import fused
 from tpsim.layers.attention import MLA
 from tpsim.layers.moe import MoE

@@ -1,4 +1,4 @@
-"""check's verdict (tpsim.run.report) over drawn rank results: the relative errors against TP=1
+"""check's verdict (tpsim.app.report) over drawn rank results: the relative errors against TP=1
 decide PASS/FAIL by the stated tolerance even when the ranks are identical and finite.
 
 Guards against the mutation that removed the `rel <= tol` failure and still printed PASS with a
@@ -13,10 +13,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tpsim.capture import Position, resolve
-from tpsim.config import load_config
+from tpsim.config.loader import load_config
 from tpsim.modes import Mode, expected_collectives
 from tpsim.run.jobs import NEAR_TIE, comparable_rows, judge_flips
-from tpsim.run.report import summarize
+from tpsim.app.report import summarize
 from tpsim.run.results import RankCheck
 from tpsim.run.spec import TOLERANCE, ModelSource, RunSpec, model_path
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from clirun import run_cli
-from tpsim.run.scenarios import BUG_CLASSES, Scenario, available, load, run
+from tpsim.app.scenarios import BUG_CLASSES, Scenario, available, load, run
 
 # the issue that filed the scenarios asks for at least this many, over at least this many classes
 MIN_SCENARIOS, MIN_CLASSES = 22, 20

@@ -24,11 +24,11 @@ from clirun import run_cli
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position
-from tpsim.config import config_from_dict
+from tpsim.config.loader import config_from_dict
 from tpsim.modes import MICRO_BATCHES, Mode, expected_collectives
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured_parts
-from tpsim.run.report import summarize
+from tpsim.app.report import summarize
 from tpsim.run.results import RankCheck
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.testing.jobs import tbo_job

@@ -1,4 +1,4 @@
-"""Seeded weights (tpsim/weights.py): the counter-based generator is deterministic, independent
+"""Seeded weights (tpsim/weights/seeded.py): the counter-based generator is deterministic, independent
 across names and seeds, chunking-free, matches its pure-Python reference, has the intended
 distribution and per-name scaling, and gives the same bits on CUDA as on the CPU (`-m gpu`)."""
 
@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpsim import weights as W
-from tpsim.config import load_config
-from tpsim.model import CausalLM
+from tpsim.weights.seeded import seeded as W
+from tpsim.config.loader import load_config
+from tpsim.model.decoder import CausalLM
 from tpsim.parallel.group import TPGroup
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,12 +9,12 @@ import time
 
 import torch
 
-from tpsim.checkpoint.export import tensor_dtype
-from tpsim.errors import UsageError
-from tpsim.model import CausalLM
+from tpsim.weights.export import tensor_dtype
+from tpsim.base.errors import UsageError
+from tpsim.model.decoder import CausalLM
 from tpsim.parallel.group import TPGroup
 from tpsim.run.jobs import DTYPES
-from tpsim.weights import init_tensor, weight_specs
+from tpsim.weights.seeded import init_tensor, weight_specs
 
 
 def strict_fp32() -> None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from tpsim.bench.hf import strict_fp32
 from tpsim.capture import Position, Recorder
-from tpsim.config import config_from_dict
+from tpsim.config.loader import config_from_dict
 from tpsim.layers import fused
 from tpsim.parallel.launch import RankContext
 from tpsim.run.jobs import DTYPES, build_model, routing_rows, run_captured

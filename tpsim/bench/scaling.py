@@ -10,7 +10,7 @@ import torch
 
 from tpsim.bench.flops import tp_all_reduces
 from tpsim.bench.jobs import forward_sweep_job
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.parallel.launch import RankPool, default_backend
 
 

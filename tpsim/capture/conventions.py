@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpsim.capture.positions import Position
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 CONVENTIONS = ("sglang", "sglang-boundary", "vllm", "specforge", "output-of", "hf", "eagle")
 

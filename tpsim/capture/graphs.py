@@ -4,7 +4,7 @@ so the positions a graphed batch captures are the ones set at that moment, whate
 batches that run eagerly).
 
 `CaptureSet` is the engine's live capture set (`layers_to_capture`). `GraphRunner` captures a graph
-per batch size, of the type it is given: on CUDA a real `tpsim.cuda_graph.GraphedForward`, on CPU a
+per batch size, of the type it is given: on CUDA a real `GraphedForward`, on CPU a
 `RecordedGraph` (a CPU forward cannot be recorded, so it replays the forward with the positions
 snapshotted at capture), and runs a batch: a graphed size replays its graph, any other runs eagerly
 with the set as it is now.
@@ -47,6 +47,45 @@ class RecordedGraph:
 
     def __call__(self, ids: torch.Tensor):
         return captured(self.model, ids, self.positions, self.strategy)
+
+
+class GraphedForward:
+    """`model` (TP=1, or NCCL groups: gloo collectives cannot be captured) forward of `num_tokens`
+    tokens with capture of `positions`, as a real CUDA graph: at decode and target-verify sizes a
+    forward is bound by kernel launches and Python; it has no host sync (tests/test_gpu.py checks).
+
+    `g(ids)` copies ids `[num_tokens]` (int64, on the model's GPU) into the graph's input and
+    replays it; it returns (capture `[T, len(positions) * hidden]`, logits `[T, vocab]`), tensors
+    owned by the graph and overwritten by the next replay (clone to keep them).
+    """
+
+    def __init__(self, model, num_tokens: int, positions: list[Position], strategy: str = "model-level",
+                 warmup: int = 3):
+        device = model.group.device
+        if device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        if model.group.size > 1 and model.group.pg is not None and \
+                torch.distributed.get_backend(model.group.pg) != "nccl":
+            raise ValueError("a graph cannot capture gloo collectives: use TP=1 or NCCL")
+        self.model, self.positions, self.strategy = model, list(positions), strategy
+        self.ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph requires
+            for _ in range(warmup):
+                self._forward()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.capture, self.logits = self._forward()
+
+    def _forward(self):
+        return captured(self.model, self.ids, self.positions, self.strategy)
+
+    def __call__(self, ids: torch.Tensor):
+        self.ids.copy_(ids)
+        self.graph.replay()
+        return self.capture, self.logits
 
 
 @dataclass(frozen=True)

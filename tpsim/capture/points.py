@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tpsim.config import ModelConfig
-from tpsim.errors import UsageError
+from tpsim.config.loader import ModelConfig
+from tpsim.base.errors import UsageError
 from tpsim.layers.probe import Lazy, NamedPoint, Sink
-from tpsim.model import CausalLM
+from tpsim.model.decoder import CausalLM
 from tpsim.parallel.placement import Placement
 
 

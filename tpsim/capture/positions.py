@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ import time
 from tpsim import __version__
 from tpsim.cli import align, capture, check, diagnose, explain, export, profiles, resolve, scenario, triage, verify
 from tpsim.cli.parser import Parser
-from tpsim.errors import RankError, UsageError
-from tpsim.parallel import faults
+from tpsim.base.errors import RankError, UsageError
+from tpsim.base import faults
 from tpsim.parallel.torchrun import check_torchrun_env, exit_torchrun_rank, under_torchrun
-from tpsim.run.ranks import dead_local_peers, is_reporting_process
-from tpsim.ui import PipeSafe
+from tpsim.app.ranks import dead_local_peers, is_reporting_process
+from tpsim.base.ui import PipeSafe
 
 DESCRIPTION = """\
 tpsim: which tensor a tensor-parallel engine captures for an EAGLE-3 draft model. It runs a TP

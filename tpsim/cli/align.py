@@ -1,5 +1,5 @@
 """`tpsim align`: does the trainer of an EAGLE-3 draft capture the same residual-stream positions,
-in the same slot order, as the server that runs it? (tpsim.capture.align compares; this module
+in the same slot order, as the server that runs it? (tpsim.offline.align compares; this module
 reads the options, runs the model when --model is given, and prints.)
 
 Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
@@ -12,23 +12,23 @@ import argparse
 import torch.nn.functional as F
 
 from tpsim.capture import Position, check_convention
-from tpsim.capture.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
+from tpsim.offline.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
                                  read_draft_config)
 from tpsim.cli.capture import on_ranks
 from tpsim.cli.options import (EXECUTION_OPTIONS, add_execution_options, add_json, add_server_option, add_tp, emit_json,
                                load_source, one_tp, positive_int, run_spec)
 from tpsim.cli.parser import refuse_without
-from tpsim.config import DEFAULT_MODEL_TYPE
-from tpsim.errors import UsageError
+from tpsim.config.loader import DEFAULT_MODEL_TYPE
+from tpsim.base.errors import UsageError
 from tpsim.run.jobs import capture_job
-from tpsim.run.preflight import check_divides_world, check_timeout
-from tpsim.run.ranks import is_reporting_process
+from tpsim.app.preflight import check_divides_world, check_timeout
+from tpsim.app.ranks import is_reporting_process
 from tpsim.profiles.draft import write_ids_hint
 from tpsim.profiles.profile import Profile
 from tpsim.profiles.registry import lookup
-from tpsim.profiles.sides import align_profiles, side_from_config
+from tpsim.offline.sides import align_profiles, side_from_config
 from tpsim.run.spec import ModelSource
-from tpsim.ui import say, table
+from tpsim.base.ui import say, table
 
 
 def parse_spec(text: str, option: str) -> tuple[str, list[int] | None]:

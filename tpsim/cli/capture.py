@@ -12,14 +12,14 @@ from tpsim import __version__
 from tpsim.capture.points import check_points
 from tpsim.cli.options import add_mode_options, add_run_options, add_tp, load_source, one_tp, run_spec
 from tpsim.cli.outputs import add_force, check_output
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.modes import MICRO_BATCHES
-from tpsim.files.capture import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
+from tpsim.capture.files import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
-from tpsim.run.ranks import is_reporting_process, run_on_ranks
+from tpsim.app.ranks import is_reporting_process, run_on_ranks
 from tpsim.run.spec import ModelSource, RunSpec
-from tpsim.ui import ProgressLine
+from tpsim.base.ui import ProgressLine
 
 
 def add_parser(sub) -> None:

@@ -10,10 +10,10 @@ from tpsim.run.graph_jobs import graph_job
 from tpsim.run.graphs import GraphCheck
 from tpsim.run.jobs import check_job
 from tpsim.run.pp_jobs import pp_check_job
-from tpsim.run.ranks import is_reporting_process, run_on_ranks
-from tpsim.run.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text, summarize
+from tpsim.app.ranks import is_reporting_process, run_on_ranks
+from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text, summarize
 from tpsim.run.spec import RunSpec
-from tpsim.ui import ProgressLine, say, table
+from tpsim.base.ui import ProgressLine, say, table
 
 
 def add_parser(sub) -> None:

@@ -1,16 +1,16 @@
-"""`tpsim diagnose`: what did each rank of a TP group actually capture? (tpsim.capture.diagnosis
-infers it; tpsim.files.dumps reads the rank files, tpsim.files.reference the reference; this module
+"""`tpsim diagnose`: what did each rank of a TP group actually capture? (tpsim.offline.diagnosis
+infers it; tpsim.offline.dumps reads the rank files, tpsim.offline.reference the reference; this module
 takes the options and prints.)"""
 
 from __future__ import annotations
 
 from tpsim.capture.conventions import CONVENTIONS
-from tpsim.capture.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
+from tpsim.offline.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
 from tpsim.cli.options import add_json, emit_json, int_list, optional_int
-from tpsim.errors import UsageError
-from tpsim.files.dumps import DumpKind
-from tpsim.files.reference import parse_positions
-from tpsim.ui import say, table
+from tpsim.base.errors import UsageError
+from tpsim.offline.dumps import DumpKind
+from tpsim.offline.reference import parse_positions
+from tpsim.base.ui import say, table
 
 
 def add_parser(sub) -> None:

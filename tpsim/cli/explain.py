@@ -22,15 +22,15 @@ from tpsim.cli.options import (add_execution_options, add_json, add_mode_options
                                emit_json, integer, load_source, mode_from, one_tp, tokens_for)
 from tpsim.cli.outputs import add_force, check_output
 from tpsim.cli.pp_options import add_pp_options, pipeline_from, stage_rows
-from tpsim.config import with_overrides
-from tpsim.errors import UsageError
-from tpsim.files.atomic import write_text
+from tpsim.config.loader import with_overrides
+from tpsim.base.errors import UsageError
+from tpsim.base.atomic import write_text
 from tpsim.parallel.placement import P, R, S0
 from tpsim.run.jobs import points_job
-from tpsim.run.preflight import check_timeout, check_world
+from tpsim.app.preflight import check_timeout, check_world
 from tpsim.run.results import PointsResult
 from tpsim.run.spec import ModelSource, RunSpec
-from tpsim.ui import human_bytes, say, table
+from tpsim.base.ui import human_bytes, say, table
 
 CAPTURE_CONVENTIONS = [c for c in CONVENTIONS if c != "output-of"]
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from tpsim.checkpoint import expected_tensors
-from tpsim.checkpoint.export import export_checkpoint, total_bytes
-from tpsim.config import load_config, with_overrides
+from tpsim.weights.reader import expected_tensors
+from tpsim.weights.export import export_checkpoint, total_bytes
+from tpsim.config.loader import load_config, with_overrides
 from tpsim.cli.options import DTYPES, add_override, dtype_name, seed_value
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.run.spec import DEFAULT_MODEL, model_path
-from tpsim.ui import human_bytes, progress_bar
+from tpsim.base.ui import human_bytes, progress_bar
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from tpsim.config import ModelConfig
-from tpsim.errors import UsageError
+from tpsim.config.loader import ModelConfig
+from tpsim.base.errors import UsageError
 from tpsim.modes import Mode
 from tpsim.profiles.profile import GraphIds
 from tpsim.profiles.registry import lookup

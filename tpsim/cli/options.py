@@ -8,19 +8,19 @@ import dataclasses
 import json
 
 from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
-from tpsim.config import ModelConfig, builtin_names
-from tpsim.errors import UsageError
+from tpsim.config.loader import ModelConfig, builtin_names
+from tpsim.base.errors import UsageError
 from tpsim.modes import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES,
                           DpLocalTokens, Mode)
 from tpsim.parallel.torchrun import under_torchrun
-from tpsim.capture.align import read_draft_config
+from tpsim.offline.align import read_draft_config
 from tpsim.cli.graph_options import graphs_from
 from tpsim.cli.pp_options import pipeline_from
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings, resolution
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
-from tpsim.run.preflight import check_divides_world, check_memory, check_timeout, check_world, torchrun_world
+from tpsim.app.preflight import check_divides_world, check_memory, check_timeout, check_world, torchrun_world
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, input_ids_for
 
 MAX_TOKENS = 2**20  # far beyond any real context here (V3: 163840); keeps a typo from allocating 8 TB of ids

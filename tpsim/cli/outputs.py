@@ -6,8 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from tpsim.errors import UsageError
-from tpsim.files.atomic import temporary_name
+from tpsim.base.errors import UsageError
+from tpsim.base.atomic import temporary_name
 
 
 def add_force(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import re
 import sys
 import textwrap
 
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 NEGATIVE_VALUE = re.compile(r"-\d")
 

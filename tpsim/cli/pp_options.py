@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 
 from tpsim.capture.pipeline import PP_CAPTURES, Handoff
-from tpsim.config import ModelConfig
-from tpsim.errors import UsageError
+from tpsim.config.loader import ModelConfig
+from tpsim.base.errors import UsageError
 from tpsim.modes import Mode
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.parallel.pipeline import SPLITS, Split, check_pp
 from tpsim.profiles.registry import lookup
 from tpsim.run.pipeline import Pipeline
-from tpsim.run.preflight import max_cpu_ranks, torchrun_world
+from tpsim.app.preflight import max_cpu_ranks, torchrun_world
 
 
 def add_pp_options(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tpsim.cli.options import add_json, emit_json
 from tpsim.profiles.profile import Behaviour, Profile, describe, differences
 from tpsim.profiles.registry import LINES
-from tpsim.ui import say, table
+from tpsim.base.ui import say, table
 
 
 def add_parser(sub) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tpsim.capture import CONVENTIONS, check_convention, ids_for, resolve
 from tpsim.cli.options import add_json, add_server_option, emit_json, layer_ids, positive_int
-from tpsim.config import DEFAULT_MODEL_TYPE, load_config
-from tpsim.errors import UsageError
+from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
+from tpsim.base.errors import UsageError
 from tpsim.profiles.findings import findings
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay

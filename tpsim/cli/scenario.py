@@ -1,4 +1,4 @@
-"""`tpsim scenario`: run the ready-made cases in `configs/scenarios/` (tpsim.run.scenarios) and
+"""`tpsim scenario`: run the ready-made cases in `configs/scenarios/` (tpsim.app.scenarios) and
 show each bug being caught: one by name, or `--all` with a table (or `--json`) of every case."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import textwrap
 
 from tpsim.cli.options import emit_json
-from tpsim.errors import UsageError
-from tpsim.run.scenarios import BUG_CLASSES, available, load, run
-from tpsim.ui import ProgressLine, say, table
+from tpsim.base.errors import UsageError
+from tpsim.app.scenarios import BUG_CLASSES, available, load, run
+from tpsim.base.ui import ProgressLine, say, table
 
 
 def add_parser(sub) -> None:

@@ -8,22 +8,22 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-from tpsim.capture.align import read_draft_config
+from tpsim.offline.align import read_draft_config
 from tpsim.cli.check import run_check
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
     one_tp, positive_int, run_spec
 from tpsim.cli.parser import refuse_without
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.profiles.findings import resolution
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.profiles.served import served_mode
-from tpsim.profiles.sides import align_profiles, side_from_config
-from tpsim.run.preflight import check_divides_world, check_timeout
+from tpsim.offline.sides import align_profiles, side_from_config
+from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.run.spec import DEFAULT_MODEL
-from tpsim.run.triage import Triage, assess
-from tpsim.ui import say
+from tpsim.app.triage import Triage, assess
+from tpsim.base.ui import say
 
 GPUS = [g.value for g in Gpu]
 

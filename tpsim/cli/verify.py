@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tpsim.cli.options import add_json
-from tpsim.files.verify import check_index, files_of, verify_file
+from tpsim.offline.verify import check_index, files_of, verify_file
 
 
 def add_parser(sub) -> None:

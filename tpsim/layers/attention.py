@@ -15,7 +15,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from tpsim.config import ModelConfig
+from tpsim.config.loader import ModelConfig
 from tpsim.layers.causal import causal_attention
 from tpsim.layers.fused import kernels, region
 from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide

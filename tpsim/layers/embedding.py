@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsim.config_model import VOCAB_PADDING
+from tpsim.config.model import VOCAB_PADDING
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.layers.probe import Point, Probe, Tapped
 from tpsim.parallel.group import TPGroup

@@ -13,7 +13,7 @@ Checkpoint tensors (transformers' `GptOssExperts`, `GptOssTopKRouter`, `GptOssAt
 `{mlp}.experts.gate_up_proj_bias` [E, 2*I] (interleaved too), `{mlp}.experts.down_proj`
 [E, I, hidden], `{mlp}.experts.down_proj_bias` [E, hidden], `{attn}.sinks` [num_attention_heads].
 The published MXFP4 checkpoints store `gate_up_proj` and `down_proj` as `_blocks`/`_scales`
-pairs: tpsim.checkpoint.mxfp4.Mxfp4Source reads them in the layout above.
+pairs: tpsim.weights.mxfp4.Mxfp4Source reads them in the layout above.
 
 Sources: transformers 5.24, transformers/models/gpt_oss/modeling_gpt_oss.py (GptOssExperts,
 GptOssTopKRouter, GptOssMLP, eager_attention_forward) and transformers/masking_utils.py
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from einops import einsum, repeat
 from torch import nn
 
-from tpsim.config import ModelConfig
+from tpsim.config.loader import ModelConfig
 from tpsim.layers.fused import kernels, top_k_margin
 from tpsim.layers.linear import WeightSpec, _copy, divide
 from tpsim.layers.moe import MoE, Experts

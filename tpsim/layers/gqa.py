@@ -12,7 +12,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from tpsim.config import ModelConfig
+from tpsim.config.loader import ModelConfig
 from tpsim.layers.causal import causal_attention
 from tpsim.layers.gptoss import AttentionSinks
 from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tpsim.config import ModelConfig
+from tpsim.config.loader import ModelConfig
 from tpsim.layers.fused import inverse_permutation, kernels, region, top_k_margin
 from tpsim.layers.fp8 import BlockFp8, act_quant, linear, quantized_mm
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters

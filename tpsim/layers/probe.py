@@ -134,7 +134,7 @@ class Probe:
 
     @property
     def in_place(self) -> bool:
-        """Whether an attached capture needs the residual updated in place (tpsim.model.add_norm)."""
+        """Whether an attached capture needs the residual updated in place (tpsim.model.decoder.add_norm)."""
         return any(s.in_place for s in self.sinks)
 
     @property

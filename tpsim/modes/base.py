@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import torch
 
-from tpsim.config import ModelConfig
-from tpsim.errors import UsageError
+from tpsim.config.loader import ModelConfig
+from tpsim.base.errors import UsageError
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
 from tpsim.modes.tbo import check_tbo
 from tpsim.parallel.group import TPGroup

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from tpsim.config import ModelConfig
-from tpsim.errors import UsageError
+from tpsim.config.loader import ModelConfig
+from tpsim.base.errors import UsageError
 from tpsim.modes.base import MICRO_BATCHES, TP_STAGES, DpLocalTokens, DpPadding, Mode
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
 from tpsim.modes.tbo import check_tbo, tbo_split

@@ -20,9 +20,9 @@ Sources (sgl-project/sglang):
 
 from __future__ import annotations
 
-from tpsim.config import ModelConfig
-from tpsim.errors import UsageError
-from tpsim.families import MoeLayout
+from tpsim.config.loader import ModelConfig
+from tpsim.base.errors import UsageError
+from tpsim.config.families import MoeLayout
 
 SUPPORTED_MODE = "tp"
 

@@ -11,7 +11,7 @@ import json
 
 import torch.distributed as dist
 
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 
 def digest(value) -> str:

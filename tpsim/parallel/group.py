@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tpsim.parallel import faults
+from tpsim.base import faults
 
 
 @dataclass

@@ -32,8 +32,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tpsim.errors import RankError, UsageError
-from tpsim.parallel import deathsig, faults
+from tpsim.base.errors import RankError, UsageError
+from tpsim.base import faults
+from tpsim.parallel import deathsig
 from tpsim.parallel.group import LOADING_TIMEOUT_S, TPGroup
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 
 
 class Split(Enum):

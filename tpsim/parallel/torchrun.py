@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.parallel.launch import RankContext, build_groups, default_backend
 
 

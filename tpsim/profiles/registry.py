@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.profiles import sglang, trainers, vllm
 from tpsim.profiles.profile import Change, Line, Profile
 

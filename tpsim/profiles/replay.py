@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from tpsim.capture.positions import Position
-from tpsim.errors import UsageError
+from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile
 
 CRASH_TEXT = "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'"

@@ -30,7 +30,7 @@ def graph_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[GraphChec
             reference, _ = run_captured(model, list(spec.tokens[:g.tokens]), config)
         graph = RecordedGraph
         if group.device.type == "cuda":
-            from tpsim.cuda_graph import GraphedForward
+            from tpsim.capture.graphs import GraphedForward
             graph = GraphedForward
         runner = GraphRunner(model, CaptureSet(), [g.tokens], spec.strategy if tp > 1 else "model-level", graph)
         start(g.ids, runner, config, list(g.default))

@@ -13,10 +13,10 @@ import torch.distributed as dist
 
 from tpsim.capture import Position, Recorder
 from tpsim.capture.points import Taps
-from tpsim.checkpoint import Checkpoint, load_weights
-from tpsim.capture.diagnosis import diagnose_tensors
-from tpsim.config import ModelConfig
-from tpsim.model import CausalLM
+from tpsim.weights.reader import Checkpoint, load_weights
+from tpsim.offline.diagnosis import diagnose_tensors
+from tpsim.config.loader import ModelConfig
+from tpsim.model.decoder import CausalLM
 from tpsim.layers.fused import use_compiled
 from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
@@ -25,7 +25,7 @@ from tpsim.parallel.launch import RankContext
 from tpsim.parallel.pipeline import Stage
 from tpsim.run.results import CaptureResult, PointsResult, RankCheck, SlotVerdict
 from tpsim.run.spec import RunSpec
-from tpsim.weights import init_random_weights
+from tpsim.weights.seeded import init_random_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -110,7 +110,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
     """For each TP degree this rank takes part in: capture in `mode` with `strategy`, then
     compare against this group's rank 0 (exact) and against the TP=1 capture of this rank's
     tokens (relative error; logits too). A capture that differs between ranks is gathered on
-    the group's rank 0 and diagnosed there (tpsim.capture.diagnosis) against the TP=1 reference."""
+    the group's rank 0 and diagnosed there (tpsim.offline.diagnosis) against the TP=1 reference."""
     m, strategy, pos = spec.mode, spec.strategy, list(spec.positions)
     agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": strategy})
     config, seed, dtype, checkpoint, input_ids = spec.cfg, spec.seed, spec.dtype, spec.checkpoint, list(spec.tokens)

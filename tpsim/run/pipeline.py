@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tpsim.capture import Position
 from tpsim.capture.pipeline import Handoff, aux_sends
-from tpsim.config import ModelConfig
+from tpsim.config.loader import ModelConfig
 from tpsim.parallel.pipeline import Split, Stage, stages
 
 

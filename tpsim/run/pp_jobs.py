@@ -9,7 +9,7 @@ import torch
 
 from tpsim.capture import Position, Recorder
 from tpsim.capture.pipeline import collect
-from tpsim.model import CausalLM
+from tpsim.model.decoder import CausalLM
 from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.launch import RankContext

@@ -11,7 +11,7 @@ from tpsim.capture.points import Tap
 
 @dataclass(frozen=True)
 class SlotVerdict:
-    """A capture slot whose ranks differ: what tpsim.capture.diagnosis found it to be."""
+    """A capture slot whose ranks differ: what tpsim.offline.diagnosis found it to be."""
 
     position: str
     placement: str

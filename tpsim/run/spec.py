@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from tpsim.capture import Position
-from tpsim.checkpoint import Checkpoint, validate
-from tpsim.config import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
+from tpsim.weights.reader import Checkpoint, validate
+from tpsim.config.loader import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
 from tpsim.modes import Mode
 from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline

@@ -17,18 +17,18 @@ import torch
 
 from tpsim.capture import Position
 from tpsim.capture.recorder import UNCLONED
-from tpsim.checkpoint import Checkpoint, load_weights
-from tpsim.config import config_from_dict
+from tpsim.weights.reader import Checkpoint, load_weights
+from tpsim.config.loader import config_from_dict
 from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured, run_recorded,
                             run_captured_parts)
-from tpsim.model import CausalLM
+from tpsim.model.decoder import CausalLM
 from tpsim.modes import MICRO_BATCHES, Mode
 from tpsim.layers import (GQA, MLA, AttentionShape, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
 from tpsim.run.spec import RunSpec
-from tpsim.weights import init_random_weights, init_tensor
+from tpsim.weights.seeded import init_random_weights, init_tensor
 
 
 def layer_input(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

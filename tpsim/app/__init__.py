@@ -1,0 +1,1 @@
+"""The launcher side, argparse-free: ranks, preflight, the report, triage, scenarios."""

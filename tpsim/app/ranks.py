@@ -1,0 +1,88 @@
+"""Run a job on real ranks: under torchrun when launched by it, else a self-started pool."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tpsim.base.errors import RankError, UsageError
+from tpsim.parallel.launch import RankPool, default_backend, peer_symptom
+from tpsim.parallel.torchrun import gather_to_rank0, init_from_env, under_torchrun
+
+_TORCHRUN_CTX = None
+
+
+def is_reporting_process() -> bool:
+    """The process that prints results: the launcher, or global rank 0 under torchrun."""
+    return not under_torchrun() or os.environ.get("RANK", "0") == "0"
+
+
+def pick_backend(device: str, backend: str | None, world: int) -> str:
+    if backend:
+        if backend == "nccl" and device != "cuda":
+            raise UsageError("--backend nccl needs --device cuda; use gloo on CPU")
+        return backend
+    if device == "cuda" and not under_torchrun() and torch.cuda.device_count() < world:
+        print(f"tpsim: warning: {world} ranks but {torch.cuda.device_count()} GPU(s): using gloo over CUDA "
+              "tensors, which measures nothing about speed", file=sys.stderr)
+        return "gloo"
+    return default_backend(device)
+
+
+def dead_local_peers() -> list[int]:
+    """The global ranks of this torchrun node whose processes are gone (torchrun's agent is the
+    parent of every local rank: a sibling missing, or a zombie, has died)."""
+    try:
+        me, local, size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return []
+    parent, alive = os.getppid(), set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdecimal():
+            continue
+        try:
+            state, ppid = (d / "stat").read_text().rpartition(")")[2].split()[:2]  # after "(comm)"
+            if int(ppid) != parent or state == "Z":
+                continue
+            env = dict(kv.split("=", 1) for kv in (d / "environ").read_text().split("\0") if "=" in kv)
+            alive.add(int(env.get("RANK", "-1")))
+        except (OSError, ValueError):
+            continue
+    first = me - local
+    return [r for r in range(first, first + size) if r != me and r not in alive]
+
+
+def run_on_ranks(job: Callable, world: int, *, device: str, backend: str | None, timeout_s: float,
+                 progress=None, **kwargs) -> dict | None:
+    """{global rank: job result} on the reporting process; None on other torchrun ranks."""
+    global _TORCHRUN_CTX
+    if under_torchrun():
+        if _TORCHRUN_CTX is None:
+            _TORCHRUN_CTX = init_from_env(device, backend, timeout_s)
+        try:
+            result = job(_TORCHRUN_CTX, **kwargs)
+        except (UsageError, RankError):
+            raise
+        except Exception as e:
+            me, report = _TORCHRUN_CTX.rank, traceback.format_exc()
+            gone = []
+            for _ in range(10 if peer_symptom(report) else 0):  # the dead peer's exit may lag its socket's close
+                gone = dead_local_peers()
+                if gone:
+                    break
+                time.sleep(0.1)
+            if gone:  # the root cause, as the self-started pool names it, not this rank's lost connection
+                raise RankError(f"rank {gone[0]} died (its process is gone) while running {job.__name__}; rank {me} "
+                                f"then failed: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}\n{report}") from e
+            raise RankError(f"rank {me} failed while running {job.__name__}: "
+                            f"{e.__class__.__name__}: {e}\n{report}") from e
+        return gather_to_rank0(result)
+    backend = pick_backend(device, backend, world)
+    with RankPool(world, backend, device, timeout_s, on_progress=progress) as pool:
+        return pool.run(job, **kwargs)

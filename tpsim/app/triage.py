@@ -1,0 +1,162 @@
+"""`tpsim triage`'s verdict: from the align report (train vs serve, read from the draft config as
+each program reads it), the serving engine's replay of its ids, the mode its flags and auto-enable
+rules put it in, and the check run in that mode, the findings: each with its cause, the sources
+that show the engine does this, and a concrete fix."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tpsim.offline.align import Report
+from tpsim.profiles.draft import ConfigIds, write_ids_hint
+from tpsim.profiles.findings import findings
+from tpsim.profiles.profile import GraphIds, Profile, Served
+from tpsim.profiles.registry import later_profiles
+from tpsim.profiles.replay import Replay, replay
+from tpsim.profiles.served import ServedMode, fixed_in
+from tpsim.offline.sides import ids_capturing
+from tpsim.app.report import CheckReport
+
+
+class Kind(Enum):
+    CAPTURE_OFF = "capture turned off"
+    ENGINE_FAILS = "the engine fails on these ids"
+    DROPPED_SLOT = "a slot silently dropped"
+    KEY_FALLBACK = "config key fallback"
+    MISALIGNED = "train and serve capture different tensors"
+    SERVED_MODE = "the served mode breaks the capture"
+    GRAPH_IDS = "CUDA-graphed batches capture other ids"
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: Kind
+    cause: str
+    sources: list[str]
+    fix: str
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind.name.lower().replace("_", "-"), "title": self.kind.value, "cause": self.cause,
+                "sources": self.sources, "fix": self.fix}
+
+
+@dataclass
+class Triage:
+    train: Profile
+    serve: Profile
+    served: Served
+    mode: ServedMode
+    align: Report
+    config: ConfigIds  # what the server read from the draft config
+    replay: Replay
+    check: CheckReport | None  # None: nothing to run (the engine captures nothing)
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def assess(t: Triage, hidden: int) -> None:
+    """Fill t.findings (in the order a user should fix them) and t.notes."""
+    serve, rep, got = t.serve, t.replay, t.config
+    if got.off:
+        t.findings.append(Finding(Kind.CAPTURE_OFF, got.failure, [str(serve.behaviour.config.source)],
+                                  "remove use_aux_hidden_state: false from eagle_config (an EAGLE-3 draft needs "
+                                  "the aux hidden states)"))
+        return
+    for text in findings(rep, hidden):
+        cause, _, fix = text.partition("; fix: ")
+        kind = Kind.ENGINE_FAILS if rep.failure else Kind.DROPPED_SLOT
+        src = serve.behaviour.embed.source if rep.crashed else serve.behaviour.out_of_range.source
+        t.findings.append(Finding(kind, cause, [str(src)], fix))
+    t.findings += _fallbacks(t)
+    t.findings += _misaligned(t)
+    t.findings += _served_mode(t)
+    t.findings += _graphs(t)
+
+
+def _fallbacks(t: Triage) -> list[Finding]:
+    """The server ignores ids the config holds at a key it does not read, and what that changes."""
+    got, ignored = t.config, t.config.ignored
+    if got.fallback is None:
+        return []
+    meant = replay(t.train, ignored, t.replay.num_layers)  # what those ids capture read as the trainer reads them
+    if meant.failure or meant.positions == t.replay.positions:
+        t.notes.append(f"{got.fallback}; its default captures what those ids would, so this works by coincidence")
+        return []
+    return [Finding(Kind.KEY_FALLBACK,
+                    f"{got.fallback}: it captures its default {_pos(t.replay)} where the config's ids, read as "
+                    f"{t.train.name} reads them, name {_pos(meant)}",
+                    [str(t.serve.behaviour.config.source), str(t.train.behaviour.config.source)],
+                    _fix_ids(t, meant, ignored) or "move the ids to the key the server reads")]
+
+
+def _fix_ids(t: Triage, want: Replay, written: list[int]) -> str | None:
+    """Where to write ids the server reads that capture `want` (the written ids, when they do)."""
+    ids = ids_capturing(t.serve, want.positions, want.num_layers, prefer=written)
+    return None if ids is None else write_ids_hint(t.serve, ids) + f" (captures {_pos(want)})"
+
+
+def _misaligned(t: Triage) -> list[Finding]:
+    """Train and serve differ for a reason other than what the findings above already say."""
+    said = {"unreachable", "slot-count", "default-fallback"}
+    reasons = [r for r in t.align.reasons if r.code not in said]
+    if t.align.aligned or not reasons or any(f.kind is Kind.KEY_FALLBACK for f in t.findings) and \
+            all(r.code in ("different-layer", "off-by-one") for r in reasons):
+        return []
+    fix = t.align.fix.text if t.align.fix is not None else "no server ids capture the trained tensors"
+    return [Finding(Kind.MISALIGNED, "; ".join(str(r) for r in reasons),
+                    [str(t.serve.behaviour.numbering.source), str(t.train.behaviour.numbering.source)], fix)]
+
+
+def _served_mode(t: Triage) -> list[Finding]:
+    if t.check is None or all(r.ok for r in t.check.rows):
+        return []
+    fails = "; ".join(f"TP={r.tp}: {f}" for r in t.check.rows for f in _grouped(r.failures))
+    later = fixed_in(t.serve, later_profiles(t.serve), t.mode)
+    fix = (f"{_upgrade(later)} captures the whole reduced stream in this mode" if later else
+           "no version tpsim knows captures the whole stream in this mode")
+    return [Finding(Kind.SERVED_MODE,
+                    f"{'; '.join(t.mode.why)}; replayed as mode {t.mode.mode.name}, capture strategy "
+                    f"{t.mode.strategy}: {fails}", [str(c.source) for c in t.mode.decided_by], fix)]
+
+
+def _grouped(failures: list[str]) -> list[str]:
+    """`out(1): X`, `out(3): X` -> `out(1), out(3): X` (one line per distinct reason)."""
+    by_reason: dict[str, list[str]] = {}
+    for f in failures:
+        m = re.fullmatch(r"(embed|final|out\(\d+\)): (.*)", f, re.S)
+        where, why = (m.group(1), m.group(2)) if m else ("", f)
+        if m and why.count(": ") >= 2:  # drop the per-position tail ("... they are out(3)")
+            why = why.rsplit(": ", 1)[0]
+        by_reason.setdefault(why, []).append(where)
+    return [(", ".join(w for w in wheres if w) + ": " if any(wheres) else "") + why
+            for why, wheres in by_reason.items()]
+
+
+def _graphs(t: Triage) -> list[Finding]:
+    g = t.serve.behaviour.graphs
+    if g is None or g.value is GraphIds.CONFIG or not t.served.cuda_graph or t.replay.used_default:
+        return []
+    default = replay(t.serve, None, t.replay.num_layers)
+    if g.value is GraphIds.DEFAULT and default.positions == t.replay.positions:
+        return []
+    got = "nothing" if g.value is GraphIds.NONE else _pos(default)
+    later = next((q for q in later_profiles(t.serve) if q.behaviour.graphs and
+                  q.behaviour.graphs.value is GraphIds.CONFIG), None)
+    return [Finding(Kind.GRAPH_IDS, f"CUDA-graphed (decode) batches capture {got}, not the configured "
+                                    f"{_pos(t.replay)}: {g.value.value}", [str(g.source)],
+                    _upgrade(later) if later else "no fixed version known")]
+
+
+def _upgrade(q: Profile) -> str:
+    """`sglang@0.5.14 or later (#28343, #28789)`: the engine version that has the fix."""
+    return f"{q.name.split(':')[0]} or later ({q.versions.since.label})"
+
+
+def _pos(rep: Replay) -> str:
+    return ", ".join(map(str, rep.positions)) or "nothing"

@@ -1,0 +1,1 @@
+"""The bottom layer: errors, the terminal, fault injection, the atomic writer, safetensors."""

@@ -1,0 +1,1 @@
+"""Model configs: the dataclass (model), the families, the checks, loading (loader)."""

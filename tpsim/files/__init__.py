@@ -1,1 +1,0 @@
-"""Files tpsim writes and reads: one atomic writer, captures and rank dumps, engine dump readers."""

@@ -1,0 +1,1 @@
+"""The decoder (decoder) and its two-batch overlap (overlap)."""
