@@ -23,7 +23,7 @@ from strategies import forward_cases
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.config.loader import config_from_dict
-from tpsim.modes import Mode
+from tpsim.modes import ArFusion, TensorParallel
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import build_model, rel_err, run_captured_parts
 from tpsim.testing.jobs import aliasing_job
@@ -35,14 +35,13 @@ TOL = 1e-5
 def aliasing_cases(draw):
     tp, cfg, positions, seed, ids = draw(forward_cases())
     T = len(ids)
-    mode = Mode(draw(st.sampled_from(["tp", "ar-fusion"]), label="mode"),
-                fusion_max_tokens=draw(st.sampled_from([T, 2048])))
+    mode = draw(st.sampled_from([TensorParallel(), ArFusion(T), ArFusion()]), label="mode")
     return mode, tp, cfg, positions, seed, ids
 
 
 @settings(max_examples=max(6, settings.default.max_examples // 10))
-@example(c=(Mode("tp"), 2, TINY, [Position("embed"), Position("out", 3), Position("out", 7)], 0, list(range(8))))
-@example(c=(Mode("ar-fusion"), 4, TINY, [Position("out", 1), Position("out", 4)], 1, list(range(5))))
+@example(c=(TensorParallel(), 2, TINY, [Position("embed"), Position("out", 3), Position("out", 7)], 0, list(range(8))))
+@example(c=(ArFusion(), 4, TINY, [Position("out", 1), Position("out", 4)], 1, list(range(5))))
 @given(c=aliasing_cases())
 def test_an_uncloned_capture_holds_the_last_residual_and_is_reported(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c

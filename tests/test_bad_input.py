@@ -228,6 +228,9 @@ CASES = [
     case("check-model-yaml-alias-bomb", "check --model {alias-bomb.yaml}", "YAML aliases", "not allowed"),
     case("check-model-hidden-size-10**400", "check --model {huge.yaml}", "about 10^", "check the sizes"),
     case("check-override-date", "check --override hidden_act=2001-13-45", "hidden_act='2001-13-45'"),
+    # found by test_fuzz_no_traceback: an empty value is null, and a null MLA dimension was summed (TypeError)
+    case("check-override-mla-dim-null", "check --override qk_nope_head_dim=", "qk_nope_head_dim is null",
+         "positive integer"),
     case("check-model-name-with-newline", ["check", "--model", "no\nsuch.yaml"], "no\\nsuch.yaml does not exist"),
     case("check-override-deep-yaml", ["check", "--override", "num_hidden_layers=" + "[" * 2000], "--override",
          "not a number"),

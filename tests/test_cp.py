@@ -21,13 +21,13 @@ from tpsim.capture import Position
 from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.config.loader import config_from_dict
 from tpsim.model.decoder import split_sizes
-from tpsim.modes import Mode, expected_collectives
+from tpsim.modes import ContextParallel, Strategy, expected_collectives
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import build_model, rel_err, routing_rows, run_captured_parts
 from tpsim.testing.jobs import mode_job
 
 TOL = 1e-5  # float32 ‖Δ‖/‖ref‖
-CP = Mode("cp")
+CP = ContextParallel()
 
 
 @st.composite
@@ -66,7 +66,7 @@ def test_cp_computes_tp1_runs_its_formula_and_local_capture_is_caught(rank_pool,
     cp, cfg_d, positions, seed, ids = c
     cfg, T, H = config_from_dict(cfg_d), len(ids), cfg_d["hidden_size"]
     out = (pool3 if cp == 3 else rank_pool).run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids, positions=[str(p) for p in positions], tp=cp,
-                        mode=CP.to_dict(), strategies=["gathered", "local"])
+                        mode=CP.to_dict(), strategies=[Strategy.GATHERED, Strategy.LOCAL])
     ranks = [out[r] for r in range(cp)]
     model = build_model(cfg, TPGroup(), seed, "float32")
     ref, ref_logits = run_captured_parts(model, ids, positions)
@@ -82,9 +82,9 @@ def test_cp_computes_tp1_runs_its_formula_and_local_capture_is_caught(rank_pool,
 
     # the same model: every rank's gathered capture is TP=1's, and so are the logits (unless rounding
     # flipped a routing near-tie)
-    gathered = ranks[0]["captures"]["gathered"]
+    gathered = ranks[0]["captures"][Strategy.GATHERED]
     for r in ranks:
-        assert all(torch.equal(a, b) for a, b in zip(r["captures"]["gathered"], gathered)), "ranks differ"
+        assert all(torch.equal(a, b) for a, b in zip(r["captures"][Strategy.GATHERED], gathered)), "ranks differ"
     assert all(tuple(t.shape) == (T, H) for t in gathered)
     if all(torch.equal(ranks[0]["routing"][k], ref_route[k]) for k in ref_route):
         assert rel_err(ranks[0]["logits"], ref_logits) <= TOL
@@ -94,7 +94,7 @@ def test_cp_computes_tp1_runs_its_formula_and_local_capture_is_caught(rank_pool,
     # the scattered capture: rank r holds its contiguous chunk, and the diagnosis says so
     starts = [sum(sizes[:r]) for r in range(cp)]
     for i, p in enumerate(positions):
-        local = [r["captures"]["local"][i] for r in ranks]
+        local = [r["captures"][Strategy.LOCAL][i] for r in ranks]
         for r, t in enumerate(local):
             assert torch.equal(t, gathered[i][starts[r]:starts[r] + sizes[r]]), (r, str(p))
         v = diagnose_tensors(local, {str(p): gathered[i]}, str(p))

@@ -22,7 +22,7 @@ from clirun import run_cli
 from tpsim.capture import Position
 from tpsim.config.loader import config_from_dict
 from tpsim.model.decoder import split_sizes
-from tpsim.modes import DpLocalTokens, DpPadding, Mode, expected_collectives
+from tpsim.modes import DpAttention, DpLocalTokens, DpPadding, Mode, Strategy, expected_collectives
 from tpsim.run.jobs import check_job, rel_err
 from tpsim.app.report import model_collectives, summarize
 from tpsim.run.spec import ModelSource, RunSpec
@@ -36,7 +36,7 @@ def dp_cases(draw):
     tp = draw(st.sampled_from([2, 4, 8]), label="tp")
     cfg = draw(config_dicts(tp, max_layers=2))
     T = draw(st.integers(tp, 13), label="T")
-    mode = Mode("dp-attention", dp_padding=draw(st.sampled_from(list(DpPadding)), label="dp_padding"),
+    mode = DpAttention(dp_padding=draw(st.sampled_from(list(DpPadding)), label="dp_padding"),
                 dp_lm_head=draw(st.booleans(), label="dp_lm_head"))
     L = cfg["num_hidden_layers"]
     positions = draw(boundary_positions(L), label="positions") + [Position("final")]
@@ -66,19 +66,19 @@ TIED_GQA = {"model_type": "qwen3", "hidden_size": 16, "num_hidden_layers": 1, "n
 
 @settings(max_examples=max(5, settings.default.max_examples // 20))
 # uneven token counts (5 over 2 ranks) in both padding modes: max-len's buffers are padded, sum-len's are not
-@example(c=(Mode("dp-attention", dp_padding=DpPadding.MAX_LEN), 2, TINY,
+@example(c=(DpAttention(DpPadding.MAX_LEN), 2, TINY,
             [Position("embed"), Position("out", 1), Position("final")], 0, list(range(5))))
-@example(c=(Mode("dp-attention", dp_padding=DpPadding.SUM_LEN), 2, TINY,
+@example(c=(DpAttention(DpPadding.SUM_LEN), 2, TINY,
             [Position("embed"), Position("out", 1), Position("final")], 0, list(range(5))))
 # a tied head, vocab-parallel over 4 ranks, holding its rows of the replicated embedding
-@example(c=(Mode("dp-attention"), 2, TIED_GQA, [Position("embed"), Position("final")], 3, [5, 69, 0, 64, 1]))
-@example(c=(Mode("dp-attention", dp_lm_head=True), 2, TIED_GQA, [Position("final")], 3, [5, 69, 0]))
+@example(c=(DpAttention(), 2, TIED_GQA, [Position("embed"), Position("final")], 3, [5, 69, 0, 64, 1]))
+@example(c=(DpAttention(dp_lm_head=True), 2, TIED_GQA, [Position("final")], 3, [5, 69, 0]))
 @given(c=dp_cases())
 def test_dp_gather_modes_compute_tp1_and_run_their_formula(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c
     cfg, T, H = config_from_dict(cfg_d), len(ids), cfg_d["hidden_size"]
     out = rank_pool.run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids, positions=[str(p) for p in positions], tp=tp,
-                        mode=mode.to_dict(), strategies=["local"])
+                        mode=mode.to_dict(), strategies=[Strategy.LOCAL])
     ranks = [out[r] for r in range(tp)]
     sizes, L = split_sizes(T, tp), cfg.num_hidden_layers
     sum_len = mode.dp_padding is DpPadding.SUM_LEN
@@ -101,9 +101,9 @@ def test_dp_gather_modes_compute_tp1_and_run_their_formula(rank_pool, c):
     ref_parts, ref_logits, ref_route, _ = reference(cfg, seed, ids, positions, mode, tp)
     for r, n in zip(ranks, sizes):
         assert tuple(r["logits"].shape) == (n, cfg.vocab_size)
-        assert all(tuple(t.shape) == (n, H) for t in r["captures"]["local"])
+        assert all(tuple(t.shape) == (n, H) for t in r["captures"][Strategy.LOCAL])
     logits = torch.cat([r["logits"] for r in ranks])
-    caps = [torch.cat([r["captures"]["local"][i] for r in ranks]) for i in range(len(positions))]
+    caps = [torch.cat([r["captures"][Strategy.LOCAL][i] for r in ranks]) for i in range(len(positions))]
     route = ranks[0]["routing"]
     if all(torch.equal(route[k], ref_route[k]) for k in ref_route):  # else a near-tie flipped (test_modes)
         assert rel_err(logits, ref_logits) <= TOL
@@ -123,13 +123,13 @@ def test_check_cli_passes_in_each_dp_setting(argv):
 
 def test_mode_round_trips_padding_and_head():
     """The options travel to the ranks as JSON (agree_on_run, check --json) and back."""
-    m = Mode("dp-attention", dp_padding="max-len", dp_lm_head=True)
+    m = DpAttention(dp_padding="max-len", dp_lm_head=True)
     assert m.dp_padding is DpPadding.MAX_LEN and m.to_dict()["dp_padding"] == "max-len"
     assert Mode.from_dict(m.to_dict()) == m
-    assert Mode("dp-attention").dp_padding is DpPadding.SUM_LEN and not Mode("dp-attention").dp_lm_head
-    local = Mode("dp-attention", dp_local_tokens="per-request")
+    assert DpAttention().dp_padding is DpPadding.SUM_LEN and not DpAttention().dp_lm_head
+    local = DpAttention(dp_local_tokens="per-request")
     assert local.dp_local_tokens is DpLocalTokens.PER_REQUEST and local.to_dict()["dp_local_tokens"] == "per-request"
-    assert Mode.from_dict(local.to_dict()) == local and Mode("dp-attention").dp_local_tokens is DpLocalTokens.ALL
+    assert Mode.from_dict(local.to_dict()) == local and DpAttention().dp_local_tokens is DpLocalTokens.ALL
 
 
 @st.composite
@@ -154,8 +154,8 @@ def test_per_request_local_count_fails_check_naming_it(rank_pool, c):
     the trace is still the formula (the buffers keep their sizes: only the values go wrong)."""
     tp, cfg_d, positions, seed, ids = c
     cfg = config_from_dict(cfg_d)
-    mode = Mode("dp-attention", dp_local_tokens=DpLocalTokens.PER_REQUEST)
-    spec = RunSpec(ModelSource("drawn", cfg), seed, "float32", tuple(ids), tuple(positions), mode, "local")
+    mode = DpAttention(dp_local_tokens=DpLocalTokens.PER_REQUEST)
+    spec = RunSpec(ModelSource("drawn", cfg), seed, "float32", tuple(ids), tuple(positions), mode, Strategy.LOCAL)
     out = rank_pool.run(check_job, spec=spec, tps=[tp])
     results = [r for rank in range(tp) for r in out[rank] if r.tp == tp]
     for r in results:

@@ -87,3 +87,22 @@ def test_the_check_catches_an_arrow_that_runs_up(pair):
     found = arrows()
     assert any(src == high and dst == low for _, src, dst in found), pair
     assert upward(swapped, found)
+
+
+def literal_compares(names: list[str], skip: set[str]) -> list[str]:
+    """file:line of every `==`/`!=`/`in` against one of `names` as a string literal in tpsim/."""
+    alt = "|".join(re.escape(n) for n in names)
+    pattern = re.compile(rf"""(==|!=|\bin)\s*[(\[{{]?\s*["']({alt})["']""")
+    found = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = str(f.relative_to(ROOT))
+        if rel in skip:
+            continue
+        found += [f"{rel}:{n}" for n, line in enumerate(f.read_text().splitlines(), 1) if pattern.search(line)]
+    return found
+
+
+def test_strategies_and_modes_are_compared_as_types_not_strings():
+    from tpsim.modes import KINDS, Strategy
+    assert literal_compares([s.value for s in Strategy], {"tpsim/modes/strategy.py"}) == []
+    assert literal_compares([k.name for k in KINDS], {"tpsim/modes/base.py"}) == []

@@ -18,12 +18,12 @@ from test_properties import TINY
 from clirun import run_cli
 from tpsim.capture import Position
 from tpsim.capture.points import Taps
-from tpsim.capture.recorder import GATHERED_AFTER_3, UNCLONED
 from tpsim.config.loader import config_from_dict
 from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.run.jobs import build_model, rel_err, routing_rows, run_captured
 from tpsim.model.decoder import split_sizes
-from tpsim.modes import STRATEGIES, Mode, expected_collectives
+from tpsim.modes import (STRATEGIES, ArFusion, DpAttention, EpOutput, ExpertParallel, Mode, Strategy,
+                         expected_collectives)
 from tpsim.parallel import TPGroup
 from tpsim.testing.jobs import mode_job
 
@@ -48,8 +48,13 @@ def mode_cases(draw):
                                                                cfg["topk_group"] * E // cfg["n_group"]),
                    first_k_dense_replace=draw(st.integers(0, cfg["num_hidden_layers"] - 1)), moe_layer_freq=1)
     T = draw(st.integers(tp if name in ("dp-attention", "cp") else 1, 13), label="T")
-    mode = Mode(name, fusion_max_tokens=draw(st.sampled_from([T, T - 1, 2048]) if T > 1 else st.just(2048)),
-                ep_output=draw(st.sampled_from(["replicated", "scattered"])) if name == "ep" else "replicated")
+    kind = Mode.kind(name)
+    if kind is ArFusion:
+        mode = ArFusion(draw(st.sampled_from([T, T - 1, 2048]) if T > 1 else st.just(2048), label="fusion_max_tokens"))
+    elif kind is ExpertParallel:
+        mode = ExpertParallel(draw(st.sampled_from(list(EpOutput)), label="ep_output"))
+    else:
+        mode = kind()
     L = cfg["num_hidden_layers"]
     positions = draw(boundary_positions(L), label="positions") + [Position("final")]
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
@@ -80,39 +85,39 @@ def reference(cfg, seed, ids, positions, mode, tp):
 
 def naive_placement(mode: Mode, cfg, p: Position, T: int, tp: int) -> str:
     """What the naive strategy's capture of `p` is, by the mode's own rules."""
-    if mode.name == "ar-fusion":
+    if isinstance(mode, ArFusion):
         fused = p.kind == "out" and mode.fused(tp, T, p.layer, cfg.num_hidden_layers)
         return "Partial(sum)" if fused else "Replicate()"
     if mode.name in ("sp", "cp"):
         return "Shard(dim=0)"
     moe = [k for k in range(cfg.num_hidden_layers) if cfg.is_moe_layer(k)]
-    scattered = mode.ep_output == "scattered" and (p.kind == "final" or (p.kind == "out" and p.layer >= moe[0]))
+    scattered = isinstance(mode, ExpertParallel) and mode.ep_output is EpOutput.SCATTERED and (p.kind == "final" or (p.kind == "out" and p.layer >= moe[0]))
     return "Shard(dim=0)" if scattered else "Replicate()"
 
 
 @settings(max_examples=max(10, settings.default.max_examples // 8))
-@example(c=(Mode("ar-fusion"), 8, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
+@example(c=(ArFusion(), 8, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
             list(range(16))))
-@example(c=(Mode("ep", ep_output="scattered"), 4, TINY, [Position("embed"), Position("out", 3), Position("final")],
+@example(c=(ExpertParallel(EpOutput.SCATTERED), 4, TINY, [Position("embed"), Position("out", 3), Position("final")],
             0, list(range(13))))
-@example(c=(Mode("dp-attention", fusion_max_tokens=2), 2,  # found in CI: o_proj's bias was lost on own-token attention
+@example(c=(DpAttention(), 2,  # found in CI: o_proj's bias was lost on own-token attention
             {"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 2,
              "intermediate_size": 16, "num_key_value_heads": 1, "head_dim": 4, "rope_scaling": None,
              "attention_bias": True, "tie_word_embeddings": False}, [Position("embed"), Position("final")], 0, [0, 0]))
-@example(c=(Mode("ep"), 2, {**TINY, "num_hidden_layers": 1, "first_k_dense_replace": 0, "topk_method": "greedy",
+@example(c=(ExpertParallel(), 2, {**TINY, "num_hidden_layers": 1, "first_k_dense_replace": 0, "topk_method": "greedy",
                            "n_group": 1, "topk_group": 1}, [Position("embed"), Position("final")], 0, [0]))
 # SGLang fuses at exactly fusion_max_tokens tokens: pin both sides of the boundary with two or more layers
 # (a `<` for `<=` in Mode.fused passed the whole suite: the ci profile never drew T == fusion_max_tokens)
-@example(c=(Mode("ar-fusion", fusion_max_tokens=6), 2, {**TINY, "num_hidden_layers": 3},
+@example(c=(ArFusion(6), 2, {**TINY, "num_hidden_layers": 3},
             [Position("embed"), Position("out", 1), Position("final")], 0, list(range(6))))
-@example(c=(Mode("ar-fusion", fusion_max_tokens=5), 2, {**TINY, "num_hidden_layers": 3},
+@example(c=(ArFusion(5), 2, {**TINY, "num_hidden_layers": 3},
             [Position("embed"), Position("out", 1), Position("final")], 0, list(range(6))))
 @given(c=mode_cases())
 def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c
     cfg, T, H = config_from_dict(cfg_d), len(ids), cfg_d["hidden_size"]
     right = STRATEGIES[mode.name][0]
-    naive = [s for s in STRATEGIES[mode.name][1:] if s not in (UNCLONED, GATHERED_AFTER_3)]  # tested on their own
+    naive = [s for s in STRATEGIES[mode.name][1:] if s not in (Strategy.IN_LAYER_UNCLONED, Strategy.GATHERED_PAST_HARD_CODED_DENSE)]  # tested on their own
     out = rank_pool.run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids,
                         positions=[str(p) for p in positions], tp=tp, mode=mode.to_dict(),
                         strategies=[right, *naive])
@@ -161,7 +166,7 @@ def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
 
 
 @settings(max_examples=max(5, settings.default.max_examples // 15))
-@example(c=(Mode("ep", ep_output="scattered"), 2, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
+@example(c=(ExpertParallel(EpOutput.SCATTERED), 2, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
             list(range(8))))
 @given(c=mode_cases().filter(lambda c: c[0].name == "ep"))
 def test_the_first_revision_of_14280_gathers_only_after_layer_3(rank_pool, c):
@@ -170,12 +175,13 @@ def test_the_first_revision_of_14280_gathers_only_after_layer_3(rank_pool, c):
     1) mixes token counts while a V3-shaped one (3) gets every slot whole."""
     mode, tp, cfg_d, positions, seed, ids = c
     out = rank_pool.run(mode_job, cfg=cfg_d, seed=seed, input_ids=ids, positions=[str(p) for p in positions],
-                        tp=tp, mode=mode.to_dict(), strategies=["gathered", "local", GATHERED_AFTER_3])
+                        tp=tp, mode=mode.to_dict(), strategies=[Strategy.GATHERED, Strategy.LOCAL, Strategy.GATHERED_PAST_HARD_CODED_DENSE])
     for r in range(tp):
         caps = out[r]["captures"]
         for i, p in enumerate(positions):
             late = p.kind == "final" or p.boundary > 3
-            assert torch.equal(caps[GATHERED_AFTER_3][i], caps["gathered" if late else "local"][i]), (r, str(p))
+            assert torch.equal(caps[Strategy.GATHERED_PAST_HARD_CODED_DENSE][i],
+                               caps[Strategy.GATHERED if late else Strategy.LOCAL][i]), (r, str(p))
 
 
 def test_check_mode_cli_passes_right_and_names_placement_for_naive():

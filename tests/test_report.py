@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tpsim.capture import Position, resolve
 from tpsim.config.loader import load_config
-from tpsim.modes import Mode, expected_collectives
+from tpsim.modes import TensorParallel, expected_collectives
 from tpsim.run.jobs import NEAR_TIE, comparable_rows, judge_flips
 from tpsim.app.report import summarize
 from tpsim.run.results import RankCheck
@@ -25,7 +25,7 @@ CFG = load_config(model_path("tiny"))
 
 def rank_results(tp: int, T: int, width: int, rel: float, logits_rel: float) -> list[RankCheck]:
     """Every rank of a TP=tp group: identical, finite, the mode's own collectives, the given errors."""
-    ops = [(op, f"model.{op}.{i}", 8) for op, n in expected_collectives(Mode(), CFG, tp).items() for i in range(n)]
+    ops = [(op, f"model.{op}.{i}", 8) for op, n in expected_collectives(TensorParallel(), CFG, tp).items() for i in range(n)]
     return [RankCheck(tp=tp, rank=r, group_rank=r, group=list(range(tp)), shape=[T, width], identical=True,
                       verdicts=None, finite=True, first_nonfinite=None, rel_err=rel, compared=1.0,
                       logits_rel_err=logits_rel, routing_flip=None, real_flip=None,

@@ -25,7 +25,7 @@ from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position
 from tpsim.config.loader import config_from_dict
-from tpsim.modes import MICRO_BATCHES, Mode, expected_collectives
+from tpsim.modes import Strategy, TensorParallel, expected_collectives
 from tpsim.parallel import TPGroup
 from tpsim.run.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured_parts
 from tpsim.app.report import summarize
@@ -51,10 +51,10 @@ def tbo_cases(draw):
     return tp, cfg, positions, seed, ids
 
 
-def report_failures(cfg, ids, positions, tp: int, missing: list[str], strategy: str, ops: list[str]) -> list[str]:
+def report_failures(cfg, ids, positions, tp: int, missing: list[str], strategy: Strategy, ops: list[str]) -> list[str]:
     """check's failure lines for a TP=tp row whose rank missed `missing` and ran the collectives `ops`
     (the report, fed one rank's results)."""
-    spec = RunSpec(ModelSource("drawn", cfg), 0, "float32", tuple(ids), tuple(positions), Mode("tp", tbo=True),
+    spec = RunSpec(ModelSource("drawn", cfg), 0, "float32", tuple(ids), tuple(positions), TensorParallel(tbo=True),
                    strategy)
     width = (len(positions) - len(missing)) * cfg.hidden_size
     row = RankCheck(tp=tp, rank=0, group_rank=0, group=[0], shape=[len(ids), width], identical=True, verdicts=None,
@@ -100,8 +100,8 @@ def test_tbo_computes_tp1_and_the_engine_misses_the_split_layers(rank_pool, c):
             assert not keep.any() or rel_err(engine[keep], truth[i][keep]) <= TOL, positions[i]
         for key in ("engine", "fixed"):
             assert all(torch.equal(a, b) for a, b in zip(got[key], out[0][key])), f"rank {r}'s {key} capture"
-        assert dict(Counter(got["collectives"])) == expected_collectives(Mode("tp", tbo=True), cfg, tp)
-    failures = report_failures(cfg, ids, positions, tp, expected, "model-level", out[0]["collectives"])
+        assert dict(Counter(got["collectives"])) == expected_collectives(TensorParallel(tbo=True), cfg, tp)
+    failures = report_failures(cfg, ids, positions, tp, expected, Strategy.MODEL_LEVEL, out[0]["collectives"])
     if expected:
         line = f"two-batch overlap: {', '.join(expected)} {'is' if len(expected) == 1 else 'are'} in the TBO region " \
                f"(layers >= first_k_dense_replace = {f})"
@@ -109,7 +109,7 @@ def test_tbo_computes_tp1_and_the_engine_misses_the_split_layers(rank_pool, c):
         assert f"{len(positions) - len(expected)} of {len(positions)} slots captured" in failures[0]
     else:
         assert not failures, failures
-    assert not report_failures(cfg, ids, positions, tp, [], MICRO_BATCHES, out[0]["collectives"])
+    assert not report_failures(cfg, ids, positions, tp, [], Strategy.MICRO_BATCHES, out[0]["collectives"])
 
 
 def test_check_tbo_names_the_region_and_the_micro_batch_capture_passes():

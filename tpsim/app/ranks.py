@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 
 from tpsim.base.errors import RankError, UsageError
+from tpsim.base.ui import ProgressLine
 from tpsim.parallel.launch import RankPool, default_backend, peer_symptom
 from tpsim.parallel.torchrun import gather_to_rank0, init_from_env, under_torchrun
+from tpsim.run.spec import RunSpec
 
 _TORCHRUN_CTX = None
 
@@ -86,3 +88,14 @@ def run_on_ranks(job: Callable, world: int, *, device: str, backend: str | None,
     backend = pick_backend(device, backend, world)
     with RankPool(world, backend, device, timeout_s, on_progress=progress) as pool:
         return pool.run(job, **kwargs)
+
+
+def on_ranks(job: Callable, spec: RunSpec, world: int, **kwargs) -> dict | None:
+    """`job(ctx, spec=spec, **kwargs)` on `world` ranks as `spec` says (device, backend, timeout),
+    with the progress line on the reporting process."""
+    progress = ProgressLine(enabled=is_reporting_process())
+    try:
+        return run_on_ranks(job, world, device=spec.device, backend=spec.backend, timeout_s=spec.timeout_s,
+                            progress=progress, spec=spec, **kwargs)
+    finally:
+        progress.stop()

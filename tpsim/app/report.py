@@ -83,7 +83,7 @@ class CheckReport:
                 "pipeline": s.pipeline and s.pipeline.to_dict(),
                 "tokens": len(s.tokens), "mode": s.mode.to_dict(), "tolerance": self.tolerance,
                 "tolerance_metric": TOLERANCE_METRIC, "rows": [asdict(r) for r in self.rows], "ok": self.ok,
-                "tpsim_version": __version__, "capture_strategy": s.strategy, "weights": s.source.weights,
+                "tpsim_version": __version__, "capture_strategy": s.strategy.value, "weights": s.source.weights,
                 "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes),
                 "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [asdict(g) for g in self.graphs]}}
 

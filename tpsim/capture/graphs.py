@@ -18,6 +18,7 @@ import torch
 
 from tpsim.capture.positions import Position
 from tpsim.capture.recorder import Recorder
+from tpsim.modes.strategy import Strategy
 
 
 @dataclass
@@ -30,7 +31,7 @@ class CaptureSet:
         self.positions = list(positions)
 
 
-def captured(model, ids: torch.Tensor, positions: list[Position], strategy: str):
+def captured(model, ids: torch.Tensor, positions: list[Position], strategy: Strategy):
     """One forward with `positions` captured: (capture `[T, n * hidden]`, `[T, 0]` when nothing is
     captured; logits)."""
     recorder = Recorder(positions, strategy)
@@ -42,7 +43,7 @@ def captured(model, ids: torch.Tensor, positions: list[Position], strategy: str)
 class RecordedGraph:
     """A graph of `num_tokens` tokens on CPU: the capture positions snapshotted when it is made."""
 
-    def __init__(self, model, num_tokens: int, positions: list[Position], strategy: str = "model-level"):
+    def __init__(self, model, num_tokens: int, positions: list[Position], strategy: Strategy = Strategy.MODEL_LEVEL):
         self.model, self.num_tokens, self.positions, self.strategy = model, num_tokens, list(positions), strategy
 
     def __call__(self, ids: torch.Tensor):
@@ -59,7 +60,7 @@ class GraphedForward:
     owned by the graph and overwritten by the next replay (clone to keep them).
     """
 
-    def __init__(self, model, num_tokens: int, positions: list[Position], strategy: str = "model-level",
+    def __init__(self, model, num_tokens: int, positions: list[Position], strategy: Strategy = Strategy.MODEL_LEVEL,
                  warmup: int = 3):
         device = model.group.device
         if device.type != "cuda":
@@ -102,7 +103,7 @@ class GraphRunner:
     """Graphs for the batch sizes `sizes` of `model`, capturing what `capture_set` holds when
     `capture()` runs; `run(ids)` replays the graph of that size, or runs eagerly."""
 
-    def __init__(self, model, capture_set: CaptureSet, sizes: list[int], strategy: str = "model-level",
+    def __init__(self, model, capture_set: CaptureSet, sizes: list[int], strategy: Strategy = Strategy.MODEL_LEVEL,
                  graph: type = RecordedGraph):
         self.model, self.capture_set, self.sizes, self.strategy = model, capture_set, sorted(sizes), strategy
         self.graph_type, self.graphs = graph, {}

@@ -6,11 +6,7 @@ import torch
 
 from tpsim.capture.positions import Position
 from tpsim.layers.probe import Rows, Sink
-from tpsim.modes import MICRO_BATCHES
-
-
-UNCLONED = "in-layer-uncloned"
-GATHERED_AFTER_3 = "gathered-after-3"
+from tpsim.modes.strategy import Strategy
 
 
 class Recorder(Sink):
@@ -42,18 +38,18 @@ class Recorder(Sink):
       missing (`missing`), the capture narrower.
     """
 
-    def __init__(self, positions: list[Position], strategy: str = "model-level"):
+    def __init__(self, positions: list[Position], strategy: Strategy = Strategy.MODEL_LEVEL):
         self.positions, self.strategy = list(positions), strategy
         self.wanted = set(self.positions)
         self.store: dict[Position, torch.Tensor] = {}
-        self.in_place = strategy == UNCLONED
-        self.in_layer_site = strategy in ("in-layer", UNCLONED)
+        self.in_place = strategy.in_place
+        self.in_layer_site = strategy.in_layer
         self.seen: dict[Position, torch.Tensor] = {}  # uncloned: each slot as it was when captured
         self.last: tuple[Position, torch.Tensor] | None = None  # uncloned: the latest residual heard
         self.pieces: dict[Position, list[tuple[int, torch.Tensor]]] = {}  # micro-batches: (first token, rows)
 
     def _keep(self, p: Position, x: torch.Tensor, rows: Rows) -> None:
-        gather = self.strategy == "gathered" or (self.strategy == GATHERED_AFTER_3 and (p.kind == "final" or p.boundary > 3))
+        gather = self.strategy.gathers(p.boundary)
         self.store[p] = rows.gathered(x, f"capture.{p}") if gather else rows.local(x)
 
     def boundary(self, b: int, hidden: torch.Tensor, residual: torch.Tensor | None, rows: Rows) -> None:
@@ -84,7 +80,7 @@ class Recorder(Sink):
 
     def micro_batch(self, b: int, start: int, total: int, hidden: torch.Tensor, residual: torch.Tensor) -> None:
         p = Position.at_boundary(b)
-        if p not in self.wanted or self.strategy != MICRO_BATCHES:
+        if p not in self.wanted or not self.strategy.micro_batches:
             return
         pieces = self.pieces.setdefault(p, [])
         pieces.append((start, hidden + residual))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tpsim.capture import Position, check_convention
 from tpsim.offline.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
                                  read_draft_config)
-from tpsim.cli.capture import on_ranks
+from tpsim.app.ranks import on_ranks
 from tpsim.cli.options import (EXECUTION_OPTIONS, add_execution_options, add_json, add_server_option, add_tp, emit_json,
                                load_source, one_tp, positive_int, run_spec)
 from tpsim.cli.parser import refuse_without
@@ -147,7 +147,7 @@ def run_model(args, src: ModelSource, tp: int, report: Report) -> ModelRun | Non
                     [str(p) for p in union], list(src.notes))
     if not union:
         return info
-    results = on_ranks(capture_job, spec, tp)
+    results = on_ranks(capture_job, spec, tp, tp=tp)
     if results is None:
         return None
     got = [r for r in results.values() if r is not None]

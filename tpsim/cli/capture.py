@@ -13,13 +13,11 @@ from tpsim.capture.points import check_points
 from tpsim.cli.options import add_mode_options, add_run_options, add_tp, load_source, one_tp, run_spec
 from tpsim.cli.outputs import add_force, check_output
 from tpsim.base.errors import UsageError
-from tpsim.modes import MICRO_BATCHES
 from tpsim.capture.files import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
-from tpsim.app.ranks import is_reporting_process, run_on_ranks
-from tpsim.run.spec import ModelSource, RunSpec
-from tpsim.base.ui import ProgressLine
+from tpsim.app.ranks import on_ranks
+from tpsim.run.spec import ModelSource
 
 
 def add_parser(sub) -> None:
@@ -53,15 +51,6 @@ def check_not_an_input(outs: list[Path], source: ModelSource) -> None:
                              "somewhere else")
 
 
-def on_ranks(job, spec: RunSpec, tp: int, **kwargs) -> dict | None:
-    progress = ProgressLine(enabled=is_reporting_process())
-    try:
-        return run_on_ranks(job, tp, device=spec.device, backend=spec.backend, timeout_s=spec.timeout_s,
-                            progress=progress, spec=spec, tp=tp, **kwargs)
-    finally:
-        progress.stop()
-
-
 def cmd_capture(args) -> int:
     tp = one_tp(args)
     out = Path(args.out)
@@ -69,7 +58,7 @@ def cmd_capture(args) -> int:
     if args.points is not None:
         return capture_points(args, tp, out)
     spec, res = run_spec(args, [tp])
-    if spec.mode.tbo and spec.strategy != MICRO_BATCHES:  # the engine's capture misses the split layers' slots
+    if spec.mode.tbo and not spec.strategy.micro_batches:  # the engine's capture misses the split layers' slots
         raise UsageError("capture --tbo writes the micro-batch capture only (--strategy micro-batches); "
                          "tpsim check --tbo replays the engine's narrower capture and names the missing slots")
     check_not_an_input([out], spec.source)
@@ -77,7 +66,7 @@ def cmd_capture(args) -> int:
         for f in res.findings:
             print(f"tpsim: error: {f}; nothing written", file=sys.stderr)
         return 1
-    results = on_ranks(capture_job, spec, tp)
+    results = on_ranks(capture_job, spec, tp, tp=tp)
     if results is None:
         return 0
     got = sorted((r for r in results.values() if r is not None), key=lambda r: r.group_rank)
@@ -95,7 +84,7 @@ def cmd_capture(args) -> int:
             "convention": res.convention, "positions": res.positions_text, "tp": str(tp), "dtype": spec.dtype,
             "seed": str(spec.seed), "config_sha256": spec.cfg.sha256(), "placement": placement,
             "num_layers": str(spec.cfg.num_hidden_layers),
-            "mode": mode.name, "capture_strategy": strategy,
+            "mode": mode.name, "capture_strategy": strategy.value,
             "weights": spec.source.weights, "tpsim_version": __version__}
     if spec.source.fingerprint:
         meta["checkpoint_fingerprint"] = spec.source.fingerprint
@@ -130,7 +119,7 @@ def capture_points(args, tp: int, out: Path) -> int:
     if args.strategy is not None:
         raise UsageError("--strategy applies to --layers captures; --points dumps each rank's local tensors as they are")
     spec, _ = run_spec(args, [tp], source=src, positions=())
-    results = on_ranks(points_job, spec, tp, points=points)
+    results = on_ranks(points_job, spec, tp, tp=tp, points=points)
     if results is None:
         return 0
     meta = {"tp": str(tp), "dtype": spec.dtype, "seed": str(args.seed), "config_sha256": src.cfg.sha256(),

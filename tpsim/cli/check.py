@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from tpsim.capture import Resolution
 from tpsim.cli.graph_options import add_graph_options
 from tpsim.cli.options import add_json, add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
 from tpsim.cli.pp_options import add_pp_options, pp_degree, pp_tp_degrees
-from tpsim.run.graph_jobs import graph_job
-from tpsim.run.graphs import GraphCheck
-from tpsim.run.jobs import check_job
-from tpsim.run.pp_jobs import pp_check_job
-from tpsim.app.ranks import is_reporting_process, run_on_ranks
-from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text, summarize
-from tpsim.run.spec import RunSpec
-from tpsim.base.ui import ProgressLine, say, table
+from tpsim.app.check import run_check, run_graphs
+from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text
+from tpsim.base.ui import say, table
 
 
 def add_parser(sub) -> None:
@@ -51,32 +45,6 @@ def cmd_check(args) -> int:
     else:
         print_report(report, tps)
     return 0 if report.ok else 1
-
-
-def run_check(spec: RunSpec, res: Resolution, tps: list[int]) -> CheckReport | None:
-    """Run check_job at every degree in `tps` on real ranks (None on torchrun ranks other than 0)."""
-    progress = ProgressLine(enabled=is_reporting_process())
-    try:
-        pp = spec.pipeline.size if spec.pipeline else 1
-        results = run_on_ranks(check_job if pp == 1 else pp_check_job, pp * max(tps), device=spec.device,
-                               backend=spec.backend,
-                               timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
-    finally:
-        progress.stop()
-    if results is None:
-        return None
-    return summarize(spec, res, tps, [r for per_rank in results.values() for r in per_rank])
-
-
-def run_graphs(spec: RunSpec, tps: list[int]) -> list[GraphCheck] | None:
-    """--cuda-graph: graph_job at every degree (None on torchrun ranks other than 0)."""
-    progress = ProgressLine(enabled=is_reporting_process())
-    try:
-        results = run_on_ranks(graph_job, max(tps), device=spec.device, backend=spec.backend,
-                               timeout_s=spec.timeout_s, progress=progress, spec=spec, tps=tps)
-    finally:
-        progress.stop()
-    return None if results is None else [c for per_rank in results.values() for c in per_rank]
 
 
 def engine_failure(args, res) -> int:

@@ -16,18 +16,20 @@ from pathlib import Path
 from tpsim.capture import CONVENTIONS, ids_for
 from tpsim.capture.points import catalogue, position_of
 from tpsim.capture.positions import Position
-from tpsim.cli.capture import on_ranks
+from tpsim.app.ranks import on_ranks
 from tpsim.cli.diagram import Step, draw
-from tpsim.cli.options import (add_execution_options, add_json, add_mode_options, add_model_option, add_tp, dtype_for,
-                               emit_json, integer, load_source, mode_from, one_tp, tokens_for)
+from tpsim.cli.options import (add_execution_options, add_json, add_mode_options, add_model_option, add_tp, emit_json,
+                               integer, load_source, one_tp, request_from)
 from tpsim.cli.outputs import add_force, check_output
-from tpsim.cli.pp_options import add_pp_options, pipeline_from, stage_rows
+from tpsim.cli.pp_options import add_pp_options, stage_rows
 from tpsim.config.loader import with_overrides
 from tpsim.base.errors import UsageError
 from tpsim.base.atomic import write_text
 from tpsim.parallel.placement import P, R, S0
 from tpsim.run.jobs import points_job
 from tpsim.app.preflight import check_timeout, check_world
+from tpsim.app.request import tokens_for
+from tpsim.app.run_options import pipeline_for
 from tpsim.run.results import PointsResult
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.base.ui import human_bytes, say, table
@@ -159,18 +161,20 @@ def cmd_explain(args) -> int:
     if not 0 <= k < L:
         raise UsageError(f"--layer {k} does not exist: layers are 0..{L - 1}")
     # run layers 0..k; under ar-fusion also layer k+1, whose norm holds layer k's fused all-reduce
-    mode = mode_from(args, src.cfg, [tp], None)[0]
-    pipe = pipeline_from(args, src.cfg, [tp], mode)
+    req = request_from(args, [tp])
+    mode = req.mode
+    mode.check(src.cfg, tp)
+    pipe = pipeline_for(req.pipeline, req.ids.server, src.cfg, [tp], mode)
     cfg = with_overrides(src.cfg, [f"num_hidden_layers={mode.layers_to_explain(k, L)}"])
-    tokens = tokens_for(args, cfg)
+    tokens = tokens_for(req.tokens, req.seq_len, req.seed, cfg)
     mode.check(cfg, tp, len(tokens))
     check_world(tp, args.device, args.ignore_limits)
-    dtype = dtype_for(args)
+    dtype = req.run_dtype
     stages = None if pipe is None else stage_rows(pipe, L, tp, len(tokens), c.hidden_size)
     home = None if stages is None else next(s for s in stages if s["layers"][0] <= k <= s["layers"][1])
     spec = RunSpec(ModelSource(src.name, cfg), args.seed, dtype, tuple(tokens), (), mode, mode.right_strategy,
                    args.device, args.backend, args.timeout)
-    results = on_ranks(points_job, spec, tp, points=[], everything=True, weights=False)
+    results = on_ranks(points_job, spec, tp, tp=tp, points=[], everything=True, weights=False)
     if results is None:
         return 0
     per_rank = sorted((r for r in results.values() if r is not None), key=lambda r: r.rank)

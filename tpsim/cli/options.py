@@ -4,26 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
-from tpsim.capture import CONVENTIONS, Resolution, check_convention, resolve
-from tpsim.config.loader import ModelConfig, builtin_names
+from tpsim.app.preflight import check_divides_world, check_timeout, torchrun_world
+from tpsim.app.request import Ids, RunRequest
+from tpsim.app.run_options import GraphsAsk, PipelineAsk
 from tpsim.base.errors import UsageError
-from tpsim.modes import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES,
-                          DpLocalTokens, Mode)
+from tpsim.capture import CONVENTIONS, Resolution, check_convention
+from tpsim.cli.pp_options import pp_degree
+from tpsim.config.loader import builtin_names
+from tpsim.modes import DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode, Strategy, TensorParallel, tbo
 from tpsim.parallel.torchrun import under_torchrun
-from tpsim.offline.align import read_draft_config
-from tpsim.cli.graph_options import graphs_from
-from tpsim.cli.pp_options import pipeline_from
-from tpsim.profiles.draft import read_ids
-from tpsim.profiles.findings import findings, resolution
-from tpsim.profiles.registry import lookup
-from tpsim.profiles.replay import replay
-from tpsim.app.preflight import check_divides_world, check_memory, check_timeout, check_world, torchrun_world
-from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, input_ids_for
+from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec
 
-MAX_TOKENS = 2**20  # far beyond any real context here (V3: 163840); keeps a typo from allocating 8 TB of ids
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "f32": "float32", "half": "float16"}
 LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "-1,2,30", "--tokens": "1,2,3"}
@@ -115,46 +108,6 @@ def add_server_option(p: argparse.ArgumentParser, draft: bool = False) -> None:
                        help="with --server: take the ids from the draft's config.json as that engine reads it")
 
 
-def resolution_for(args, cfg: ModelConfig) -> Resolution:
-    """--layers in --convention's numbering, or as the --server profile's engine handles them."""
-    ids, L = layer_ids(args), cfg.num_hidden_layers
-    draft = getattr(args, "draft_config", None)
-    if getattr(args, "server", None) is None:
-        if draft is not None:
-            raise UsageError("--draft-config is read as an engine reads it: give --server PROFILE too")
-        return resolve(args.convention or "sglang", ids, L)
-    if args.convention is not None:
-        raise UsageError("--server and --convention both say how ids are numbered; give one of them")
-    profile = lookup(args.server, cfg.model_type)
-    notes = [f"--server {args.server}: profile {profile.name} ({profile.versions.text()})"]
-    if getattr(args, "tbo", False):
-        notes.append(tbo_note(profile))
-    if draft is not None:
-        if ids is not None:
-            raise UsageError("--layers and --draft-config both give the ids; give one of them")
-        got = read_ids(profile, read_draft_config(draft).raw)
-        if got.failure:
-            return Resolution(profile.name, L, None, [], "internal_ids", [], notes, [got.failure], True)
-        ids = got.ids
-        notes.append(f"{draft}: falls back to the default: {got.fallback}" if got.fallback else
-                     f"{draft}: ids {ids} from {got.where}" if ids is not None else f"{draft}: no ids: the default")
-    rep = replay(profile, ids, L)
-    res = resolution(rep, ids)
-    res.notes[:0] = notes
-    res.findings, res.failed = findings(rep, cfg.hidden_size), rep.crashed or rep.refused
-    return res
-
-
-def tbo_note(profile) -> str:
-    """--tbo with --server: what the profile's capture does under two-batch overlap (UsageError when
-    its engine has none)."""
-    tbo = profile.behaviour.tbo
-    if tbo is None:
-        raise UsageError(f"--tbo replays SGLang's --enable-two-batch-overlap; profile {profile.name} has no "
-                         "two-batch overlap (tpsim profiles it for sglang's DeepSeek model file only)")
-    return f"two-batch overlap in {profile.name}: {tbo.value.value} ({tbo.source})"
-
-
 EXECUTION_OPTIONS = {"dtype": "--dtype", "seq_len": "--seq-len", "seed": "--seed", "device": "--device",
                      "backend": "--backend", "timeout": "--timeout", "ignore_limits": "--ignore-limits",
                      "override": "--override", "weights": "--weights", "compile": "--compile"}
@@ -213,28 +166,6 @@ def add_mode_options(p: argparse.ArgumentParser, strategy: bool = True) -> None:
                         "tokens (default off, as in SGLang: vocab-parallel over all ranks' gathered tokens)")
 
 
-def weights_for(args, src: ModelSource, tps: list[int]) -> ModelSource:
-    """The source with its config saying how linear weights are kept (ModelConfig.fp8_block)."""
-    quant = src.cfg.extra.get("quantization_config") or {}
-    fp8 = args.weights == "fp8" or (args.weights == "auto" and args.device == "cuda" and src.checkpoint is not None
-                                    and quant.get("quant_method") == "fp8")
-    if not fp8:
-        return src
-    if src.cfg.family.sinks:
-        raise UsageError(f"--weights fp8 covers the DeepSeek, Llama and Qwen families; {src.cfg.model_type} "
-                         "publishes mxfp4 experts: use --weights bf16")
-    src = dataclasses.replace(src, cfg=dataclasses.replace(src.cfg, fp8_block=src.cfg.weight_block()))
-    for t in tps:
-        src.cfg.check_fp8(t)
-    return src
-
-
-def dtype_for(args) -> str:
-    if args.dtype == "auto":
-        return "bfloat16" if args.device == "cuda" else "float32"
-    return args.dtype
-
-
 def layer_ids(args) -> list[int] | None:
     return None if args.layers is None else int_list(args.layers, "--layers")
 
@@ -246,46 +177,26 @@ def load_source(args, tps: list[int]) -> ModelSource:
     return ModelSource.load(args.model, args.override or [], tps)
 
 
-def tokens_for(args, cfg: ModelConfig) -> list[int]:
-    if getattr(args, "tokens", None) is not None:
-        if args.seq_len is not None:
-            raise UsageError("--tokens and --seq-len both say which tokens to run; give one of them")
-        ids = int_list(args.tokens, "--tokens")
-        if len(ids) > cfg.max_position_embeddings:
-            raise UsageError(f"--tokens gives {len(ids)} tokens, more than max_position_embeddings="
-                             f"{cfg.max_position_embeddings}; pass at most {cfg.max_position_embeddings}")
-        bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise UsageError(f"--tokens: id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1} "
-                             f"(vocab_size={cfg.vocab_size})")
-        return ids
-    n = positive_int(args.seq_len or "16", "--seq-len")
-    if n > MAX_TOKENS:
-        raise UsageError(f"--seq-len {n} is more tokens than tpsim runs (at most {MAX_TOKENS})")
-    if n > cfg.max_position_embeddings:
-        raise UsageError(f"--seq-len {n} exceeds max_position_embeddings={cfg.max_position_embeddings}")
-    return input_ids_for(cfg, args.seed, n)
+# --option -> the mode field it sets; the mode that owns the field says where it applies
+MODE_OPTIONS = (("--fusion-max-tokens", "fusion_max_tokens", "fusion_max_tokens"), ("--ep-output", "ep_output", "ep_output"),
+                ("--dp-padding", "dp_padding", "dp_padding"), ("--enable-dp-lm-head", "enable_dp_lm_head", "dp_lm_head"),
+                ("--dp-local-tokens", "dp_local_tokens", "dp_local_tokens"))
 
 
-def mode_from(args, cfg: ModelConfig, tps: list[int], tokens: int | None) -> tuple[Mode, str]:
-    """The Mode the options name and its capture strategy, checked against the config, every
-    TP degree and the token count before any rank starts."""
-    for option, attr, field, owner in (("--fusion-max-tokens", "fusion_max_tokens", "fusion_max_tokens", "ar-fusion"),
-                                       ("--ep-output", "ep_output", "ep_output", "ep"),
-                                       ("--dp-padding", "dp_padding", "dp_padding", "dp-attention"),
-                                       ("--enable-dp-lm-head", "enable_dp_lm_head", "dp_lm_head", "dp-attention"),
-                                       ("--dp-local-tokens", "dp_local_tokens", "dp_local_tokens", "dp-attention")):
-        if getattr(args, attr) is not None and not Mode.uses_option(args.mode, field):
-            raise UsageError(f"{option} applies to --mode {owner} only, not --mode {args.mode}")
-    fusion = DEFAULT_FUSION_MAX_TOKENS if args.fusion_max_tokens is None \
-        else integer(args.fusion_max_tokens, "--fusion-max-tokens")
-    mode = Mode(args.mode, fusion, args.ep_output or "scattered", args.dp_padding or DEFAULT_DP_PADDING,
-                bool(args.enable_dp_lm_head), bool(getattr(args, "tbo", False)),
-                dp_local_tokens=args.dp_local_tokens or DpLocalTokens.ALL)
-    strategy = mode.strategy(getattr(args, "strategy", None))
-    for t in tps:
-        mode.check(cfg, t, tokens)
-    return mode, strategy
+def mode_of(args) -> Mode:
+    """The Mode the --mode options name (each option refused where its mode is not the one named)."""
+    kind = Mode.kind(args.mode)
+    given = {name: getattr(args, attr) for option, attr, name in MODE_OPTIONS if getattr(args, attr) is not None}
+    for option, attr, name in MODE_OPTIONS:
+        if name in given and name not in kind.options():
+            raise UsageError(f"{option} applies to --mode {Mode.owner(name).name} only, not --mode {args.mode}")
+    if "fusion_max_tokens" in given:
+        given["fusion_max_tokens"] = integer(given["fusion_max_tokens"], "--fusion-max-tokens")
+    if getattr(args, "tbo", False):
+        if "tbo" not in kind.options():
+            raise tbo.not_in_mode(args.mode)
+        given["tbo"] = True
+    return kind(**given)
 
 
 def add_tp(p: argparse.ArgumentParser, what: str = "TP degree") -> None:
@@ -314,30 +225,28 @@ def tp_degrees(args) -> list[int]:
     return sorted(set(tps))
 
 
+def request_from(args, tps: list[int]) -> RunRequest:
+    """argv's options as the typed request (each command's parser says which options it has)."""
+    given = vars(args)
+    tokens, seq_len, size = given.get("tokens"), given.get("seq_len"), given.get("graph_tokens")
+    return RunRequest(
+        model=args.model, overrides=tuple(args.override or ()), tps=tuple(tps), seed=args.seed, dtype=args.dtype,
+        weights=given.get("weights"), compile=given.get("compile"), device=args.device, backend=args.backend,
+        timeout=args.timeout, ignore_limits=args.ignore_limits,
+        tokens=None if tokens is None else tuple(int_list(tokens, "--tokens")),
+        seq_len=None if seq_len is None else positive_int(seq_len, "--seq-len"),
+        ids=Ids(None if given.get("layers") is None else tuple(int_list(args.layers, "--layers")),
+                given.get("convention"), given.get("server"), given.get("draft_config")),
+        mode=mode_of(args) if "mode" in given else TensorParallel(), strategy=given.get("strategy"),
+        tbo_asked=bool(given.get("tbo")),
+        pipeline=PipelineAsk(pp_degree(args), given.get("pp_split"), given.get("pp_capture")),
+        graphs=GraphsAsk(bool(given.get("cuda_graph")), given.get("graph_ids"),
+                         None if size is None else integer(size, "--graph-tokens", example=", e.g. --graph-tokens 4")))
+
+
 def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=None,
-             mode: tuple[Mode, str] | None = None) -> tuple[RunSpec, Resolution]:
-    """Everything validated before any rank starts: config, degrees, capture, tokens, mode, memory
-    (`mode`: the mode and strategy when the caller decided them, else the --mode options)."""
+             mode: tuple[Mode, Strategy] | None = None) -> tuple[RunSpec, Resolution | None]:
+    """Everything validated before any rank starts (`mode`: the mode and strategy when the caller
+    decided them, else the --mode options)."""
     check_timeout(args.timeout)
-    src = weights_for(args, source or load_source(args, tps), tps) if hasattr(args, "weights") else \
-        (source or load_source(args, tps))
-    res = resolution_for(args, src.cfg) if positions is None else None
-    tokens = tokens_for(args, src.cfg)
-    if mode is not None:
-        for t in tps:
-            mode[0].check(src.cfg, t, len(tokens))
-    mode, strategy = mode or (mode_from(args, src.cfg, tps, len(tokens)) if hasattr(args, "mode") else
-                              (Mode(), "model-level"))
-    pipe = pipeline_from(args, src.cfg, tps, mode) if hasattr(args, "pp") else None
-    graphs = graphs_from(args, src.cfg, mode, len(tokens), pipe.size if pipe else 1) \
-        if hasattr(args, "cuda_graph") else None
-    if pipe is None:
-        check_world(max(tps), args.device, args.ignore_limits)
-    else:
-        check_world(pipe.size * max(tps), args.device, args.ignore_limits, f"--pp {pipe.size} x --tp {max(tps)}")
-    dtype = dtype_for(args)
-    check_memory(src.cfg, tps, dtype, args.device, args.ignore_limits, str(args.model), mode.context_parallel)
-    compiled = args.device == "cuda" if getattr(args, "compile", None) is None else args.compile
-    spec = RunSpec(src, args.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
-                   mode, strategy, args.device, args.backend, args.timeout, pipe, graphs, compiled)
-    return spec, res
+    return request_from(args, tps).spec(source, positions, mode)

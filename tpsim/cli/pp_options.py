@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from tpsim.capture.pipeline import PP_CAPTURES, Handoff
-from tpsim.config.loader import ModelConfig
+from tpsim.capture.pipeline import PP_CAPTURES
 from tpsim.base.errors import UsageError
-from tpsim.modes import Mode
 from tpsim.parallel.torchrun import under_torchrun
-from tpsim.parallel.pipeline import SPLITS, Split, check_pp
-from tpsim.profiles.registry import lookup
+from tpsim.parallel.pipeline import SPLITS
 from tpsim.run.pipeline import Pipeline
 from tpsim.app.preflight import max_cpu_ranks, torchrun_world
 
@@ -52,47 +49,6 @@ def pp_tp_degrees(args, pp: int) -> list[int] | None:
                              f"launch pp x tp ranks")
         return [world // pp]
     return [t for t in (1, 2, 4, 8) if pp * t <= max_cpu_ranks()] or [1]
-
-
-def pipeline_from(args, cfg: ModelConfig, tps: list[int], mode: Mode) -> Pipeline | None:
-    """The Pipeline the options name (None without --pp > 1), checked against the config, the mode,
-    every TP degree and, under torchrun, the world."""
-    pp = pp_degree(args)
-    split, capture, server = getattr(args, "pp_split", None), getattr(args, "pp_capture", None), \
-        getattr(args, "server", None)
-    if pp == 1:
-        for option, value in (("--pp-split", split), ("--pp-capture", capture)):
-            if value is not None:
-                raise UsageError(f"{option} applies with --pp 2 or more; add --pp N or drop {option}")
-        return None
-    check_pp(pp, cfg.num_hidden_layers)
-    if not mode.plain:
-        raise UsageError(f"--pp {pp} runs with --mode tp only, not --mode {mode.name}; drop --mode or --pp")
-    if mode.tbo:
-        raise UsageError(f"--pp {pp} and --tbo together are not replayed (whether SGLang runs two-batch overlap on "
-                         "pipeline stages is not known here); drop one of them")
-    if under_torchrun():
-        bad = next((t for t in tps if pp * t != torchrun_world()), None)
-        if bad is not None:
-            raise UsageError(f"under torchrun --pp {pp} x --tp {bad} = {pp * bad} ranks, but the world has "
-                             f"{torchrun_world()}; launch {pp * bad} ranks or use --tp {torchrun_world() // pp}")
-    if server is not None:
-        for option, value in (("--pp-split", split), ("--pp-capture", capture)):
-            if value is not None:
-                raise UsageError(f"--server {server} decides {option[5:]} (its engine's behaviour); drop {option}")
-        profile = lookup(server, cfg.model_type)
-        if profile.behaviour.pp is None:
-            raise UsageError(f"profile {profile.name} has no pipeline-parallel behaviour; use an engine profile "
-                             "(sglang, vllm) or --pp-capture")
-        engine = Split(profile.engine) if profile.engine in SPLITS else Split.SGLANG
-        cited = profile.behaviour.pp
-        return Pipeline(pp, engine, cited.value, f"{profile.name}: {cited.value.value}; {cited.source}")
-    if split is not None and split not in SPLITS:
-        raise UsageError(f"unknown --pp-split {split!r}; use one of {', '.join(SPLITS)}")
-    if capture is not None and capture not in PP_CAPTURES:
-        raise UsageError(f"unknown --pp-capture {capture!r}; use one of {', '.join(PP_CAPTURES)}")
-    handoff = PP_CAPTURES[capture] if capture else Handoff.HANDOFF
-    return Pipeline(pp, Split(split or "sglang"), handoff, f"--pp-capture {capture}" if capture else "")
 
 
 def stage_rows(pipe: Pipeline, num_layers: int, tp: int, tokens: int, hidden: int) -> list[dict]:

@@ -9,7 +9,7 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 from tpsim.offline.align import read_draft_config
-from tpsim.cli.check import run_check
+from tpsim.app.check import run_check
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
     one_tp, positive_int, run_spec
 from tpsim.cli.parser import refuse_without
@@ -103,7 +103,7 @@ def cmd_triage(args) -> int:
 def to_dict(t: Triage, args) -> dict:
     return {"ok": t.ok, "server": args.server, "serve_profile": t.serve.name, "train_profile": t.train.name,
             "tp": t.served.tp, "gpu": t.served.gpu.value, "model": args.model, "num_layers": t.replay.num_layers,
-            "served_mode": {"mode": t.mode.mode.to_dict(), "capture_strategy": t.mode.strategy, "why": t.mode.why},
+            "served_mode": {"mode": t.mode.mode.to_dict(), "capture_strategy": t.mode.strategy.value, "why": t.mode.why},
             "align": t.align.to_dict(), "check": None if t.check is None else t.check.to_dict(),
             "findings": [f.to_dict() for f in t.findings], "notes": t.notes}
 

@@ -59,6 +59,10 @@ def check_consistency(cfg: ModelConfig, source: str) -> None:
 
 
 def _check_mla(cfg: ModelConfig, source: str) -> None:
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):  # q_lora_rank: null = no LoRA
+        if getattr(cfg, name) is None:
+            raise UsageError(f"{source}: {name} is null; DeepSeek's MLA attention needs it as a positive integer "
+                             f"(e.g. {name}=16)")
     if cfg.extra.get("rope_interleave") is False:
         raise UsageError(f"{source}: rope_interleave=false (NeoX-permuted rope weights) is not supported; "
                          "tpsim reads DeepSeek's interleaved layout, as SGLang and vLLM do")

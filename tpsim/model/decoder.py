@@ -27,7 +27,7 @@ from tpsim.layers.fused import select as select_kernels
 from tpsim.layers.gptoss import GptOssMoE
 from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
-from tpsim.modes import Mode, Stages, Stream, split_sizes
+from tpsim.modes import Mode, Stages, Stream, TensorParallel, split_sizes
 from tpsim.model.overlap import Earlier, two_batch_overlap
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.pipeline import Stage
@@ -72,7 +72,7 @@ class DecoderLayer(Tapped, nn.Module):
               Point("mlp.in", R, "post_attention_layernorm output: what the MLP/MoE reads"),
               Point("out", R, "out({k}) = hidden + residual after layer {k}"))
 
-    def __init__(self, cfg: ModelConfig, k: int, group: TPGroup, dtype: torch.dtype, mode: Mode = Mode(),
+    def __init__(self, cfg: ModelConfig, k: int, group: TPGroup, dtype: torch.dtype, mode: Mode = TensorParallel(),
                  probe: Probe | None = None):
         super().__init__()
         prefix, eps, probe = f"model.layers.{k}", cfg.rms_norm_eps, probe or Probe(group)
@@ -164,7 +164,7 @@ def whole_model(cfg: ModelConfig, group: TPGroup) -> Stage:
 class DecoderModel(Tapped, nn.Module):
     POINTS = (Point("final", R, "final norm output = position final"),)
 
-    def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype, mode: Mode = Mode(),
+    def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype, mode: Mode = TensorParallel(),
                  probe: Probe | None = None, stage: Stage | None = None):
         super().__init__()
         probe = probe or Probe(group)
@@ -253,7 +253,7 @@ class CausalLM(nn.Module):
     `probe`: where a capture attaches (`with model.probe.attach(sink):`), hearing every named
     point and the residual stream at every position."""
 
-    def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype = torch.float32, mode: Mode = Mode(),
+    def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype = torch.float32, mode: Mode = TensorParallel(),
                  stage: Stage | None = None):
         super().__init__()
         mode.check(cfg, group.size)

@@ -31,14 +31,15 @@ moves them between stages through one transition, `Stream.move`.
 """
 
 from tpsim.modes.base import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS,
-                              MICRO_BATCHES, DpLocalTokens, DpPadding, Mode, expected_collectives)
+                              DpLocalTokens, DpPadding, EpOutput, Mode, expected_collectives)
 from tpsim.modes.kinds import ArFusion, ContextParallel, DpAttention, ExpertParallel, SequenceParallel, TensorParallel
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
+from tpsim.modes.strategy import Strategy
 
-KINDS = (TensorParallel, ArFusion, SequenceParallel, ExpertParallel, DpAttention, ContextParallel)
+KINDS = Mode.kinds()  # TensorParallel, ArFusion, SequenceParallel, ExpertParallel, DpAttention, ContextParallel
 STRATEGIES = {kind.name: kind.strategies for kind in KINDS}
 MODES = tuple(STRATEGIES)
 
-__all__ = ["MICRO_BATCHES", "DEFAULT_DP_PADDING", "DEFAULT_FUSION_MAX_TOKENS", "DP_PADDINGS", "DpPadding", "DP_LOCAL_TOKENS", "DpLocalTokens", "EP_OUTPUTS", "MODES", "STRATEGIES", "KINDS", "Mode", "expected_collectives",
+__all__ = ["Strategy", "EpOutput", "DEFAULT_DP_PADDING", "DEFAULT_FUSION_MAX_TOKENS", "DP_PADDINGS", "DpPadding", "DP_LOCAL_TOKENS", "DpLocalTokens", "EP_OUTPUTS", "MODES", "STRATEGIES", "KINDS", "Mode", "expected_collectives",
            "ArFusion", "ContextParallel", "DpAttention", "ExpertParallel", "SequenceParallel", "TensorParallel", "Plan", "Stages",
            "Stream", "split_sizes"]

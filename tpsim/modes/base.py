@@ -1,13 +1,13 @@
-"""`Mode`: a communication mode with its options, as one class per mode (tpsim.modes.kinds).
-
-`Mode(name, fusion_max_tokens, ep_output, dp_padding, dp_lm_head, tbo, dp_local_tokens)` builds the
-instance of that mode's class; the instance holds plain values only (DpPadding and DpLocalTokens are
-Enums of strings), so it pickles to every rank, and `to_dict()` / `from_dict()` round-trip it through JSON.
+"""`Mode`: a communication mode, one class per mode (tpsim.modes.kinds), each holding its own
+options as fields: `TensorParallel(tbo=True)`, `ArFusion(fusion_max_tokens=6)`,
+`ExpertParallel(EpOutput.REPLICATED)`, `DpAttention(DpPadding.MAX_LEN, dp_lm_head=True)`. An
+instance holds plain values only (Enums of strings), so it pickles to every rank; `to_dict()` /
+`Mode.from_dict()` round-trip it through JSON (one shape for every mode: the reports' `mode` key).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import ClassVar
 
@@ -16,12 +16,22 @@ import torch
 from tpsim.config.loader import ModelConfig
 from tpsim.base.errors import UsageError
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
+from tpsim.modes.strategy import Strategy
 from tpsim.modes.tbo import check_tbo
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R
 
-EP_OUTPUTS = ("replicated", "scattered")
-MICRO_BATCHES = "micro-batches"  # the capture strategy of sglang PR #32680 under two-batch overlap
+
+
+class EpOutput(Enum):
+    """Where ep leaves the stream after a MoE layer: token-scattered (SGLang's DeepEP path,
+    communicator.py's SCATTERED layer output) or the MoE output all-gathered (no SGLang path)."""
+
+    REPLICATED = "replicated"
+    SCATTERED = "scattered"
+
+
+EP_OUTPUTS = tuple(o.value for o in EpOutput)
 
 
 class DpPadding(Enum):
@@ -64,28 +74,24 @@ DP_LOCAL_TOKENS = tuple(t.value for t in DpLocalTokens)
 DEFAULT_DP_PADDING = DpPadding.SUM_LEN
 DEFAULT_FUSION_MAX_TOKENS = 2048  # SGLang's FUSE_ALLREDUCE_MAX_BATCH_SIZE
 _KINDS: dict[str, type["Mode"]] = {}  # name -> class, in the order the classes are defined
+# The reports' `mode` object: every mode's options, in this order, each at its default where the
+# mode has no such option (the JSON shape predates the per-mode classes)
+WIRE_OPTIONS = ("fusion_max_tokens", "ep_output", "dp_padding", "dp_lm_head", "tbo", "dp_local_tokens")
 
 TP_STAGES = Stages(layer_input=R, attn_input=R, attn_output=P, middle=R, mlp_input=R, mlp_output=P, layer_output=R)
 
 
 @dataclass(frozen=True)
 class Mode:
-    """A communication mode and its options (plain values: it travels to every rank).
+    """A communication mode (plain values: it travels to every rank).
 
-    A subclass per mode declares its capture `strategies` (the right one first), which option
-    fields it reads, and overrides the methods where it differs from pure TP: its `plan` (the
-    placement of every stage), its token split (`stream`), and what follows from them."""
+    A subclass per mode declares its `name`, its capture `strategies` (the right one first), its
+    options as dataclass fields, and overrides the methods where it differs from pure TP: its
+    `plan` (the placement of every stage), its token split (`stream`), and what follows from them."""
 
-    name: str = "tp"
-    fusion_max_tokens: int = DEFAULT_FUSION_MAX_TOKENS  # ar-fusion: fuse only when T <= this
-    ep_output: str = "scattered"  # ep: the stream left token-scattered (SGLang DeepEP), or the MoE output all-gathered
-    dp_padding: DpPadding = DEFAULT_DP_PADDING  # dp-attention: how the MLP input is gathered (DpPadding)
-    dp_lm_head: bool = False  # dp-attention: SGLang --enable-dp-lm-head (head replicated on own tokens), else vocab-parallel
-    tbo: bool = False  # SGLang --enable-two-batch-overlap: layers >= first_k_dense_replace as two micro-batches (tp only)
-    dp_local_tokens: DpLocalTokens = DpLocalTokens.ALL  # dp-attention: the rows each rank places in the MLP gather
-
-    strategies: ClassVar[tuple[str, ...]] = ()
-    options: ClassVar[tuple[str, ...]] = ()  # the option fields this mode reads
+    name: ClassVar[str] = ""
+    strategies: ClassVar[tuple[Strategy, ...]] = ()
+    tbo: ClassVar[bool] = False  # two-batch overlap: a field of TensorParallel, the only mode that has it
     plain: ClassVar[bool] = False  # pure TP: every collective an all-reduce but the head's all-gather
     rank_local: ClassVar[bool] = False  # each rank runs and captures its own tokens, not the whole batch
     expert_parallel: ClassVar[bool] = False  # MoE experts split whole over ranks, tokens moved to them
@@ -95,30 +101,6 @@ class Mode:
         super().__init_subclass__(**kwargs)
         _KINDS[cls.name] = cls
 
-    def __new__(cls, name: str = "tp", *args, **kwargs):
-        # Mode("sp") is a SequenceParallel; unpickling calls a subclass's __new__ with no arguments
-        return object.__new__(Mode.kind(name) if cls is Mode else cls)
-
-    def __post_init__(self):
-        if self.fusion_max_tokens < 1:
-            raise UsageError(f"--fusion-max-tokens {self.fusion_max_tokens} must be at least 1 "
-                             f"(SGLang's default is {DEFAULT_FUSION_MAX_TOKENS})")
-        if self.ep_output not in EP_OUTPUTS:
-            raise UsageError(f"unknown --ep-output {self.ep_output!r}; use one of {', '.join(EP_OUTPUTS)}")
-        if not isinstance(self.dp_padding, DpPadding):  # the CLI's and JSON's string form
-            if self.dp_padding not in DP_PADDINGS:
-                raise UsageError(f"unknown --dp-padding {self.dp_padding!r}; use one of {', '.join(DP_PADDINGS)}")
-            object.__setattr__(self, "dp_padding", DpPadding(self.dp_padding))
-        if not isinstance(self.dp_local_tokens, DpLocalTokens):
-            if self.dp_local_tokens not in DP_LOCAL_TOKENS:
-                raise UsageError(f"unknown --dp-local-tokens {self.dp_local_tokens!r}; use one of "
-                                 f"{', '.join(DP_LOCAL_TOKENS)}")
-            object.__setattr__(self, "dp_local_tokens", DpLocalTokens(self.dp_local_tokens))
-        if self.dp_local_tokens is DpLocalTokens.PER_REQUEST and self.dp_padding is DpPadding.MAX_LEN:
-            raise UsageError("--dp-local-tokens per-request replays the sum-len gather's local row count; max-len's "
-                             "all-gather copies every padded row and reads no dp_local_num_tokens: pass --dp-padding "
-                             "sum-len")
-
     @staticmethod
     def kind(name: str) -> type["Mode"]:
         """The class of mode `name`."""
@@ -127,10 +109,19 @@ class Mode:
         return _KINDS[name]
 
     @staticmethod
-    def uses_option(name: str, option: str) -> bool:
-        """Whether mode `name` reads option field `option` (False for an unknown mode)."""
-        return name in _KINDS and option in _KINDS[name].options
+    def kinds() -> tuple["type[Mode]", ...]:
+        """Every mode's class, in the order they are defined (tpsim.modes.kinds)."""
+        return tuple(_KINDS.values())
 
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        """The option fields this mode has."""
+        return tuple(f.name for f in fields(cls))
+
+    @staticmethod
+    def owner(option: str) -> "type[Mode]":
+        """The mode whose option field `option` is."""
+        return next(kind for kind in _KINDS.values() if option in kind.options())
 
     @property
     def local_head(self) -> bool:
@@ -138,28 +129,28 @@ class Mode:
         return self.rank_local
 
     @property
-    def right_strategy(self) -> str:
+    def right_strategy(self) -> Strategy:
         return self.strategies[0]
 
-    def strategy(self, name: str | None) -> str:
-        """The capture strategy `name` (None: the right one), checked against this mode."""
+    def strategy(self, name: str | None) -> Strategy:
+        """The capture strategy named `name` (None: the right one), checked against this mode."""
         if name is None:
             return self.right_strategy
-        if name == MICRO_BATCHES and not self.tbo:
-            raise UsageError(f"capture strategy {MICRO_BATCHES!r} captures two-batch overlap's micro-batches "
+        if name == Strategy.MICRO_BATCHES.value and not self.tbo:
+            raise UsageError(f"capture strategy {name!r} captures two-batch overlap's micro-batches "
                              "(sglang PR #32680); give --tbo too")
-        if name not in self.strategies:
+        if name not in [s.value for s in self.strategies]:
             raise UsageError(f"capture strategy {name!r} does not exist for --mode {self.name}; "
-                             f"use one of {', '.join(self.strategies)}")
-        return name
+                             f"use one of {', '.join(s.value for s in self.strategies)}")
+        return Strategy(name)
 
     def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
         """Raise UsageError if this mode cannot run `cfg` at TP=tp (on `tokens` tokens)."""
         cfg.check_tp(tp)
         if self.tbo:
-            check_tbo(cfg, self.name, tokens)
+            check_tbo(cfg, tokens)
 
-    def note(self, strategy: str, tokens: int, num_layers: int) -> str | None:
+    def note(self, strategy: Strategy, tokens: int, num_layers: int) -> str | None:
         """What the mode does to this run's capture, in one line (None for plain tp)."""
         what = self._effect(tokens, num_layers)
         return None if what is None else f"mode {self.name}, capture strategy {strategy}: {what}"
@@ -219,11 +210,16 @@ class Mode:
         return {"all_reduce": 1 + 2 * cfg.num_hidden_layers, "all_gather": 1}
 
     def to_dict(self) -> dict:
-        return {k: v.value if isinstance(v, Enum) else v for k, v in asdict(self).items()}
+        own = asdict(self)
+        every = {k: own[k] if k in own else Mode.owner(k).__dataclass_fields__[k].default for k in WIRE_OPTIONS}
+        return {"name": self.name, **{k: v.value if isinstance(v, Enum) else v for k, v in every.items()}}
 
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "Mode":
-        return cls(**d) if d else cls()
+    @staticmethod
+    def from_dict(d: dict | None) -> "Mode":
+        """The mode a `to_dict()` describes (None or {}: plain tp)."""
+        d = d or {"name": "tp"}
+        kind = Mode.kind(d["name"])
+        return kind(**{k: v for k, v in d.items() if k in kind.options()})
 
 
 def expected_collectives(mode: Mode, cfg: ModelConfig, tp: int) -> dict[str, int]:

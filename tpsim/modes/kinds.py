@@ -10,12 +10,23 @@ import torch.distributed as dist
 
 from tpsim.config.loader import ModelConfig
 from tpsim.base.errors import UsageError
-from tpsim.modes.base import MICRO_BATCHES, TP_STAGES, DpLocalTokens, DpPadding, Mode
+from tpsim.modes.base import (DEFAULT_DP_PADDING, DEFAULT_FUSION_MAX_TOKENS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS,
+                              TP_STAGES, DpLocalTokens, DpPadding, EpOutput, Mode)
+from tpsim.modes.strategy import Strategy
 from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
-from tpsim.modes.tbo import check_tbo, tbo_split
+from tpsim.modes.tbo import tbo_split
 from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
+
+def _member(enum, value, option: str, allowed: tuple[str, ...]):
+    """`value` as a member of `enum` (the CLI's and JSON's string form accepted)."""
+    if isinstance(value, enum):
+        return value
+    if value not in allowed:
+        raise UsageError(f"unknown {option} {value!r}; use one of {', '.join(allowed)}")
+    return enum(value)
+
 
 SP_STAGES = Stages(layer_input=S0, attn_input=R, attn_output=P, middle=S0, mlp_input=R, mlp_output=P, layer_output=S0)
 
@@ -26,8 +37,10 @@ class TensorParallel(Mode):
     --enable-two-batch-overlap, tpsim.modes.tbo) layers first_k_dense_replace..L-1 run the batch as two
     micro-batches, each with its own attention and MLP/MoE all-reduces."""
 
-    name: str = "tp"
-    strategies = ("model-level", "in-layer", "in-layer-uncloned", MICRO_BATCHES)
+    tbo: bool = False  # SGLang --enable-two-batch-overlap: layers >= first_k_dense_replace as two micro-batches
+
+    name = "tp"
+    strategies = (Strategy.MODEL_LEVEL, Strategy.IN_LAYER, Strategy.IN_LAYER_UNCLONED, Strategy.MICRO_BATCHES)
     plain = True
 
     def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
@@ -56,9 +69,15 @@ class ArFusion(Mode):
     fusion_max_tokens tokens a layer's MLP all-reduce runs in the next layer's input_layernorm,
     so between layers each rank holds its own summand plus the residual (Partial(sum))."""
 
-    name: str = "ar-fusion"
-    strategies = ("in-layer", "model-level", "in-layer-uncloned")
-    options = ("fusion_max_tokens",)
+    fusion_max_tokens: int = DEFAULT_FUSION_MAX_TOKENS  # fuse only when T <= this
+
+    name = "ar-fusion"
+    strategies = (Strategy.IN_LAYER, Strategy.MODEL_LEVEL, Strategy.IN_LAYER_UNCLONED)
+
+    def __post_init__(self):
+        if self.fusion_max_tokens < 1:
+            raise UsageError(f"--fusion-max-tokens {self.fusion_max_tokens} must be at least 1 "
+                             f"(SGLang's default is {DEFAULT_FUSION_MAX_TOKENS})")
 
     def fused(self, tp: int, tokens: int, k: int, num_layers: int) -> bool:
         """SGLang: tp > 1, not the last layer, at most fusion_max_tokens tokens in the batch."""
@@ -98,8 +117,8 @@ class SequenceParallel(Mode):
     """Megatron sequence parallelism: the stream token-sharded (T padded to a multiple of tp),
     gathered for attention and MLP, their partial sums reduce-scattered back."""
 
-    name: str = "sp"
-    strategies = ("gathered", "local")
+    name = "sp"
+    strategies = (Strategy.GATHERED, Strategy.LOCAL)
 
     def _split(self, T: int, group: TPGroup) -> Stream:
         n = -(-T // group.size)
@@ -129,10 +148,14 @@ class ExpertParallel(Mode):
     (ep_output="scattered", SGLang's DeepEP path: communicator.py's SCATTERED layer output) or the
     MoE output is all-gathered (ep_output="replicated", matches no SGLang path)."""
 
-    name: str = "ep"
-    strategies = ("gathered", "local", "gathered-after-3")
-    options = ("ep_output",)
+    ep_output: EpOutput = EpOutput.SCATTERED
+
+    name = "ep"
+    strategies = (Strategy.GATHERED, Strategy.LOCAL, Strategy.GATHERED_PAST_HARD_CODED_DENSE)
     expert_parallel = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "ep_output", _member(EpOutput, self.ep_output, "--ep-output", EP_OUTPUTS))
 
     def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
         super().check(cfg, tp, tokens)
@@ -146,7 +169,7 @@ class ExpertParallel(Mode):
 
     def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
         moe = [cfg.is_moe_layer(k) for k in range(cfg.num_hidden_layers)]
-        first, scattered, layers = moe.index(True), self.ep_output == "scattered", []
+        first, scattered, layers = moe.index(True), self.ep_output is EpOutput.SCATTERED, []
         for k in range(cfg.num_hidden_layers):
             into = S0 if scattered and k > first else R
             out = S0 if scattered and k >= first else R
@@ -164,7 +187,7 @@ class ExpertParallel(Mode):
         L = cfg.num_hidden_layers
         moe = [k for k in range(L) if cfg.is_moe_layer(k)]
         M, D = len(moe), L - len(moe)
-        if self.ep_output == "replicated":  # MoE: 3 all_to_all + 1 all_gather of the outputs
+        if self.ep_output is EpOutput.REPLICATED:  # MoE: 3 all_to_all + 1 all_gather of the outputs
             return {"all_reduce": 1 + L + D, "all_to_all": 3 * M, "all_gather": M + 1}
         f = moe[0]  # scattered: layers after f gather for attention and reduce-scatter its output
         after, dense_after = L - f - 1, sum(1 for k in range(f + 1, L) if not cfg.is_moe_layer(k))
@@ -174,7 +197,7 @@ class ExpertParallel(Mode):
 
     def _effect(self, tokens: int, num_layers: int) -> str:
         return ("experts split whole over ranks, tokens moved with all_to_all; the MoE output is "
-                + ("all-gathered" if self.ep_output == "replicated" else "left token-scattered"))
+                + ("all-gathered" if self.ep_output is EpOutput.REPLICATED else "left token-scattered"))
 
 
 @dataclass(frozen=True)
@@ -215,10 +238,22 @@ class DpAttention(Mode):
     (same shapes and bytes) but computes only real rows. SGLang's logits cover only the tokens whose
     logprobs are needed (the last one per request in a plain prefill); tpsim's cover every token."""
 
-    name: str = "dp-attention"
-    strategies = ("local",)
-    options = ("dp_padding", "dp_lm_head", "dp_local_tokens")
+    dp_padding: DpPadding = DEFAULT_DP_PADDING  # how the MLP input is gathered
+    dp_lm_head: bool = False  # SGLang --enable-dp-lm-head (head replicated on own tokens), else vocab-parallel
+    dp_local_tokens: DpLocalTokens = DpLocalTokens.ALL  # the rows each rank places in the MLP gather
+
+    name = "dp-attention"
+    strategies = (Strategy.LOCAL,)
     rank_local = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "dp_padding", _member(DpPadding, self.dp_padding, "--dp-padding", DP_PADDINGS))
+        object.__setattr__(self, "dp_local_tokens", _member(DpLocalTokens, self.dp_local_tokens, "--dp-local-tokens",
+                                                           DP_LOCAL_TOKENS))
+        if self.dp_local_tokens is DpLocalTokens.PER_REQUEST and self.dp_padding is DpPadding.MAX_LEN:
+            raise UsageError("--dp-local-tokens per-request replays the sum-len gather's local row count; max-len's "
+                             "all-gather copies every padded row and reads no dp_local_num_tokens: pass --dp-padding "
+                             "sum-len")
 
     @property
     def local_head(self) -> bool:
@@ -358,13 +393,11 @@ class ContextParallel(Mode):
     local capture is token-scattered under each, its rows in another order); the MLP FULL path and the
     vocab-parallel LM head (tpsim's cp is pure context parallelism, no tensor parallelism inside)."""
 
-    name: str = "cp"
-    strategies = ("gathered", "local")
+    name = "cp"
+    strategies = (Strategy.GATHERED, Strategy.LOCAL)
     context_parallel = True
 
     def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
-        if self.tbo:
-            check_tbo(cfg, self.name, tokens)
         if tokens is not None and tokens < tp:
             raise UsageError(f"--mode cp at --tp {tp} splits the tokens over {tp} ranks and needs at least {tp} "
                              f"tokens, got {tokens}; pass more --tokens or a larger --seq-len, or a smaller --tp")

@@ -24,8 +24,6 @@ from tpsim.config.loader import ModelConfig
 from tpsim.base.errors import UsageError
 from tpsim.config.families import MoeLayout
 
-SUPPORTED_MODE = "tp"
-
 
 def tbo_split(T: int) -> tuple[int, int]:
     """Tokens of micro-batch A (the first) and B of a single sequence of T tokens (SGLang's two-chunk
@@ -38,11 +36,13 @@ def tbo_region(cfg: ModelConfig) -> range:
     return range(cfg.first_k_dense_replace, cfg.num_hidden_layers)
 
 
-def check_tbo(cfg: ModelConfig, mode: str, tokens: int | None) -> None:
-    """Raise UsageError unless `--tbo` can replay SGLang's two-batch overlap on `cfg` in `mode`."""
-    if mode != SUPPORTED_MODE:
-        raise UsageError(f"--tbo replays SGLang's two-batch overlap in pure TP only: use --mode {SUPPORTED_MODE}, "
-                         f"not --mode {mode}")
+def not_in_mode(mode: str) -> UsageError:
+    """`--tbo` given with a mode that has no two-batch overlap (tp is the one that has it)."""
+    return UsageError(f"--tbo replays SGLang's two-batch overlap in pure TP only: use --mode tp, not --mode {mode}")
+
+
+def check_tbo(cfg: ModelConfig, tokens: int | None) -> None:
+    """Raise UsageError unless `--tbo` can replay SGLang's two-batch overlap on `cfg`."""
     L, f = cfg.num_hidden_layers, cfg.first_k_dense_replace
     if cfg.family.moe is not MoeLayout.DEEPSEEK or cfg.moe_layer_count() == 0:
         raise UsageError(f"--tbo needs a DeepSeek-family model with MoE layers (SGLang splits the batch from "

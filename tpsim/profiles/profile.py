@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from tpsim.capture.pipeline import Handoff
+from tpsim.modes.strategy import Strategy
 
 T = TypeVar("T")
 
@@ -100,9 +101,9 @@ class Site(Enum):
     AFTER_FUSED_ADD = "inside the next layer, after its fused all-reduce + add, residual cloned"
 
     @property
-    def strategy(self) -> str:
+    def strategy(self) -> Strategy:
         """tpsim's capture strategy that replays this site."""
-        return "model-level" if self is Site.BETWEEN_LAYERS else "in-layer"
+        return Strategy.MODEL_LEVEL if self is Site.BETWEEN_LAYERS else Strategy.IN_LAYER
 
 
 class GraphIds(Enum):
@@ -213,8 +214,8 @@ class Gather(Enum):
     GATHERED = "all tokens: the capture all-gathers the scattered stream"
 
     @property
-    def strategy(self) -> str:
-        return "local" if self is Gather.LOCAL else "gathered"
+    def strategy(self) -> Strategy:
+        return Strategy.LOCAL if self is Gather.LOCAL else Strategy.GATHERED
 
 
 class TboCapture(Enum):
@@ -225,8 +226,8 @@ class TboCapture(Enum):
     MICRO_BATCHES = "each micro-batch captured over its own token slice, merged back by token range"
 
     @property
-    def strategy(self) -> str:
-        return "model-level" if self is TboCapture.REGION_NOT_CAPTURED else "micro-batches"
+    def strategy(self) -> Strategy:
+        return Strategy.MODEL_LEVEL if self is TboCapture.REGION_NOT_CAPTURED else Strategy.MICRO_BATCHES
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpsim.modes import DEFAULT_FUSION_MAX_TOKENS, Mode
+from tpsim.modes import ArFusion, DpAttention, EpOutput, ExpertParallel, Mode, Strategy, TensorParallel
 from tpsim.profiles.profile import Cited, Gather, Profile, Served, Site
 
 
@@ -15,7 +15,7 @@ class ServedMode:
     it (each cited)."""
 
     mode: Mode
-    strategy: str
+    strategy: Strategy
     why: list[str] = field(default_factory=list)
     decided_by: list[Cited] = field(default_factory=list)
     capture_field: str | None = None  # the behaviour that decides whether the capture holds the whole stream
@@ -25,11 +25,11 @@ class ServedMode:
 def served_mode(profile: Profile, s: Served) -> ServedMode:
     b = profile.behaviour
     if s.dp_attention and s.tp > 1:
-        return ServedMode(Mode("dp-attention"), "local", ["--enable-dp-attention: each rank runs its own requests "
+        return ServedMode(DpAttention(), Strategy.LOCAL, ["--enable-dp-attention: each rank runs its own requests "
                                                          "and captures them rank-locally"])
     if s.deepep and s.tp > 1:
         gather = b.scattered or Cited(Gather.LOCAL, b.site.source)
-        return ServedMode(Mode("ep", DEFAULT_FUSION_MAX_TOKENS, "scattered"), gather.value.strategy,
+        return ServedMode(ExpertParallel(EpOutput.SCATTERED), gather.value.strategy,
                           ["--moe-a2a-backend deepep: experts split over ranks, the stream token-scattered after "
                            f"MoE layers (tpsim's all_to_all emulates DeepEP's dispatch/combine); the capture holds "
                            f"{gather.value.value}"], [gather], "scattered", Gather.GATHERED)
@@ -40,13 +40,13 @@ def served_mode(profile: Profile, s: Served) -> ServedMode:
                f"all-reduce fusion is auto-enabled: {fusion.value.value} ({s.gpu.value}, {s.nnodes} node"
                f"{'s' if s.nnodes > 1 else ''}, tp {s.tp})")
         where = b.site.value
-        return ServedMode(Mode("ar-fusion", DEFAULT_FUSION_MAX_TOKENS), where.strategy,
+        return ServedMode(ArFusion(), where.strategy,
                           [why, f"the capture is taken {where.value}"],
                           [c for c in (fusion if auto else None, b.site) if c is not None], "site", Site.AFTER_FUSED_ADD)
     why = "tp 1: no collective" if s.tp == 1 else (
         "plain TP: " + (f"all-reduce fusion stays off ({fusion.value.value})" if fusion is not None
                         else "the profile has no fusion rule"))
-    return ServedMode(Mode("tp"), Site.BETWEEN_LAYERS.strategy, [why], [fusion] if fusion else [])
+    return ServedMode(TensorParallel(), Site.BETWEEN_LAYERS.strategy, [why], [fusion] if fusion else [])
 
 
 def fixed_in(profile: Profile, later: list[Profile], served: ServedMode) -> Profile | None:

@@ -8,6 +8,7 @@ import torch
 
 from tpsim.capture.graphs import CaptureSet, GraphRunner, RecordedGraph
 from tpsim.layers.fused import use_compiled
+from tpsim.modes import Strategy
 from tpsim.parallel.launch import RankContext
 from tpsim.run.graphs import GraphCheck, start
 from tpsim.run.jobs import bitwise_equal, build_model, rel_err, run_captured
@@ -32,7 +33,7 @@ def graph_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[GraphChec
         if group.device.type == "cuda":
             from tpsim.capture.graphs import GraphedForward
             graph = GraphedForward
-        runner = GraphRunner(model, CaptureSet(), [g.tokens], spec.strategy if tp > 1 else "model-level", graph)
+        runner = GraphRunner(model, CaptureSet(), [g.tokens], spec.strategy if tp > 1 else Strategy.MODEL_LEVEL, graph)
         start(g.ids, runner, config, list(g.default))
         graphed = runner.run(ids[:g.tokens].to(group.device))
         eager = runner.run(ids.to(group.device))

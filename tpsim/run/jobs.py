@@ -18,7 +18,7 @@ from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.config.loader import ModelConfig
 from tpsim.model.decoder import CausalLM
 from tpsim.layers.fused import use_compiled
-from tpsim.modes import Mode
+from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
@@ -31,7 +31,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
-                checkpoint: str | None = None, progress=None, mode: Mode = Mode(), stage: Stage | None = None) -> CausalLM:
+                checkpoint: str | None = None, progress=None, mode: Mode = TensorParallel(), stage: Stage | None = None) -> CausalLM:
     """This rank's shard of the model in `mode` (of its PP `stage`, when given): weights from the
     checkpoint directory when given (read slice by slice), else seeded from `seed`."""
     model = CausalLM(cfg, group, DTYPES[dtype], mode, stage)
@@ -44,7 +44,7 @@ def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
 
 
 def run_captured(model: CausalLM, input_ids: list[int], positions: list[Position],
-                 strategy: str = "model-level"):
+                 strategy: Strategy = Strategy.MODEL_LEVEL):
     """One forward: (this rank's capture `[T, len(positions) * hidden]` taken with `strategy`,
     logits `[T, vocab_size]`). Afterwards the group's tracer holds exactly the collectives of
     this forward."""
@@ -53,14 +53,14 @@ def run_captured(model: CausalLM, input_ids: list[int], positions: list[Position
 
 
 def run_captured_parts(model: CausalLM, input_ids: list[int], positions: list[Position],
-                       strategy: str = "model-level"):
+                       strategy: Strategy = Strategy.MODEL_LEVEL):
     """As run_captured, with the capture as one tensor per position (their token counts may differ)."""
     recorder, logits = run_recorded(model, input_ids, positions, strategy)
     return recorder.parts(), logits
 
 
 def run_recorded(model: CausalLM, input_ids: list[int], positions: list[Position],
-                 strategy: str = "model-level") -> tuple[Recorder, torch.Tensor]:
+                 strategy: Strategy = Strategy.MODEL_LEVEL) -> tuple[Recorder, torch.Tensor]:
     """One forward with a Recorder attached: (the recorder, after the forward; the logits)."""
     group = model.group
     group.tracer.clear()
@@ -112,7 +112,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
     tokens (relative error; logits too). A capture that differs between ranks is gathered on
     the group's rank 0 and diagnosed there (tpsim.offline.diagnosis) against the TP=1 reference."""
     m, strategy, pos = spec.mode, spec.strategy, list(spec.positions)
-    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": strategy})
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": strategy.value})
     config, seed, dtype, checkpoint, input_ids = spec.cfg, spec.seed, spec.dtype, spec.checkpoint, list(spec.tokens)
     residual_points = {p: f"layers.{p.layer}.mid" for p in pos if p.kind == "out"}
     reference, rows, replica = None, [], None
@@ -124,7 +124,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
         if tp == 1 and m.tbo:  # the reference runs the whole batch; the TP=1 row replays the overlap too
             reference = tp1_reference(config, group, seed, dtype, checkpoint, mine, pos, residual_points)
         model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp),
-                            m if tp > 1 or m.tbo else Mode())
+                            m if tp > 1 or m.tbo else TensorParallel())
         same_run = None
         # what the naive capture should have been, same run (two-batch overlap: pure TP, every strategy replicated)
         if tp > 1 and strategy != m.right_strategy and not m.tbo:
@@ -135,11 +135,11 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
         with model.probe.attach(Taps(wanted=set(residual_points.values()) if tp == 1 else set(),
                                      watch_finite=True)) as taps:
             ctx.progress(f"TP={tp}: forward")
-            recorder, logits = run_recorded(model, mine, pos, strategy if tp > 1 or m.tbo else "model-level")
+            recorder, logits = run_recorded(model, mine, pos, strategy if tp > 1 or m.tbo else Strategy.MODEL_LEVEL)
             parts, modified, missing = recorder.parts(), recorder.modified(), recorder.missing()
         records = list(group.tracer.records)
-        route = routing_rows(model, m if tp > 1 else Mode(), group, len(input_ids))
-        margins = routing_margins(model, m if tp > 1 else Mode(), group, len(input_ids))
+        route = routing_rows(model, m if tp > 1 else TensorParallel(), group, len(input_ids))
+        margins = routing_margins(model, m if tp > 1 else TensorParallel(), group, len(input_ids))
         del model
         mixed = len({t.shape[0] for t in parts}) > 1  # a local capture of scattered and replicated positions
         cap = parts[0].new_zeros((0, 0)) if mixed else torch.cat(parts, dim=-1) if parts \
@@ -194,7 +194,7 @@ def tp1_reference(config: ModelConfig, group: TPGroup, seed: int, dtype: str, ch
             "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()}}
 
 
-def routing_rows(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
+def routing_rows(model: CausalLM, mode: Mode = TensorParallel(), group: TPGroup | None = None,
                  T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: the experts each of this rank's tokens picked in the last forward `[T_own, top_k]`,
     sorted}: the whole batch, in token order (ep: gathered from the ranks' token shards; sp:
@@ -211,7 +211,7 @@ def routing_rows(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = N
     return out
 
 
-def routing_margins(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
+def routing_margins(model: CausalLM, mode: Mode = TensorParallel(), group: TPGroup | None = None,
                     T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: `[T_own]` router margin of each token in the last forward} (rows as routing_rows)."""
     out = {}
@@ -325,7 +325,7 @@ def capture_job(ctx: RankContext, spec: RunSpec, tp: int) -> CaptureResult | Non
     rank of the group holds exactly the same tensor. Under dp-attention every rank returns its
     own sequence's capture (identical is None)."""
     m, pos = spec.mode, list(spec.positions)
-    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tp": tp, "strategy": spec.strategy})
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tp": tp, "strategy": spec.strategy.value})
     if not ctx.participates(tp):
         return None
     group = ctx.groups[tp]

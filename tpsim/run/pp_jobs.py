@@ -10,7 +10,7 @@ import torch
 from tpsim.capture import Position, Recorder
 from tpsim.capture.pipeline import collect
 from tpsim.model.decoder import CausalLM
-from tpsim.modes import Mode
+from tpsim.modes import Strategy, TensorParallel
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.launch import RankContext
 from tpsim.run.jobs import DTYPES, _compare_ranks, _progress, agree_on_run, build_model, rel_err, run_captured_parts
@@ -19,7 +19,7 @@ from tpsim.run.spec import RunSpec
 
 
 def pp_forward(model: CausalLM, input_ids: list[int], positions: list[Position], spec: RunSpec,
-               strategy: str) -> tuple[list[tuple[Position, torch.Tensor]] | None, torch.Tensor | None]:
+               strategy: Strategy) -> tuple[list[tuple[Position, torch.Tensor]] | None, torch.Tensor | None]:
     """One forward of this rank's stage: (the slots that reach the draft, logits) on the last
     stage, (None, None) elsewhere. The group's tracer holds this forward's model traffic."""
     group, stage, cfg = model.group, model.stage, model.config
@@ -38,7 +38,7 @@ def pp_check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCh
     the draft compared with the whole model at TP=1, PP=1 (every slot that arrived; the missing
     ones are named in `slots`)."""
     pipe, pos, ids = spec.pipeline, list(spec.positions), list(spec.tokens)
-    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": spec.strategy})
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": spec.strategy.value})
     cfg, rows, reference = spec.cfg, [], None
     for tp in sorted(tps):
         peers = ctx.pipeline_group(tp)  # on every rank of the world, in the same order
@@ -47,7 +47,7 @@ def pp_check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCh
         group = ctx.groups[tp]
         group.p2p_pg = peers
         stage = pipe.stages(cfg.num_hidden_layers, tp)[ctx.rank // tp]
-        model = build_model(cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), Mode(), stage)
+        model = build_model(cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), TensorParallel(), stage)
         ctx.progress(f"PP={pipe.size} x TP={tp}: forward")
         slots, logits = pp_forward(model, ids, pos, spec, spec.strategy)
         records = list(group.tracer.records)
@@ -70,7 +70,7 @@ def pp_check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCh
         parts = [t for _, t in slots]
         cap = torch.cat(parts, dim=-1) if parts else logits.new_zeros((len(ids), 0))
         ref = torch.cat([reference["parts"][p] for p in got], dim=-1) if got else cap
-        identical, verdicts = _compare_ranks(group, parts, Mode(), None, got) if parts else (True, None)
+        identical, verdicts = _compare_ranks(group, parts, TensorParallel(), None, got) if parts else (True, None)
         rows.append(RankCheck(shape=list(cap.shape), identical=identical, verdicts=verdicts,
                               finite=all(bool(torch.isfinite(t).all()) for t in parts),
                               rel_err=rel_err(cap, ref) if got else None, compared=1.0,

@@ -12,7 +12,7 @@ import torch
 from tpsim.capture import Position
 from tpsim.weights.reader import Checkpoint, validate
 from tpsim.config.loader import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
-from tpsim.modes import Mode
+from tpsim.modes import Mode, Strategy
 from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline
 
@@ -80,7 +80,7 @@ class RunSpec:
     tokens: tuple[int, ...]
     positions: tuple[Position, ...] = ()
     mode: Mode = field(default_factory=Mode)
-    strategy: str = "model-level"
+    strategy: Strategy = Strategy.MODEL_LEVEL
     device: str = "cpu"
     backend: str | None = None
     timeout_s: float = 60.0

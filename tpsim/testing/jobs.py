@@ -16,13 +16,12 @@ from pathlib import Path
 import torch
 
 from tpsim.capture import Position
-from tpsim.capture.recorder import UNCLONED
 from tpsim.weights.reader import Checkpoint, load_weights
 from tpsim.config.loader import config_from_dict
 from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured, run_recorded,
                             run_captured_parts)
 from tpsim.model.decoder import CausalLM
-from tpsim.modes import MICRO_BATCHES, Mode
+from tpsim.modes import Mode, SequenceParallel, Strategy, TensorParallel
 from tpsim.layers import (GQA, MLA, AttentionShape, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
                           RowParallelLinear, VocabParallelEmbedding)
 from tpsim.parallel.consistency import agree
@@ -245,7 +244,7 @@ RUN_CHANGES = {  # one field of a run, changed as a torchrun rank given other ar
     "weights": lambda s: replace(s, seed=s.seed + 1),
     "input ids": lambda s: replace(s, tokens=s.tokens[::-1]),
     "dtype": lambda s: replace(s, dtype="bfloat16"),
-    "mode": lambda s: replace(s, mode=Mode("sp")),
+    "mode": lambda s: replace(s, mode=SequenceParallel()),
     "capture spec": lambda s: replace(s, positions=s.positions[:-1]),
 }
 
@@ -286,7 +285,7 @@ def _float32_model(ctx: RankContext, cfg: dict, seed: int, positions: list[str],
 
 
 def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int,
-             mode: dict, strategies: list[str]):
+             mode: dict, strategies: list[Strategy]):
     """One float32 model at TP=tp in `mode`, one forward per capture strategy. Per group rank:
     {strategy: this rank's capture per position}, the logits, the model's collectives of the
     last forward (op, caller; the capture's own gathers left out; `collective_bytes`: the same
@@ -323,8 +322,8 @@ def aliasing_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], p
         return None
     model, group, pos = run
     ids = own_tokens(input_ids, m, group)
-    uncloned, logits_u = run_recorded(model, ids, pos, UNCLONED)
-    cloned, logits_c = run_recorded(model, ids, pos, "in-layer")
+    uncloned, logits_u = run_recorded(model, ids, pos, Strategy.IN_LAYER_UNCLONED)
+    cloned, logits_c = run_recorded(model, ids, pos, Strategy.IN_LAYER)
     return {"uncloned": uncloned.parts(), "cloned": cloned.parts(), "logits": (logits_u, logits_c),
             "modified": [(str(p), None if now is None else str(now)) for p, now in uncloned.modified()]}
 
@@ -372,12 +371,12 @@ def tbo_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positi
     (model-level: SGLang's capture loop) and the micro-batches fix. Per group rank: {strategy: this rank's
     capture per captured position}, the engine recorder's missing positions, each forward's logits, the
     routing of every MoE layer over all T tokens, and the model's collective ops of the last forward."""
-    run = _float32_model(ctx, cfg, seed, positions, tp, Mode("tp", tbo=True))
+    run = _float32_model(ctx, cfg, seed, positions, tp, TensorParallel(tbo=True))
     if run is None:
         return None
     model, group, pos = run
-    engine, logits_e = run_recorded(model, input_ids, pos, "model-level")
-    fixed, logits_f = run_recorded(model, input_ids, pos, MICRO_BATCHES)
+    engine, logits_e = run_recorded(model, input_ids, pos, Strategy.MODEL_LEVEL)
+    fixed, logits_f = run_recorded(model, input_ids, pos, Strategy.MICRO_BATCHES)
     return {"engine": engine.parts(), "missing": [str(p) for p in engine.missing()], "fixed": fixed.parts(),
             "logits": (logits_e, logits_f), "routing": routing_rows(model),
             "collectives": [r.op for r in group.tracer.records if not r.caller.startswith("capture.")]}

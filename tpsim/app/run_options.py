@@ -1,0 +1,113 @@
+"""The rules of the options that add a dimension to a run: --pp (a pipeline of stages, the layers
+split and the capture handed over as the engine replayed does) and --cuda-graph (which capture set
+the engine's graphs freeze), checked against the config, the mode and the degrees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpsim.app.preflight import torchrun_world
+from tpsim.base.errors import UsageError
+from tpsim.capture.pipeline import PP_CAPTURES, Handoff
+from tpsim.config.loader import ModelConfig
+from tpsim.modes import Mode
+from tpsim.parallel.pipeline import SPLITS, Split, check_pp
+from tpsim.parallel.torchrun import under_torchrun
+from tpsim.profiles.profile import GraphIds
+from tpsim.profiles.registry import lookup
+from tpsim.profiles.replay import replay
+from tpsim.run.graphs import CudaGraphs
+from tpsim.run.pipeline import Pipeline
+
+GRAPH_IDS = {g.name.lower(): g for g in GraphIds}
+DEFAULT_GRAPH_TOKENS = 4  # a decode batch: SGLang graphs batch sizes up to --cuda-graph-max-bs
+
+
+@dataclass(frozen=True)
+class PipelineAsk:
+    """--pp and its options (size 1: no pipeline parallelism)."""
+
+    size: int = 1
+    split: str | None = None
+    capture: str | None = None
+
+
+@dataclass(frozen=True)
+class GraphsAsk:
+    """--cuda-graph and its options (`on` False: no graphed batch)."""
+
+    on: bool = False
+    ids: str | None = None
+    tokens: int | None = None
+
+
+def pipeline_for(ask: PipelineAsk, server: str | None, cfg: ModelConfig, tps: list[int], mode: Mode) -> Pipeline | None:
+    """The Pipeline asked for (None without --pp > 1), checked against the config, the mode, every
+    TP degree and, under torchrun, the world."""
+    pp, split, capture = ask.size, ask.split, ask.capture
+    if pp == 1:
+        for option, value in (("--pp-split", split), ("--pp-capture", capture)):
+            if value is not None:
+                raise UsageError(f"{option} applies with --pp 2 or more; add --pp N or drop {option}")
+        return None
+    check_pp(pp, cfg.num_hidden_layers)
+    if not mode.plain:
+        raise UsageError(f"--pp {pp} runs with --mode tp only, not --mode {mode.name}; drop --mode or --pp")
+    if mode.tbo:
+        raise UsageError(f"--pp {pp} and --tbo together are not replayed (whether SGLang runs two-batch overlap on "
+                         "pipeline stages is not known here); drop one of them")
+    if under_torchrun():
+        bad = next((t for t in tps if pp * t != torchrun_world()), None)
+        if bad is not None:
+            raise UsageError(f"under torchrun --pp {pp} x --tp {bad} = {pp * bad} ranks, but the world has "
+                             f"{torchrun_world()}; launch {pp * bad} ranks or use --tp {torchrun_world() // pp}")
+    if server is not None:
+        for option, value in (("--pp-split", split), ("--pp-capture", capture)):
+            if value is not None:
+                raise UsageError(f"--server {server} decides {option[5:]} (its engine's behaviour); drop {option}")
+        profile = lookup(server, cfg.model_type)
+        if profile.behaviour.pp is None:
+            raise UsageError(f"profile {profile.name} has no pipeline-parallel behaviour; use an engine profile "
+                             "(sglang, vllm) or --pp-capture")
+        engine = Split(profile.engine) if profile.engine in SPLITS else Split.SGLANG
+        cited = profile.behaviour.pp
+        return Pipeline(pp, engine, cited.value, f"{profile.name}: {cited.value.value}; {cited.source}")
+    if split is not None and split not in SPLITS:
+        raise UsageError(f"unknown --pp-split {split!r}; use one of {', '.join(SPLITS)}")
+    if capture is not None and capture not in PP_CAPTURES:
+        raise UsageError(f"unknown --pp-capture {capture!r}; use one of {', '.join(PP_CAPTURES)}")
+    handoff = PP_CAPTURES[capture] if capture else Handoff.HANDOFF
+    return Pipeline(pp, Split(split or "sglang"), handoff, f"--pp-capture {capture}" if capture else "")
+
+
+def graphs_for(ask: GraphsAsk, server: str | None, cfg: ModelConfig, mode: Mode, tokens: int, pp: int) -> CudaGraphs | None:
+    """The CudaGraphs asked for (None without --cuda-graph), checked against the run."""
+    ids, size = ask.ids, ask.tokens
+    if not ask.on:
+        for option, value in (("--graph-ids", ids), ("--graph-tokens", size)):
+            if value is not None:
+                raise UsageError(f"{option} applies with --cuda-graph; add --cuda-graph or drop {option}")
+        return None
+    if pp > 1 or mode.rank_local or mode.context_parallel or mode.tbo:
+        what = f"--pp {pp}" if pp > 1 else "--tbo" if mode.tbo else f"--mode {mode.name}"
+        raise UsageError(f"--cuda-graph runs without {what} (a graphed batch of every rank's tokens); drop one of them")
+    n = DEFAULT_GRAPH_TOKENS if size is None else size
+    if not 1 <= n < tokens:
+        raise UsageError(f"--graph-tokens {n} must be at least 1 and fewer than the {tokens} tokens run (the eager "
+                         f"batch); pass --seq-len {n + 1} or more, or a smaller --graph-tokens")
+    L = cfg.num_hidden_layers
+    if server is None:
+        if ids is not None and ids not in GRAPH_IDS:
+            raise UsageError(f"unknown --graph-ids {ids!r}; use one of {', '.join(GRAPH_IDS)}")
+        order = GRAPH_IDS[ids or "config"]
+        engine = lookup("sglang", cfg.model_type)  # whose default ids a DEFAULT order captures
+        return CudaGraphs(order, n, tuple(replay(engine, None, L).positions),
+                          f"--graph-ids {ids or 'config'}: {order.value} (default ids: {engine.name}'s)")
+    if ids is not None:
+        raise UsageError(f"--server {server} decides what its graphs capture (its start-up order); drop --graph-ids")
+    profile = lookup(server, cfg.model_type)
+    g = profile.behaviour.graphs
+    if g is None:
+        raise UsageError(f"--server {server}: {profile.name} has no CUDA-graph path (a trainer); drop --cuda-graph")
+    return CudaGraphs(g.value, n, tuple(replay(profile, None, L).positions),
+                      f"{profile.name}: {g.value.value} ({g.source})")
