@@ -6,13 +6,15 @@ the proof that a re-layout changed no answer.
     python tests/compare_json.py --dir OTHER     # another checkout vs this one
 
 Each command runs as `python -m tpsim` with PYTHONPATH set to the checkout and its cwd inside it
-(the examples name configs by relative path). Exit 0 when every output is identical, 1 otherwise."""
+(the examples name configs by relative path); the checkout's own path and scenario --all's
+"seconds" are masked. Exit 0 when every output is identical, 1 otherwise."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,9 @@ COMMANDS = {
 }
 
 
+SECONDS = re.compile(r'("seconds": )[0-9.e+-]+')  # scenario --all's wall time per scenario: the only clock in the output
+
+
 def outputs(checkout: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(checkout), "NO_COLOR": "1"}
     got = {}
@@ -52,7 +57,8 @@ def outputs(checkout: Path) -> dict[str, str]:
             argv = [a.replace("{tmp}", tmp) for a in argv]
             r = subprocess.run([sys.executable, "-m", "tpsim", *argv], cwd=checkout, env=env,
                                capture_output=True, text=True, timeout=600)
-            got[name] = f"exit {r.returncode}\n{r.stdout.replace(tmp, '{tmp}')}"
+            out = r.stdout.replace(tmp, "{tmp}").replace(str(checkout), "{checkout}")
+            got[name] = f"exit {r.returncode}\n" + SECONDS.sub(r"\1...", out)
     return got
 
 

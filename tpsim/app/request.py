@@ -73,7 +73,7 @@ class RunRequest:
 
     def source(self) -> ModelSource:
         """--model with --override, checked at every degree the run shards over (none under cp)."""
-        return ModelSource.load(self.model, list(self.overrides), [] if self.mode.context_parallel else list(self.tps))
+        return ModelSource.load(self.model, list(self.overrides), [] if self.mode.whole_weights else list(self.tps))
 
     def spec(self, source: ModelSource | None = None, positions: tuple[Position, ...] | None = None,
              decided: tuple[Mode, Strategy] | None = None) -> tuple[RunSpec, Resolution | None]:
@@ -96,7 +96,7 @@ class RunRequest:
         else:
             check_world(pipe.size * max(tps), self.device, self.ignore_limits, f"--pp {pipe.size} x --tp {max(tps)}")
         dtype = self.run_dtype
-        check_memory(src.cfg, tps, dtype, self.device, self.ignore_limits, str(self.model), mode.context_parallel)
+        check_memory(src.cfg, tps, dtype, self.device, self.ignore_limits, str(self.model), mode.whole_weights)
         compiled = self.device == "cuda" if self.compile is None else self.compile
         spec = RunSpec(src, self.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
                        mode, strategy, self.device, self.backend, self.timeout, pipe, graphs, compiled)

@@ -51,11 +51,9 @@ def pipeline_for(ask: PipelineAsk, server: str | None, cfg: ModelConfig, tps: li
                 raise UsageError(f"{option} applies with --pp 2 or more; add --pp N or drop {option}")
         return None
     check_pp(pp, cfg.num_hidden_layers)
-    if not mode.plain:
-        raise UsageError(f"--pp {pp} runs with --mode tp only, not --mode {mode.name}; drop --mode or --pp")
-    if mode.tbo:
-        raise UsageError(f"--pp {pp} and --tbo together are not replayed (whether SGLang runs two-batch overlap on "
-                         "pipeline stages is not known here); drop one of them")
+    refusal = mode.pipeline_refusal(pp)
+    if refusal is not None:
+        raise UsageError(refusal)
     if under_torchrun():
         bad = next((t for t in tps if pp * t != torchrun_world()), None)
         if bad is not None:
@@ -88,8 +86,8 @@ def graphs_for(ask: GraphsAsk, server: str | None, cfg: ModelConfig, mode: Mode,
             if value is not None:
                 raise UsageError(f"{option} applies with --cuda-graph; add --cuda-graph or drop {option}")
         return None
-    if pp > 1 or mode.rank_local or mode.context_parallel or mode.tbo:
-        what = f"--pp {pp}" if pp > 1 else "--tbo" if mode.tbo else f"--mode {mode.name}"
+    what = f"--pp {pp}" if pp > 1 else mode.graphs_refusal()
+    if what is not None:
         raise UsageError(f"--cuda-graph runs without {what} (a graphed batch of every rank's tokens); drop one of them")
     n = DEFAULT_GRAPH_TOKENS if size is None else size
     if not 1 <= n < tokens:

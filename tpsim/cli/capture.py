@@ -75,7 +75,7 @@ def cmd_capture(args) -> int:
         print(f"tpsim: error: the capture differs between ranks at TP={tp} (mode {mode.name}, strategy {strategy}); "
               f"nothing written; tpsim check --mode {mode.name} --strategy {strategy} diagnoses it", file=sys.stderr)
         return 1
-    if mode.rank_local and tp > 1:  # each rank its own sequence: concatenated in rank order
+    if mode.runs_own_tokens(tp):  # each rank its own sequence: concatenated in rank order
         cap = torch.cat([r.capture for r in got])
         placement = f"{S0}: rank r's own sequence, rows " + "+".join(str(r.capture.shape[0]) for r in got)
     else:

@@ -172,7 +172,7 @@ def layer_ids(args) -> list[int] | None:
 
 def load_source(args, tps: list[int]) -> ModelSource:
     mode = getattr(args, "mode", None)
-    if mode is not None and Mode.kind(mode).context_parallel:  # every weight whole on each rank: nothing split
+    if mode is not None and Mode.kind(mode).whole_weights:  # every weight whole on each rank: nothing split
         tps = []
     return ModelSource.load(args.model, args.override or [], tps)
 

@@ -40,7 +40,7 @@ def own_tokens_view(mode: Mode, group: TPGroup, probe: Probe, local: bool | None
     """The group and probe of the layers that a rank-local or context-parallel mode runs whole on each
     rank's own tokens (embedding, attention; the head when `local`, default mode.rank_local), else the
     model's."""
-    local = (mode.rank_local or mode.context_parallel) if local is None else local
+    local = mode.own_token_layers if local is None else local
     return (group.local_view(), probe.own_tokens()) if local else (group, probe)
 
 
@@ -85,7 +85,7 @@ class DecoderLayer(Tapped, nn.Module):
                                                 dtype)
         self.group, self.point, self.prefix, self.k, self.probe = group, f"layers.{k}", prefix, k, probe
         self.is_moe = cfg.is_moe_layer(k)
-        mlp_group, mlp_probe = (local, local_probe) if mode.context_parallel else (group, probe)
+        mlp_group, mlp_probe = (local, local_probe) if mode.whole_weights else (group, probe)
         self.mlp = (moe_class(cfg)(cfg, mlp_group, f"{prefix}.mlp", dtype, reduce_results=False,
                                    expert_parallel=mode.expert_parallel, probe=mlp_probe) if self.is_moe
                     else DenseMLP(cfg.hidden_size, cfg.intermediate_size, mlp_group, f"{prefix}.mlp", dtype,
@@ -261,9 +261,9 @@ class CausalLM(nn.Module):
         self.config, self.group, self.mode, self.probe = cfg, group, mode, Probe(group)
         self.model = DecoderModel(cfg, group, dtype, mode, self.probe, self.stage)
         # context parallel: the head whole on each rank, over every token's gathered final hidden state
-        head_group, head_probe = (group.local_view(), self.probe.whole()) if mode.context_parallel else \
+        head_group, head_probe = (group.local_view(), self.probe.whole()) if mode.whole_weights else \
             own_tokens_view(mode, group, self.probe, local=mode.local_head)
-        self.gathered_head = mode.rank_local and not mode.local_head and group.size > 1
+        self.gathered_head = mode.runs_own_tokens(group.size) and not mode.local_head
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, head_group, "lm_head", dtype,
                                       tie_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
                                       probe=head_probe) if self.stage.last else None

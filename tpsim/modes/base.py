@@ -95,7 +95,7 @@ class Mode:
     plain: ClassVar[bool] = False  # pure TP: every collective an all-reduce but the head's all-gather
     rank_local: ClassVar[bool] = False  # each rank runs and captures its own tokens, not the whole batch
     expert_parallel: ClassVar[bool] = False  # MoE experts split whole over ranks, tokens moved to them
-    context_parallel: ClassVar[bool] = False  # every weight whole on each rank, the tokens split, KV all-gathered
+    whole_weights: ClassVar[bool] = False  # every weight whole on each rank, the tokens split, KV all-gathered (cp)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -122,6 +122,30 @@ class Mode:
     def owner(option: str) -> "type[Mode]":
         """The mode whose option field `option` is."""
         return next(kind for kind in _KINDS.values() if option in kind.options())
+
+    def runs_own_tokens(self, tp: int) -> bool:
+        """Whether at TP=tp each rank runs and captures its own tokens, not the whole batch."""
+        return self.rank_local and tp > 1
+
+    @property
+    def own_token_layers(self) -> bool:
+        """Whether the embedding and attention run whole on each rank's own tokens."""
+        return self.rank_local or self.whole_weights
+
+    def pipeline_refusal(self, pp: int) -> str | None:
+        """Why --pp cannot replay this mode (None: it can)."""
+        if not self.plain:
+            return f"--pp {pp} runs with --mode tp only, not --mode {self.name}; drop --mode or --pp"
+        if self.tbo:
+            return (f"--pp {pp} and --tbo together are not replayed (whether SGLang runs two-batch overlap on "
+                    "pipeline stages is not known here); drop one of them")
+        return None
+
+    def graphs_refusal(self) -> str | None:
+        """The option of this mode a CUDA-graphed batch of every rank's tokens cannot replay (None: none)."""
+        if self.tbo:
+            return "--tbo"
+        return f"--mode {self.name}" if self.own_token_layers else None
 
     @property
     def local_head(self) -> bool:

@@ -395,7 +395,7 @@ class ContextParallel(Mode):
 
     name = "cp"
     strategies = (Strategy.GATHERED, Strategy.LOCAL)
-    context_parallel = True
+    whole_weights = True
 
     def check(self, cfg: ModelConfig, tp: int, tokens: int | None = None) -> None:
         if tokens is not None and tokens < tp:

@@ -302,7 +302,7 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
         parts, logits = run_captured_parts(model, ids, pos, s)
         caps[s] = [p.clone() for p in parts]
     route = routing_rows(model, m, group, len(input_ids))
-    if m.rank_local and tp > 1:  # every rank's rows, in rank order
+    if m.runs_own_tokens(tp):  # every rank's rows, in rank order
         every = [None] * tp
         torch.distributed.all_gather_object(every, {k: v.cpu() for k, v in route.items()}, group=group.pg)
         route = {k: torch.cat([e[k] for e in every]) for k in route}
