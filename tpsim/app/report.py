@@ -9,6 +9,7 @@ from tpsim import __version__
 from tpsim.capture import Resolution
 from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
+from tpsim.parallel.ops import Op
 from tpsim.parallel.placement import S0
 from tpsim.run.graphs import GraphCheck
 from tpsim.run.graphs import failures as graph_failures
@@ -34,8 +35,8 @@ class CheckRow:
     logits_rel_err: float | None
     all_reduces: int | list[int]
     expected_all_reduces: int
-    collectives: dict[str, int]
-    expected_collectives: dict[str, int]
+    collectives: dict[Op, int]
+    expected_collectives: dict[Op, int]
     all_reduce_bytes: int
     verdicts: list[SlotVerdict] | None
     ok: bool
@@ -88,20 +89,17 @@ class CheckReport:
                 "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [asdict(g) for g in self.graphs]}}
 
 
-def model_collectives(collectives) -> dict[str, int]:
+def model_collectives(collectives) -> dict[Op, int]:
     """{op: count} of the model's collectives (check's own comparisons and capture gathers left out)."""
-    counts: dict[str, int] = {}
+    counts: dict[Op, int] = {}
     for op, caller, _ in collectives:
         if not caller.startswith(("check.", "capture.")):
             counts[op] = counts.get(op, 0) + 1
     return counts
 
 
-OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A", "broadcast": "BC"}
-
-
-def ops_text(counts: dict[str, int]) -> str:
-    return " ".join(f"{OP_SHORT.get(op, op)} {n}" for op, n in sorted(counts.items())) or "none"
+def ops_text(counts: dict[Op, int]) -> str:
+    return " ".join(f"{Op(op).short} {n}" for op, n in sorted(counts.items())) or "none"
 
 
 def tbo_reason(spec: RunSpec, missing: list[str]) -> str:
@@ -196,7 +194,7 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         shapes=" ".join(f"{s} x{sum(json.dumps(r.shape) == s for r in mine)}" for s in shapes),
         expected_shape=expected_shape, identical=None if own_tokens else all(r.identical for r in mine),
         rel_err=rel, logits_rel_err=lrel, all_reduces=counts[0] if len(counts) == 1 else counts,
-        expected_all_reduces=expected.get("all_reduce", 0), collectives=traced[0] if traced else {},
+        expected_all_reduces=expected.get(Op.ALL_REDUCE, 0), collectives=traced[0] if traced else {},
         expected_collectives=expected, all_reduce_bytes=mine[0].all_reduce_bytes if mine else 0,
         verdicts=next((r.verdicts for r in mine if r.verdicts), None), ok=not failures, failures=failures)
 
@@ -260,7 +258,7 @@ def pp_row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         shapes=" ".join(f"{s} x{sum(json.dumps(r.shape) == s for r in last)}" for s in shapes),
         expected_shape=expected_shape, identical=all(r.identical is not False for r in last), rel_err=rel,
         logits_rel_err=lrel, all_reduces=head.all_reduces if head else 0,
-        expected_all_reduces=per_stage[-1]["expected"].get("all_reduce", 0),
+        expected_all_reduces=per_stage[-1]["expected"].get(Op.ALL_REDUCE, 0),
         collectives=per_stage[-1]["collectives"], expected_collectives=per_stage[-1]["expected"],
         all_reduce_bytes=head.all_reduce_bytes if head else 0,
         verdicts=next((r.verdicts for r in last if r.verdicts), None), ok=not failures, failures=failures,

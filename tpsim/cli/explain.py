@@ -25,6 +25,7 @@ from tpsim.cli.pp_options import add_pp_options, pipeline_from, stage_rows
 from tpsim.config.loader import with_overrides
 from tpsim.base.errors import UsageError
 from tpsim.base.atomic import write_text
+from tpsim.parallel.ops import Op
 from tpsim.parallel.placement import P, R, S0
 from tpsim.run.jobs import points_job
 from tpsim.app.preflight import check_timeout, check_world
@@ -59,7 +60,7 @@ def capture_ids(point: str, L: int) -> str:
     return f"{pos}: " + (" / ".join(out) if out else "no convention captures it")
 
 
-OP_WORDS = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all combine"}
+OP_WORDS = {Op.ALL_REDUCE: "all-reduce", Op.REDUCE_SCATTER: "reduce-scatter", Op.ALL_TO_ALL: "all-to-all combine"}
 
 
 def in_this_run(name: str, detail: str, tap, colls: list, last_order: int) -> str:
@@ -72,7 +73,7 @@ def in_this_run(name: str, detail: str, tap, colls: list, last_order: int) -> st
         return detail.split(",")[0].replace("this rank's vocab rows looked up (zeros elsewhere)", "embedding lookup") \
             + ": computed whole on this rank (replicated weights), nothing to reduce"
     if ".partial" in name:
-        by = next((c for c in colls[tap.order:] if c[0] in ("all_reduce", "reduce_scatter")), None)
+        by = next((c for c in colls[tap.order:] if c[0] in (Op.ALL_REDUCE, Op.REDUCE_SCATTER)), None)
         fused = by is not None and by[1].endswith("input_layernorm")
         return detail.replace("all-reduce", OP_WORDS[by[0]] + (f" (fused into {by[1]})" if fused else "")) \
             if by else detail
@@ -104,7 +105,7 @@ def build_rows(result: PointsResult, cfg, k: int, L_full: int) -> list[Row]:
         for i in range(done, tap.order):
             op, caller, shape, dtype, nbytes = colls[i]
             if caller.startswith(callers):
-                res = {"all_reduce": R, "all_gather": R, "reduce_scatter": S0, "all_to_all": S0}.get(op, "?")
+                res = {Op.ALL_REDUCE: R, Op.ALL_GATHER: R, Op.REDUCE_SCATTER: S0, Op.ALL_TO_ALL: S0}.get(op, "?")
                 rows.append(Row("collective", f"{op} ({caller})", "x".join(map(str, shape)), res,
                                 f"{human_bytes(nbytes, binary=True)} per rank, {dtype}"))
         detail = in_this_run(n, what.get(n, ""), tap, colls, last_order=done)

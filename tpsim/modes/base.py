@@ -19,6 +19,7 @@ from tpsim.modes.stages import Plan, Stages, Stream, split_sizes
 from tpsim.modes.tbo import check_tbo
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R
+from tpsim.parallel.ops import Op
 
 EP_OUTPUTS = ("replicated", "scattered")
 MICRO_BATCHES = "micro-batches"  # the capture strategy of sglang PR #32680 under two-batch overlap
@@ -214,9 +215,9 @@ class Mode:
         the tokens this rank fed, in token order (T: the whole batch's tokens)."""
         return ids
 
-    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[Op, int]:
         """{op: count} of one forward (logits included) at TP=tp > 1."""
-        return {"all_reduce": 1 + 2 * cfg.num_hidden_layers, "all_gather": 1}
+        return {Op.ALL_REDUCE: 1 + 2 * cfg.num_hidden_layers, Op.ALL_GATHER: 1}
 
     def to_dict(self) -> dict:
         return {k: v.value if isinstance(v, Enum) else v for k, v in asdict(self).items()}
@@ -226,7 +227,7 @@ class Mode:
         return cls(**d) if d else cls()
 
 
-def expected_collectives(mode: Mode, cfg: ModelConfig, tp: int) -> dict[str, int]:
+def expected_collectives(mode: Mode, cfg: ModelConfig, tp: int) -> dict[Op, int]:
     """{op: count} of one forward (logits included) in `mode` at TP=tp: the formulas of the
     tpsim.modes docstring."""
     return {} if tp == 1 else mode.collectives(cfg, tp)

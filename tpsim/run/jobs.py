@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from tpsim.capture import Position, Recorder
 from tpsim.capture.points import Taps
@@ -26,6 +25,7 @@ from tpsim.parallel.pipeline import Stage
 from tpsim.run.results import CaptureResult, PointsResult, RankCheck, SlotVerdict
 from tpsim.run.spec import RunSpec
 from tpsim.weights.seeded import init_random_weights
+from tpsim.parallel.ops import Op
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -176,8 +176,8 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
             real_flip=(real[0].layer, real[0].token, real[0].margin) if real else None,
             modified=[(str(p), None if now is None else str(now)) for p, now in modified],
             missing=[str(p) for p in missing],
-            all_reduces=sum(r.op == "all_reduce" for r in records),
-            all_reduce_bytes=sum(r.bytes for r in records if r.op == "all_reduce"),
+            all_reduces=sum(r.op is Op.ALL_REDUCE for r in records),
+            all_reduce_bytes=sum(r.bytes for r in records if r.op is Op.ALL_REDUCE),
             collectives=[(r.op, r.caller, r.bytes) for r in records]))
     return rows
 
@@ -300,8 +300,7 @@ def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: d
         identical = int(group.all_reduce(flag, "check.rank_identity").item()) == group.size
     if identical:
         return True, None
-    every = [None] * group.size  # the ranks' captures, for the diagnosis (only when they differ)
-    dist.all_gather_object(every, [t.cpu() for t in parts], group=group.pg)
+    every = group.all_gather_object([t.cpu() for t in parts], "check.diagnosis")  # only when the ranks differ
     if ref is None or group.rank != 0:
         return False, None
     if "parts" in ref:  # the right strategy's capture of the same run

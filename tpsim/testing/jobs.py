@@ -29,6 +29,7 @@ from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
 from tpsim.run.spec import RunSpec
 from tpsim.weights.seeded import init_random_weights, init_tensor
+from tpsim.parallel.ops import Op
 
 
 def layer_input(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -89,7 +90,7 @@ def layer_job(ctx: RankContext, kind: str, cfg: dict, seed: int, dtype: str, T: 
     group = ctx.groups[tp]
     group.tracer.clear()
     return {"out": run_layer(kind, config_from_dict(cfg), group, seed, dtype, T),
-            "all_reduces": group.tracer.count("all_reduce"), "all_gathers": group.tracer.count("all_gather")}
+            "all_reduces": group.tracer.count(Op.ALL_REDUCE), "all_gathers": group.tracer.count(Op.ALL_GATHER)}
 
 
 def gqa_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int):
@@ -105,7 +106,7 @@ def gqa_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int):
     qkv = layer.qkv_proj
     _, k, v = qkv.weight.split([qkv.heads * qkv.head_dim, qkv.kv_heads * qkv.head_dim, qkv.kv_heads * qkv.head_dim])
     return {"out": out, "k": k.clone(), "v": v.clone(), "kv_shard": qkv.kv_shard, "kv_heads": qkv.kv_heads,
-            "all_reduces": group.tracer.count("all_reduce")}
+            "all_reduces": group.tracer.count(Op.ALL_REDUCE)}
 
 
 def sigint_job(ctx: RankContext) -> dict:
@@ -162,8 +163,8 @@ def model_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
         _sabotage(model, sabotage, seed)
     pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
     capture, logits = run_captured(model, input_ids, pos)
-    return {"capture": capture, "logits": logits, "all_reduces": group.tracer.count("all_reduce"),
-            "all_gathers": group.tracer.count("all_gather"), "routing": routing_rows(model)}
+    return {"capture": capture, "logits": logits, "all_reduces": group.tracer.count(Op.ALL_REDUCE),
+            "all_gathers": group.tracer.count(Op.ALL_GATHER), "routing": routing_rows(model)}
 
 
 def fault_job(ctx: RankContext, rank: int, how: str):
@@ -302,12 +303,11 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     for s in strategies:
         parts, logits = run_captured_parts(model, ids, pos, s)
         caps[s] = [p.clone() for p in parts]
+    model_records = [r for r in group.tracer.records if not r.caller.startswith("capture.")]
     route = routing_rows(model, m, group, len(input_ids))
     if m.rank_local and tp > 1:  # every rank's rows, in rank order
-        every = [None] * tp
-        torch.distributed.all_gather_object(every, {k: v.cpu() for k, v in route.items()}, group=group.pg)
+        every = group.all_gather_object({k: v.cpu() for k, v in route.items()}, "check.routing_rows")
         route = {k: torch.cat([e[k] for e in every]) for k in route}
-    model_records = [r for r in group.tracer.records if not r.caller.startswith("capture.")]
     return {"captures": caps, "logits": logits, "routing": route,
             "collectives": [(r.op, r.caller) for r in model_records],
             "collective_bytes": [(r.op, r.bytes) for r in model_records]}
@@ -345,7 +345,7 @@ def gptoss_moe_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int, ep
         x = x.tensor_split(tp)[group.rank]
     out = layer(x)
     return {"out": out, "ids": layer.router.last_ids, "margin": layer.router.last_margin,
-            "all_reduces": group.tracer.count("all_reduce")}
+            "all_reduces": group.tracer.count(Op.ALL_REDUCE)}
 
 
 def sink_attention_job(ctx: RankContext, heads: int, kv_heads: int, head_dim: int, T: int, window: int | None,
