@@ -17,6 +17,7 @@ from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.config.loader import ModelConfig
 from tpsim.model.decoder import CausalLM
 from tpsim.layers.fused import use_compiled
+from tpsim.layers.moe import MoE, Routing
 from tpsim.modes import Mode
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.consistency import agree
@@ -199,31 +200,23 @@ def routing_rows(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = N
     """{MoE layer k: the experts each of this rank's tokens picked in the last forward `[T_own, top_k]`,
     sorted}: the whole batch, in token order (ep: gathered from the ranks' token shards; sp:
     padding dropped; dp-attention: this rank's own sequence's rows)."""
-    out = {}
-    for layer in model.model.layers:
-        k = layer.k
-        if not hasattr(layer.mlp, "gate"):
-            continue
-        ids = layer.mlp.router.last_ids.sort(-1).values
-        if group is not None and group.size > 1:
-            ids = mode.routing_rows(ids, group, T)
-        out[k] = ids
-    return out
+    return {k: _own_rows(r.ids.sort(-1).values, mode, group, T) for k, r in _routings(model).items()}
 
 
 def routing_margins(model: CausalLM, mode: Mode = Mode(), group: TPGroup | None = None,
                     T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: `[T_own]` router margin of each token in the last forward} (rows as routing_rows)."""
-    out = {}
-    for layer in model.model.layers:
-        k = layer.k
-        if not hasattr(layer.mlp, "gate"):
-            continue
-        m = layer.mlp.router.last_margin.unsqueeze(-1)
-        if group is not None and group.size > 1:
-            m = mode.routing_rows(m, group, T)
-        out[k] = m.squeeze(-1)
-    return out
+    return {k: _own_rows(r.margin.unsqueeze(-1), mode, group, T).squeeze(-1) for k, r in _routings(model).items()}
+
+
+def _routings(model: CausalLM) -> dict[int, Routing]:
+    """{MoE layer k: its block's routing in the last forward}, of the DeepSeek-style MoE blocks (GPT-OSS
+    blocks are left out: check has never compared their routing)."""
+    return {layer.k: layer.mlp.routing for layer in model.model.layers if isinstance(layer.mlp, MoE)}
+
+
+def _own_rows(rows: torch.Tensor, mode: Mode, group: TPGroup | None, T: int) -> torch.Tensor:
+    return mode.routing_rows(rows, group, T) if group is not None and group.size > 1 else rows
 
 
 # A flip is rounding only when the router's margin for that token (k-th pick minus the next

@@ -344,7 +344,7 @@ def gptoss_moe_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int, ep
     if ep:
         x = x.tensor_split(tp)[group.rank]
     out = layer(x)
-    return {"out": out, "ids": layer.router.last_ids, "margin": layer.router.last_margin,
+    return {"out": out, "ids": layer.routing.ids, "margin": layer.routing.margin,
             "all_reduces": group.tracer.count(Op.ALL_REDUCE)}
 
 
