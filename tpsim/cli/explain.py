@@ -148,11 +148,7 @@ def add_parser(sub) -> None:
 
 def cmd_explain(args) -> int:
     tp = one_tp(args)
-    if args.svg is not None and not args.svg.strip():
-        raise UsageError("--svg is empty; give a file name such as --svg explain.svg")
-    out = None if args.svg is None else Path(args.svg)
-    if out is not None:
-        check_output(out, "--svg", "explain.svg", args.force)
+    out = _svg_path(args)
     check_timeout(args.timeout)
     src = load_source(args, [tp])
     L, c = src.cfg.num_hidden_layers, src.cfg
@@ -188,22 +184,12 @@ def cmd_explain(args) -> int:
                    "pipeline": None if pipe is None else {**pipe.to_dict(), "stages": stages}})
     else:
         if stages is not None:
-            say(f"pipeline parallel --pp {pipe.size} x --tp {tp} = {pipe.size * tp} ranks, layers split by "
-                f"{pipe.split.value}'s get_pp_indices ({pipe.split.rule}):")
-            table(["stage", "layers", "ranks", "holds", "receives", "sends"],
-                  [[str(s["stage"]), f"{s['layers'][0]}..{s['layers'][1]}", ",".join(map(str, s["ranks"])),
-                    ", ".join(s["holds"]), "; ".join(s["recv"]) or "-", "; ".join(s["send"]) or "-"] for s in stages],
-                  notes=("holds", "receives", "sends"))
-            say(f"layer {k} runs on stage {home['stage']} (ranks {','.join(map(str, home['ranks']))}); below, its "
-                f"dataflow in that stage's TP={tp} group")
+            _print_stages(pipe, stages, home, k, tp)
         say(title)
         note = mode.note(mode.right_strategy, len(tokens), L)
         if note:
             say(f"note: {note}")
-        table(["point / collective", "shape", "placement", "what", "captured by"],
-              [[f"-> {r.name.split()[0]}" if r.kind == "collective" else r.name, r.shape, r.placement,
-                f"{r.name.split(maxsplit=1)[1][1:-1]}: {r.detail}" if r.kind == "collective" else r.detail,
-                r.capture] for r in rows], notes=("captured by",), whole=("placement",))
+        _print_rows(rows)
         say("Placements: Replicate() = every rank holds the whole tensor; Shard(dim=-1) = each rank "
             "a contiguous 1/tp of the last dim; Shard(dim=0) = each rank its own tokens; Partial(sum) = "
             "each rank a summand (before its all-reduce or reduce-scatter).")
@@ -214,3 +200,32 @@ def cmd_explain(args) -> int:
         if not args.json:
             say(f"diagram: {out}")
     return 0
+
+
+def _svg_path(args) -> Path | None:
+    """--svg as a path the run may write (None: no diagram)."""
+    if args.svg is not None and not args.svg.strip():
+        raise UsageError("--svg is empty; give a file name such as --svg explain.svg")
+    out = None if args.svg is None else Path(args.svg)
+    if out is not None:
+        check_output(out, "--svg", "explain.svg", args.force)
+    return out
+
+
+def _print_stages(pipe, stages: list[dict], home: dict, k: int, tp: int) -> None:
+    """--pp: each stage's layers, ranks and traffic, and the stage layer k runs on."""
+    say(f"pipeline parallel --pp {pipe.size} x --tp {tp} = {pipe.size * tp} ranks, layers split by "
+        f"{pipe.split.value}'s get_pp_indices ({pipe.split.rule}):")
+    table(["stage", "layers", "ranks", "holds", "receives", "sends"],
+          [[str(s["stage"]), f"{s['layers'][0]}..{s['layers'][1]}", ",".join(map(str, s["ranks"])),
+            ", ".join(s["holds"]), "; ".join(s["recv"]) or "-", "; ".join(s["send"]) or "-"] for s in stages],
+          notes=("holds", "receives", "sends"))
+    say(f"layer {k} runs on stage {home['stage']} (ranks {','.join(map(str, home['ranks']))}); below, its "
+        f"dataflow in that stage's TP={tp} group")
+
+
+def _print_rows(rows: list[Row]) -> None:
+    table(["point / collective", "shape", "placement", "what", "captured by"],
+          [[f"-> {r.name.split()[0]}" if r.kind == "collective" else r.name, r.shape, r.placement,
+            f"{r.name.split(maxsplit=1)[1][1:-1]}: {r.detail}" if r.kind == "collective" else r.detail,
+            r.capture] for r in rows], notes=("captured by",), whole=("placement",))
