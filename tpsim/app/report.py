@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 
 from tpsim import __version__
 from tpsim.capture import Resolution
 from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
+from tpsim.parallel.ops import Op
 from tpsim.parallel.placement import S0
 from tpsim.run.graphs import GraphCheck
 from tpsim.run.graphs import failures as graph_failures
@@ -18,6 +20,47 @@ from tpsim.run.results import RankCheck, SlotVerdict
 from tpsim.run.spec import RunSpec
 
 TOLERANCE_METRIC = "||TP=t - TP=1||_F / ||TP=1||_F"
+
+
+class Fails(Enum):
+    """What a failed check row found."""
+
+    SHAPES = "the capture's shape"
+    TBO_NARROWER = "two-batch overlap narrows the capture"
+    RANKS_DIFFER = "ranks differ"
+    PLACEMENT = "a slot holds a piece, not the whole tensor"
+    ALIASING = "a slot was modified after capture"
+    NONFINITE = "NaN or Inf"
+    ERROR = "relative error against TP=1"
+    LOGITS_ERROR = "logits relative error against TP=1"
+    SHORTFALL = "the gather left rows out"
+    COLLECTIVES = "collectives against the formula"
+    REAL_FLIP = "a routing flip across a wide margin"
+    UNREACHED = "a slot never reaches the draft (pipeline parallel)"
+    STAGE = "a pipeline stage's collectives or ranks"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a check row fails: what (`kind`), the line `text`, and the slot it is about (None: the row)."""
+
+    kind: Fails
+    text: str
+    where: str | None = None
+
+    def __str__(self) -> str:
+        return self.text if self.where is None else f"{self.where}: {self.text}"
+
+
+@dataclass
+class StageRow:
+    """Pipeline parallel: one stage at one degree, its layers, ranks, traced and expected collectives."""
+
+    stage: int
+    layers: list[int]  # first, last
+    ranks: list[int]
+    collectives: dict[Op, int]
+    expected: dict[Op, int]
 
 
 @dataclass
@@ -34,13 +77,23 @@ class CheckRow:
     logits_rel_err: float | None
     all_reduces: int | list[int]
     expected_all_reduces: int
-    collectives: dict[str, int]
-    expected_collectives: dict[str, int]
+    collectives: dict[Op, int]
+    expected_collectives: dict[Op, int]
     all_reduce_bytes: int
     verdicts: list[SlotVerdict] | None
     ok: bool
-    failures: list[str]
-    stage_collectives: list[dict] | None = None  # PP: per stage, its layers, ranks, traced and expected collectives
+    findings: list[Failure]
+    stage_collectives: list[StageRow] | None = None  # PP: per stage
+
+    @property
+    def failures(self) -> list[str]:
+        """The findings as the lines check prints."""
+        return [str(f) for f in self.findings]
+
+    def to_dict(self) -> dict:
+        """`tpsim check --json`'s row: the findings as their lines, under `failures`."""
+        return {("failures" if k == "findings" else k): (self.failures if k == "findings" else v)
+                for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -82,26 +135,23 @@ class CheckReport:
         return {"model": s.cfg.to_dict(), "convention": self.resolution.to_dict(), "dtype": s.dtype,
                 "pipeline": s.pipeline and s.pipeline.to_dict(),
                 "tokens": len(s.tokens), "mode": s.mode.to_dict(), "tolerance": self.tolerance,
-                "tolerance_metric": TOLERANCE_METRIC, "rows": [asdict(r) for r in self.rows], "ok": self.ok,
+                "tolerance_metric": TOLERANCE_METRIC, "rows": [r.to_dict() for r in self.rows], "ok": self.ok,
                 "tpsim_version": __version__, "capture_strategy": s.strategy.value, "weights": s.source.weights,
                 "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes),
                 "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [asdict(g) for g in self.graphs]}}
 
 
-def model_collectives(collectives) -> dict[str, int]:
+def model_collectives(collectives) -> dict[Op, int]:
     """{op: count} of the model's collectives (check's own comparisons and capture gathers left out)."""
-    counts: dict[str, int] = {}
+    counts: dict[Op, int] = {}
     for op, caller, _ in collectives:
         if not caller.startswith(("check.", "capture.")):
             counts[op] = counts.get(op, 0) + 1
     return counts
 
 
-OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A", "broadcast": "BC"}
-
-
-def ops_text(counts: dict[str, int]) -> str:
-    return " ".join(f"{OP_SHORT.get(op, op)} {n}" for op, n in sorted(counts.items())) or "none"
+def ops_text(counts: dict[Op, int]) -> str:
+    return " ".join(f"{Op(op).short} {n}" for op, n in sorted(counts.items())) or "none"
 
 
 def tbo_reason(spec: RunSpec, missing: list[str]) -> str:
@@ -121,147 +171,183 @@ def summarize(spec: RunSpec, res: Resolution, tps: list[int], results: list[Rank
 
 
 def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
-    mode, cfg, tol = spec.mode, spec.cfg, spec.tolerance
-    T, width = len(spec.tokens), len(spec.positions) * cfg.hidden_size
-    shapes = sorted({json.dumps(r.shape) for r in mine})
-    errs = [r.rel_err for r in mine if r.rel_err is not None]
-    logit_errs = [r.logits_rel_err for r in mine if r.logits_rel_err is not None]
-    expected = expected_collectives(mode, cfg, tp)
+    mode, tol = spec.mode, spec.tolerance
+    expected = expected_collectives(mode, spec.cfg, tp)
     traced = [model_collectives(r.collectives) for r in mine]
-    failures = []
-    own_tokens = mode.rank_local and tp > 1
-    if own_tokens:  # each rank its own contiguous share of the tokens
-        sizes = mode.token_split(T, tp)
-        want = {r.rank: [n, width] for r, n in zip(sorted(mine, key=lambda r: r.group_rank), sizes)}
-        if any(r.shape != want[r.rank] for r in mine):
-            failures.append(f"capture shapes {[r.shape for r in mine]} are not each rank's own tokens x {width}")
-        expected_shape = [f"[{n}, {width}]" for n in sizes]
-    else:
-        expected_shape = [T, width]
-        missing = next((r.missing for r in mine if r.missing), [])
-        if missing:
-            failures.append(tbo_reason(spec, missing))
-        mixed = next((r.shape[0] for r in mine if isinstance(r.shape[0], list)), None)
-        if mixed is not None:  # a local capture of scattered positions next to gathered or replicated ones
-            rows = ", ".join(f"{p} {n}" for p, n in zip(spec.positions, mixed))
-            failures.append(f"mixed shapes: the captured positions hold different token counts on a rank ({rows} "
-                            f"rows of {T}): the engine's torch.cat of the aux hidden states fails")
-        elif shapes != [json.dumps(expected_shape)]:
-            failures.append(f"capture shapes {', '.join(shapes)} != {expected_shape}")
-    if any(r.identical is False for r in mine):
-        bad = sorted(r.rank for r in mine if r.identical is False and r.group_rank != 0)
-        failures.append(f"ranks {bad} differ from their group's rank 0")
-    fix = mode.scattered_fix()
-    for v in (v for r in mine for v in (r.verdicts or []) if not v.correct):
-        failures.append(f"{v.position}: {v.placement}: {v.reason}" + (f"; {fix}" if fix and v.placement == S0 else ""))
-    aliased = next((r.modified for r in mine if r.modified), [])
-    for slot, now in aliased:
-        holds = f"it now holds {now}, not {slot}" if now else f"it no longer holds {slot}"
-        failures.append(f"{slot}: modified after capture (aliasing): the capture kept a reference to the residual "
-                        f"and the fused in-place add-RMSNorms after it wrote into it: {holds}; clone the residual "
-                        "when capturing (SGLang communicator.py clones it; sglang PR #39286 fixes the same in Gemma)")
+    own_tokens = mode.runs_own_tokens(tp)
+    expected_shape, failures = _shape_failures(spec, tp, mine)
+    failures += _rank_failures(mine, mode.scattered_fix())
     finite = all(r.finite for r in mine)
     if not finite:
         first = next((r for r in mine if not r.finite and r.first_nonfinite), None)
         where = "" if first is None else (f"; the first NaN/Inf appeared at {first.first_nonfinite[0]} "
                                           f"(token {first.first_nonfinite[1]}) on rank {first.rank}")
-        failures.append(f"the capture holds NaN or Inf{where}")
-    rel = max(errs) if errs else None
-    if rel is not None and not rel <= tol and finite:
-        failures.append(f"relative error {rel:.3e} against TP=1 exceeds {tol:.0e}")
-    lrel = max(logit_errs) if logit_errs else None
-    if lrel is not None and not lrel <= tol:
-        failures.append(f"logits relative error {lrel:.3e} against TP=1 exceeds {tol:.0e}")
-    shortfall = mode.gather_shortfall(T, tp)
+        failures.append(Failure(Fails.NONFINITE, f"the capture holds NaN or Inf{where}"))
+    rel, lrel = _worst(r.rel_err for r in mine), _worst(r.logits_rel_err for r in mine)
+    failures += _error_failures(rel if finite else None, lrel, tol, "TP=1")
+    shortfall = mode.gather_shortfall(len(spec.tokens), tp)
     if shortfall and ((rel is not None and not rel <= tol) or (lrel is not None and not lrel <= tol)):
-        failures.append(shortfall)
+        failures.append(Failure(Fails.SHORTFALL, shortfall))
     if any(t != expected for t in traced):
         got = next(t for t in traced if t != expected)
-        failures.append(f"collectives per forward {ops_text(got)}, expected {ops_text(expected)} "
-                        f"({mode.name} at TP={tp}; tpsim.modes.expected_collectives)")
-    real = next((r.real_flip for r in mine if r.real_flip is not None), None)
-    if real is not None:
-        k, t, margin = real
-        failures.append(f"token {t} picked other experts than at TP=1 in MoE layer {k} across a router margin of "
-                        f"{margin:.2e}, above the near-tie bound {NEAR_TIE[spec.dtype]:.0e} of {spec.dtype}: a real "
-                        "difference, not rounding")
+        failures.append(Failure(Fails.COLLECTIVES, f"collectives per forward {ops_text(got)}, expected "
+                                f"{ops_text(expected)} ({mode.name} at TP={tp}; tpsim.modes.expected_collectives)"))
+    failures += _real_flip(spec, mine)
     counts = sorted({r.all_reduces for r in mine})
-    flips = [r.routing_flip for r in mine if r.routing_flip is not None]
-    compared = min((r.compared for r in mine if r.compared is not None), default=1.0)
-    note = (f"from token {min(flips)} on, some tokens picked other experts than at TP=1 (a routing near-tie "
-            f"that {spec.dtype} rounding tipped); the entries it reaches are left out, {compared:.0%} of the "
-            "capture is compared") if flips else None
+    shapes = sorted({json.dumps(r.shape) for r in mine})
     return CheckRow(
-        tp=tp, ranks=len(mine), routing_note=note,
+        tp=tp, ranks=len(mine), routing_note=_routing_note(spec, mine),
         shapes=" ".join(f"{s} x{sum(json.dumps(r.shape) == s for r in mine)}" for s in shapes),
         expected_shape=expected_shape, identical=None if own_tokens else all(r.identical for r in mine),
         rel_err=rel, logits_rel_err=lrel, all_reduces=counts[0] if len(counts) == 1 else counts,
-        expected_all_reduces=expected.get("all_reduce", 0), collectives=traced[0] if traced else {},
+        expected_all_reduces=expected.get(Op.ALL_REDUCE, 0), collectives=traced[0] if traced else {},
         expected_collectives=expected, all_reduce_bytes=mine[0].all_reduce_bytes if mine else 0,
-        verdicts=next((r.verdicts for r in mine if r.verdicts), None), ok=not failures, failures=failures)
+        verdicts=next((r.verdicts for r in mine if r.verdicts), None), ok=not failures, findings=failures)
+
+
+def _worst(errs) -> float | None:
+    """The largest of the ranks' errors (None: none was measured)."""
+    errs = [e for e in errs if e is not None]
+    return max(errs) if errs else None
+
+
+def _shape_failures(spec: RunSpec, tp: int, mine: list[RankCheck]) -> tuple[list, list[Failure]]:
+    """(the shape the capture should have, why it has not): under a rank-local mode at TP > 1 each
+    rank's own contiguous share of the tokens, else every token (a narrower capture or mixed token counts
+    named for their cause)."""
+    T, width = len(spec.tokens), len(spec.positions) * spec.cfg.hidden_size
+    if spec.mode.runs_own_tokens(tp):
+        sizes = spec.mode.token_split(T, tp)
+        want = {r.rank: [n, width] for r, n in zip(sorted(mine, key=lambda r: r.group_rank), sizes)}
+        wrong = [Failure(Fails.SHAPES, f"capture shapes {[r.shape for r in mine]} are not each rank's own tokens x "
+                         f"{width}")] if any(r.shape != want[r.rank] for r in mine) else []
+        return [f"[{n}, {width}]" for n in sizes], wrong
+    expected_shape, failures = [T, width], []
+    missing = next((r.missing for r in mine if r.missing), [])
+    if missing:
+        failures.append(Failure(Fails.TBO_NARROWER, tbo_reason(spec, missing)))
+    mixed = next((r.shape[0] for r in mine if isinstance(r.shape[0], list)), None)
+    shapes = sorted({json.dumps(r.shape) for r in mine})
+    if mixed is not None:  # a local capture of scattered positions next to gathered or replicated ones
+        rows = ", ".join(f"{p} {n}" for p, n in zip(spec.positions, mixed))
+        failures.append(Failure(Fails.SHAPES, f"mixed shapes: the captured positions hold different token counts "
+                                f"on a rank ({rows} rows of {T}): the engine's torch.cat of the aux hidden states "
+                                "fails"))
+    elif shapes != [json.dumps(expected_shape)]:
+        failures.append(Failure(Fails.SHAPES, f"capture shapes {', '.join(shapes)} != {expected_shape}"))
+    return expected_shape, failures
+
+
+def _rank_failures(mine: list[RankCheck], fix: str | None = None) -> list[Failure]:
+    """Ranks that differ from their group's rank 0, the diagnosis of each slot that is wrong (with the
+    mode's `fix` for a token-scattered one), and slots written into after their capture."""
+    failures = []
+    if any(r.identical is False for r in mine):
+        bad = sorted(r.rank for r in mine if r.identical is False and r.group_rank != 0)
+        failures.append(Failure(Fails.RANKS_DIFFER, f"ranks {bad} differ from their group's rank 0"))
+    for v in (v for r in mine for v in (r.verdicts or []) if not v.correct):
+        failures.append(Failure(Fails.PLACEMENT, f"{v.placement}: {v.reason}"
+                                + (f"; {fix}" if fix and v.placement == S0 else ""), v.position))
+    aliased = next((r.modified for r in mine if r.modified), [])
+    for slot, now in aliased:
+        holds = f"it now holds {now}, not {slot}" if now else f"it no longer holds {slot}"
+        failures.append(Failure(Fails.ALIASING, "modified after capture (aliasing): the capture kept a reference to "
+                                f"the residual and the fused in-place add-RMSNorms after it wrote into it: {holds}; "
+                                "clone the residual when capturing (SGLang communicator.py clones it; sglang PR "
+                                "#39286 fixes the same in Gemma)", slot))
+    return failures
+
+
+def _error_failures(rel: float | None, lrel: float | None, tol: float, against: str) -> list[Failure]:
+    failures = []
+    if rel is not None and not rel <= tol:
+        failures.append(Failure(Fails.ERROR, f"relative error {rel:.3e} against {against} exceeds {tol:.0e}"))
+    if lrel is not None and not lrel <= tol:
+        failures.append(Failure(Fails.LOGITS_ERROR, f"logits relative error {lrel:.3e} against {against} exceeds "
+                                f"{tol:.0e}"))
+    return failures
+
+
+def _real_flip(spec: RunSpec, mine: list[RankCheck]) -> list[Failure]:
+    real = next((r.real_flip for r in mine if r.real_flip is not None), None)
+    if real is None:
+        return []
+    k, t, margin = real
+    return [Failure(Fails.REAL_FLIP, f"token {t} picked other experts than at TP=1 in MoE layer {k} across a router "
+                    f"margin of {margin:.2e}, above the near-tie bound {NEAR_TIE[spec.dtype]:.0e} of {spec.dtype}: a "
+                    "real difference, not rounding")]
+
+
+def _routing_note(spec: RunSpec, mine: list[RankCheck]) -> str | None:
+    flips = [r.routing_flip for r in mine if r.routing_flip is not None]
+    compared = min((r.compared for r in mine if r.compared is not None), default=1.0)
+    return (f"from token {min(flips)} on, some tokens picked other experts than at TP=1 (a routing near-tie "
+            f"that {spec.dtype} rounding tipped); the entries it reaches are left out, {compared:.0%} of the "
+            "capture is compared") if flips else None
 
 
 def pp_row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
     """One TP degree under pipeline parallelism: every stage's collectives against its formula, and
     on the last stage (where the draft runs) the slots that reached it, compared with TP=1, PP=1."""
-    cfg, pipe, pos, tol = spec.cfg, spec.pipeline, list(spec.positions), spec.tolerance
-    every = pipe.stages(cfg.num_hidden_layers, tp)
-    T, H = len(spec.tokens), cfg.hidden_size
-    expected_shape = [T, len(pos) * H]
+    cfg, pos = spec.cfg, list(spec.positions)
+    every = spec.pipeline.stages(cfg.num_hidden_layers, tp)
+    expected_shape = [len(spec.tokens), len(pos) * cfg.hidden_size]
     last = sorted((r for r in mine if r.stage == every[-1].index), key=lambda r: r.group_rank)
-    failures, per_stage = [], []
-    got = list(last[0].slots) if last else []
-    lost = []
-    for p in pos:
-        if str(p) in got:
-            got.remove(str(p))
-        else:
-            lost.append(p)
-    for p in lost:
-        s = stage_of(p, every)
-        failures.append(f"pipeline parallel: {p} is captured on stage {s.index} (layers {s.start}..{s.end - 1}, ranks "
-                        f"{s.ranks[0]}..{s.ranks[-1]}), which returns "
-                        f"early (not the last PP rank): the slot never reaches the draft; the capture is "
-                        f"{len(pos) - len(lost)} x {H}, the draft's fc expects {len(pos)} x {H}"
-                        f"{f' ({pipe.why})' if pipe.why else ''}; fix: hand the aux hidden states to the last stage "
-                        f"(vLLM PR #50514; --pp-capture handoff), or capture only positions on {every[-1]}")
+    failures = _unreached(spec, every, last)
     shapes = sorted({json.dumps(r.shape) for r in last})
-    if not lost and shapes != [json.dumps(expected_shape)]:
-        failures.append(f"capture shapes {', '.join(shapes)} != {expected_shape}")
-    if any(r.identical is False for r in last):
-        failures.append(f"ranks {sorted(r.rank for r in last if r.identical is False and r.group_rank)} differ from "
-                        "their group's rank 0")
-    for v in (v for r in last for v in (r.verdicts or []) if not v.correct):
-        failures.append(f"{v.position}: {v.placement}: {v.reason}")
+    if not failures and shapes != [json.dumps(expected_shape)]:
+        failures.append(Failure(Fails.SHAPES, f"capture shapes {', '.join(shapes)} != {expected_shape}"))
+    failures += _rank_failures(last)
     if not all(r.finite for r in last):
-        failures.append("the capture holds NaN or Inf")
-    errs = [r.rel_err for r in last if r.rel_err is not None]
-    rel = max(errs) if errs else None
-    if rel is not None and not rel <= tol:
-        failures.append(f"relative error {rel:.3e} against TP=1, PP=1 exceeds {tol:.0e}")
-    lerrs = [r.logits_rel_err for r in last if r.logits_rel_err is not None]
-    lrel = max(lerrs) if lerrs else None
-    if lrel is not None and not lrel <= tol:
-        failures.append(f"logits relative error {lrel:.3e} against TP=1, PP=1 exceeds {tol:.0e}")
-    for st in every:
-        ranks = [r for r in mine if r.stage == st.index]
-        want = stage_collectives(cfg, tp, st, every, pos, pipe.handoff)
-        traced = [model_collectives(r.collectives) for r in ranks]
-        per_stage.append({"stage": st.index, "layers": [st.start, st.end - 1], "ranks": list(st.ranks),
-                          "collectives": traced[0] if traced else {}, "expected": want})
-        bad = next((t for t in traced if t != want), None)
-        if bad is not None or len(ranks) != tp:
-            failures.append(f"{st}: collectives per forward {ops_text(bad or {})}, expected {ops_text(want)} "
-                            f"(pipeline parallel PP={pipe.size} x TP={tp}; tpsim.run.pipeline.stage_collectives)"
-                            if bad is not None else f"{st}: {len(ranks)} ranks reported, expected {tp}")
+        failures.append(Failure(Fails.NONFINITE, "the capture holds NaN or Inf"))
+    rel, lrel = _worst(r.rel_err for r in last), _worst(r.logits_rel_err for r in last)
+    failures += _error_failures(rel, lrel, spec.tolerance, "TP=1, PP=1")
+    per_stage, stage_failures = _stage_rows(spec, tp, mine, every)
+    failures += stage_failures
     head = last[0] if last else None
     return CheckRow(
         tp=tp, ranks=len(mine), routing_note=None,
         shapes=" ".join(f"{s} x{sum(json.dumps(r.shape) == s for r in last)}" for s in shapes),
         expected_shape=expected_shape, identical=all(r.identical is not False for r in last), rel_err=rel,
         logits_rel_err=lrel, all_reduces=head.all_reduces if head else 0,
-        expected_all_reduces=per_stage[-1]["expected"].get("all_reduce", 0),
-        collectives=per_stage[-1]["collectives"], expected_collectives=per_stage[-1]["expected"],
+        expected_all_reduces=per_stage[-1].expected.get(Op.ALL_REDUCE, 0),
+        collectives=per_stage[-1].collectives, expected_collectives=per_stage[-1].expected,
         all_reduce_bytes=head.all_reduce_bytes if head else 0,
-        verdicts=next((r.verdicts for r in last if r.verdicts), None), ok=not failures, failures=failures,
+        verdicts=next((r.verdicts for r in last if r.verdicts), None), ok=not failures, findings=failures,
         stage_collectives=per_stage)
+
+
+def _unreached(spec: RunSpec, every: list, last: list[RankCheck]) -> list[Failure]:
+    """The positions that never reach the last stage (captured on a stage that returns early)."""
+    pipe, pos, H = spec.pipeline, list(spec.positions), spec.cfg.hidden_size
+    got, lost = list(last[0].slots) if last else [], []
+    for p in pos:
+        if str(p) in got:
+            got.remove(str(p))
+        else:
+            lost.append(p)
+    return [Failure(Fails.UNREACHED, f"pipeline parallel: {p} is captured on stage {s.index} (layers {s.start}.."
+                    f"{s.end - 1}, ranks {s.ranks[0]}..{s.ranks[-1]}), which returns early (not the last PP rank): "
+                    f"the slot never reaches the draft; the capture is {len(pos) - len(lost)} x {H}, the draft's fc "
+                    f"expects {len(pos)} x {H}{f' ({pipe.why})' if pipe.why else ''}; fix: hand the aux hidden "
+                    f"states to the last stage (vLLM PR #50514; --pp-capture handoff), or capture only positions on "
+                    f"{every[-1]}")
+            for p, s in ((p, stage_of(p, every)) for p in lost)]
+
+
+def _stage_rows(spec: RunSpec, tp: int, mine: list[RankCheck], every: list) -> tuple[list[StageRow], list[Failure]]:
+    """Each stage's traced collectives against stage_collectives, and the stages whose ranks differ from it
+    or did not all report."""
+    rows, failures, pipe = [], [], spec.pipeline
+    for st in every:
+        ranks = [r for r in mine if r.stage == st.index]
+        want = stage_collectives(spec.cfg, tp, st, every, list(spec.positions), pipe.handoff)
+        traced = [model_collectives(r.collectives) for r in ranks]
+        rows.append(StageRow(st.index, [st.start, st.end - 1], list(st.ranks), traced[0] if traced else {}, want))
+        bad = next((t for t in traced if t != want), None)
+        if bad is not None or len(ranks) != tp:
+            failures.append(Failure(Fails.STAGE, f"{st}: collectives per forward {ops_text(bad or {})}, expected "
+                                    f"{ops_text(want)} (pipeline parallel PP={pipe.size} x TP={tp}; "
+                                    "tpsim.run.pipeline.stage_collectives)"
+                                    if bad is not None else f"{st}: {len(ranks)} ranks reported, expected {tp}"))
+    return rows, failures

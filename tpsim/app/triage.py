@@ -5,41 +5,17 @@ that show the engine does this, and a concrete fix."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from enum import Enum
 
 from tpsim.offline.align import Report
 from tpsim.profiles.draft import ConfigIds, write_ids_hint
-from tpsim.profiles.findings import findings
+from tpsim.profiles.findings import Finding, Kind, replay_findings
 from tpsim.profiles.profile import GraphIds, Profile, Served
 from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import Replay, replay
 from tpsim.profiles.served import ServedMode, fixed_in
 from tpsim.offline.sides import ids_capturing
-from tpsim.app.report import CheckReport
-
-
-class Kind(Enum):
-    CAPTURE_OFF = "capture turned off"
-    ENGINE_FAILS = "the engine fails on these ids"
-    DROPPED_SLOT = "a slot silently dropped"
-    KEY_FALLBACK = "config key fallback"
-    MISALIGNED = "train and serve capture different tensors"
-    SERVED_MODE = "the served mode breaks the capture"
-    GRAPH_IDS = "CUDA-graphed batches capture other ids"
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: Kind
-    cause: str
-    sources: list[str]
-    fix: str
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind.name.lower().replace("_", "-"), "title": self.kind.value, "cause": self.cause,
-                "sources": self.sources, "fix": self.fix}
+from tpsim.app.report import CheckReport, Failure
 
 
 @dataclass
@@ -68,11 +44,7 @@ def assess(t: Triage, hidden: int) -> None:
                                   "remove use_aux_hidden_state: false from eagle_config (an EAGLE-3 draft needs "
                                   "the aux hidden states)"))
         return
-    for text in findings(rep, hidden):
-        cause, _, fix = text.partition("; fix: ")
-        kind = Kind.ENGINE_FAILS if rep.failure else Kind.DROPPED_SLOT
-        src = serve.behaviour.embed.source if rep.crashed else serve.behaviour.out_of_range.source
-        t.findings.append(Finding(kind, cause, [str(src)], fix))
+    t.findings += replay_findings(rep, hidden)
     t.findings += _fallbacks(t)
     t.findings += _misaligned(t)
     t.findings += _served_mode(t)
@@ -116,7 +88,7 @@ def _misaligned(t: Triage) -> list[Finding]:
 def _served_mode(t: Triage) -> list[Finding]:
     if t.check is None or all(r.ok for r in t.check.rows):
         return []
-    fails = "; ".join(f"TP={r.tp}: {f}" for r in t.check.rows for f in _grouped(r.failures))
+    fails = "; ".join(f"TP={r.tp}: {f}" for r in t.check.rows for f in _grouped(r.findings))
     later = fixed_in(t.serve, later_profiles(t.serve), t.mode)
     fix = (f"{_upgrade(later)} captures the whole reduced stream in this mode" if later else
            "no version tpsim knows captures the whole stream in this mode")
@@ -125,15 +97,14 @@ def _served_mode(t: Triage) -> list[Finding]:
                     f"{t.mode.strategy}: {fails}", [str(c.source) for c in t.mode.decided_by], fix)]
 
 
-def _grouped(failures: list[str]) -> list[str]:
+def _grouped(failures: list[Failure]) -> list[str]:
     """`out(1): X`, `out(3): X` -> `out(1), out(3): X` (one line per distinct reason)."""
     by_reason: dict[str, list[str]] = {}
     for f in failures:
-        m = re.fullmatch(r"(embed|final|out\(\d+\)): (.*)", f, re.S)
-        where, why = (m.group(1), m.group(2)) if m else ("", f)
-        if m and why.count(": ") >= 2:  # drop the per-position tail ("... they are out(3)")
+        why = f.text if f.where else str(f)
+        if f.where and why.count(": ") >= 2:  # drop the per-position tail ("... they are out(3)")
             why = why.rsplit(": ", 1)[0]
-        by_reason.setdefault(why, []).append(where)
+        by_reason.setdefault(why, []).append(f.where or "")
     return [(", ".join(w for w in wheres if w) + ": " if any(wheres) else "") + why
             for why, wheres in by_reason.items()]
 

@@ -24,6 +24,7 @@ from tpsim.layers import fused
 from tpsim.parallel.launch import RankContext
 from tpsim.run.jobs import DTYPES, build_model, routing_rows, run_captured
 from tpsim.run.spec import input_ids_for
+from tpsim.parallel.ops import Op
 
 
 def timed_forward(model, ids: torch.Tensor, positions: list[Position] | None = None) -> tuple[float, list]:
@@ -91,8 +92,8 @@ def overhead_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, seq_len: in
     return {
         "rank": ctx.rank, "tp": tp, "group_rank": group.rank,
         "with_capture_s": with_capture, "without_capture_s": without,
-        "all_reduces": sum(r.op == "all_reduce" for r in cap_records),
-        "all_reduce_bytes": sum(r.bytes for r in cap_records if r.op == "all_reduce"),
+        "all_reduces": sum(r.op is Op.ALL_REDUCE for r in cap_records),
+        "all_reduce_bytes": sum(r.bytes for r in cap_records if r.op is Op.ALL_REDUCE),
         "collectives": len(cap_records),
         "same_collectives": key == [(r.op, r.caller, r.bytes) for r in plain_records],
     }
@@ -122,10 +123,10 @@ def forward_sweep_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, tokens
             for _ in range(repeats):
                 t, records = timed_forward(model, ids)
                 seconds.append(t)
-                ar_seconds.append(sum(r.seconds() or 0.0 for r in records if r.op == "all_reduce"))
+                ar_seconds.append(sum(r.seconds() or 0.0 for r in records if r.op is Op.ALL_REDUCE))
             rows.append({"tokens": T, "seconds": seconds, "all_reduce_seconds": ar_seconds,
-                         "all_reduces": sum(r.op == "all_reduce" for r in records),
-                         "all_reduce_bytes": sum(r.bytes for r in records if r.op == "all_reduce"),
+                         "all_reduces": sum(r.op is Op.ALL_REDUCE for r in records),
+                         "all_reduce_bytes": sum(r.bytes for r in records if r.op is Op.ALL_REDUCE),
                          "collectives": len(records)})
     finally:
         group.tracer.timed = False
@@ -206,7 +207,7 @@ def cuda_capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_i
         picked = None
     return {"rank": ctx.rank, "group_rank": group.rank, "device": str(capture.device), "capture": capture.cpu(),
             "logits_finite": bool(torch.isfinite(logits).all()), "routing": picked,
-            "all_reduces": sum(r.op == "all_reduce" for r in records)}
+            "all_reduces": sum(r.op is Op.ALL_REDUCE for r in records)}
 
 
 def phased_job(ctx: RankContext, job, functions: list[str], **kwargs) -> tuple[object, dict[str, float]]:

@@ -93,7 +93,7 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
           "-" if r.logits_rel_err is None else f"{r.logits_rel_err:.2e}",
           f"{r.all_reduces} ({r.expected_all_reduces})" if plain
           else f"{ops_text(r.collectives)} ({ops_text(r.expected_collectives)})" if not r.stage_collectives
-          else "; ".join(f"stage {c['stage']}: {ops_text(c['collectives'])} ({ops_text(c['expected'])})"
+          else "; ".join(f"stage {c.stage}: {ops_text(c.collectives)} ({ops_text(c.expected)})"
                          for c in r.stage_collectives),
           "ok" if r.ok else "FAIL"]
          for r in report.rows], notes=("capture shape per rank", "expected", "collectives (expected)"))

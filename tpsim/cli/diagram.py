@@ -54,60 +54,24 @@ def _diamond(cx, cy) -> str:
 
 def draw(steps: list[Step], title: str) -> str:
     tp = len(steps[0].shapes)
-    slot = LANE_W - 2 * PAD
     lanes = [NAME_W + r * (LANE_W + GUTTER) for r in range(tp)]
-    centres = [x + LANE_W / 2 for x in lanes]
     cap_x = lanes[-1] + LANE_W + 16
     y, body = TOP, []
     for s in steps:
         if s.kind == "collective":
-            mid, top, bottom = y + COLL_H / 2, y - (ROW_H - BOX_H) / 2, y + COLL_H + (ROW_H - BOX_H) / 2
-            body.append(_text(10, mid + 4, s.name, fill=ARROW))
-            body.append(f'<line x1="{centres[0] - 3}" y1="{mid}" x2="{centres[-1] + 3}" y2="{mid}" '
-                        f'stroke="{ARROW}" stroke-width="3"/>')
-            body += [f'<line x1="{c}" y1="{top}" x2="{c}" y2="{mid}" stroke="{ARROW}" stroke-width="2"/>'
-                     f'<line x1="{c}" y1="{mid}" x2="{c}" y2="{bottom - 1}" stroke="{ARROW}" stroke-width="2" '
-                     'marker-end="url(#arrow)"/>' for c in centres]
-            body.append(_text(cap_x, mid + 4, s.detail, fill=ARROW))
+            body += _collective(s, y, [x + LANE_W / 2 for x in lanes], cap_x)
             y += COLL_H
-            continue
-        top = y + (ROW_H - BOX_H) / 2
-        body.append(_text(10, y + 15, s.name, 12, extra='font-weight="bold"'))
-        body.append(_text(10, y + 28, s.placement, 10, "#666"))
-        colour = PLACEMENT_COLOURS.get(s.placement, "#eeeeee")
-        for r, (x, (start, share), shape) in enumerate(zip(lanes, pieces(s), s.shapes)):
-            x0, shape_text = x + PAD, "x".join(map(str, shape))
-            geometry = f'x="{x0 + start * slot:.2f}" y="{top}" width="{share * slot:.2f}" height="{BOX_H}"'
-            body.append(f'<rect x="{x0}" y="{top}" width="{slot}" height="{BOX_H}" fill="none" stroke="#888" '
-                        f'stroke-dasharray="3,3"/><rect class="shard" data-rank="{r}" data-placement="{s.placement}" '
-                        f'{geometry} fill="{colour}" stroke="#555"><title>{escape(s.name)} on rank {r}: '
-                        f'{shape_text}, {s.placement}</title></rect>')
-            if s.placement == P:
-                body.append(f'<rect {geometry} fill="url(#summand)"/>')
-            body.append(_text(x0 + slot / 2, top + 16, shape_text, extra='text-anchor="middle"'))
-            if s.capture:
-                body.append(_diamond(x0 + slot, top + BOX_H / 2 - 5))
-        if s.capture:
-            body.append(_diamond(cap_x + 5, y + ROW_H / 2 - 5) + _text(cap_x + 14, y + ROW_H / 2 + 4, s.capture,
-                                                                       fill=CAPTURE))
-        y += ROW_H
+        else:
+            body += _point(s, y, lanes, cap_x)
+            y += ROW_H
     lane_bands = "".join(f'<rect x="{x}" y="{TOP - 30}" width="{LANE_W}" height="{y - TOP + 40}" rx="6" '
                          f'fill="{LANE_BG}"/>' + _text(x + LANE_W / 2, TOP - 12, f"rank {r}", 12,
                                                       extra='text-anchor="middle" font-weight="bold"')
                          for r, x in enumerate(lanes))
     headers = (_text(10, TOP - 12, "point / collective", 12, "#666")
                + _text(cap_x, TOP - 12, "captured by (id per convention) / bytes moved", 12, "#666"))
-    legend, x, y = [], 10, y + 40
-    for p, c in PLACEMENT_COLOURS.items():
-        hatch = f'<rect x="{x}" y="{y}" width="28" height="14" fill="url(#summand)"/>' if p == P else ""
-        legend.append(f'<rect x="{x}" y="{y}" width="28" height="14" fill="{c}" stroke="#555"/>{hatch}'
-                      + _text(x + 34, y + 11, f"{p}{' (a summand)' if p == P else ''}"))
-        x += 34 + CHAR_W * len(p) + (90 if p == P else 24)
-    legend.append(f'<rect x="10" y="{y + 24}" width="28" height="14" fill="none" stroke="#888" stroke-dasharray="3,3"/>'
-                  + _text(44, y + 35, "the full tensor; the filled part is the rank's piece, to scale")
-                  + _diamond(510, y + 26) + _text(522, y + 35, "captured", fill=CAPTURE)
-                  + f'<line x1="600" y1="{y + 31}" x2="640" y2="{y + 31}" stroke="{ARROW}" stroke-width="2" '
-                    'marker-end="url(#arrow)"/>' + _text(648, y + 35, "collective across the ranks", fill=ARROW))
+    y += 40
+    legend = _legend(y)
     longest = max([len(s.capture) + 2 for s in steps] + [len(s.detail) for s in steps] + [46])
     width = max(cap_x + CHAR_W * longest + 20, 10 + 8.4 * len(title), 850)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{y + 60}" '
@@ -120,3 +84,54 @@ def draw(steps: list[Step], title: str) -> str:
             '<rect width="100%" height="100%" fill="#fff"/>'
             + _text(10, 26, title, 14, extra='font-weight="bold"') + headers + lane_bands
             + "".join(body) + "".join(legend) + "</svg>\n")
+
+
+def _collective(s: Step, y: float, centres: list[float], cap_x: float) -> list[str]:
+    """A collective at height y: its name, a bar across the lanes and an arrow down each, its bytes."""
+    mid, top, bottom = y + COLL_H / 2, y - (ROW_H - BOX_H) / 2, y + COLL_H + (ROW_H - BOX_H) / 2
+    return [_text(10, mid + 4, s.name, fill=ARROW),
+            f'<line x1="{centres[0] - 3}" y1="{mid}" x2="{centres[-1] + 3}" y2="{mid}" '
+            f'stroke="{ARROW}" stroke-width="3"/>',
+            *(f'<line x1="{c}" y1="{top}" x2="{c}" y2="{mid}" stroke="{ARROW}" stroke-width="2"/>'
+              f'<line x1="{c}" y1="{mid}" x2="{c}" y2="{bottom - 1}" stroke="{ARROW}" stroke-width="2" '
+              'marker-end="url(#arrow)"/>' for c in centres),
+            _text(cap_x, mid + 4, s.detail, fill=ARROW)]
+
+
+def _point(s: Step, y: float, lanes: list[float], cap_x: float) -> list[str]:
+    """A point at height y: its name and placement, each rank's piece in its lane, its capture ids."""
+    slot, top = LANE_W - 2 * PAD, y + (ROW_H - BOX_H) / 2
+    body = [_text(10, y + 15, s.name, 12, extra='font-weight="bold"'), _text(10, y + 28, s.placement, 10, "#666")]
+    colour = PLACEMENT_COLOURS.get(s.placement, "#eeeeee")
+    for r, (x, (start, share), shape) in enumerate(zip(lanes, pieces(s), s.shapes)):
+        x0, shape_text = x + PAD, "x".join(map(str, shape))
+        geometry = f'x="{x0 + start * slot:.2f}" y="{top}" width="{share * slot:.2f}" height="{BOX_H}"'
+        body.append(f'<rect x="{x0}" y="{top}" width="{slot}" height="{BOX_H}" fill="none" stroke="#888" '
+                    f'stroke-dasharray="3,3"/><rect class="shard" data-rank="{r}" data-placement="{s.placement}" '
+                    f'{geometry} fill="{colour}" stroke="#555"><title>{escape(s.name)} on rank {r}: '
+                    f'{shape_text}, {s.placement}</title></rect>')
+        if s.placement == P:
+            body.append(f'<rect {geometry} fill="url(#summand)"/>')
+        body.append(_text(x0 + slot / 2, top + 16, shape_text, extra='text-anchor="middle"'))
+        if s.capture:
+            body.append(_diamond(x0 + slot, top + BOX_H / 2 - 5))
+    if s.capture:
+        body.append(_diamond(cap_x + 5, y + ROW_H / 2 - 5) + _text(cap_x + 14, y + ROW_H / 2 + 4, s.capture,
+                                                                   fill=CAPTURE))
+    return body
+
+
+def _legend(y: float) -> list[str]:
+    """The placements' colours, the full tensor's outline, the capture mark and the arrow, at height y."""
+    legend, x = [], 10
+    for p, c in PLACEMENT_COLOURS.items():
+        hatch = f'<rect x="{x}" y="{y}" width="28" height="14" fill="url(#summand)"/>' if p == P else ""
+        legend.append(f'<rect x="{x}" y="{y}" width="28" height="14" fill="{c}" stroke="#555"/>{hatch}'
+                      + _text(x + 34, y + 11, f"{p}{' (a summand)' if p == P else ''}"))
+        x += 34 + CHAR_W * len(p) + (90 if p == P else 24)
+    legend.append(f'<rect x="10" y="{y + 24}" width="28" height="14" fill="none" stroke="#888" stroke-dasharray="3,3"/>'
+                  + _text(44, y + 35, "the full tensor; the filled part is the rank's piece, to scale")
+                  + _diamond(510, y + 26) + _text(522, y + 35, "captured", fill=CAPTURE)
+                  + f'<line x1="600" y1="{y + 31}" x2="640" y2="{y + 31}" stroke="{ARROW}" stroke-width="2" '
+                    'marker-end="url(#arrow)"/>' + _text(648, y + 35, "collective across the ranks", fill=ARROW))
+    return legend

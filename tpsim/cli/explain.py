@@ -25,6 +25,7 @@ from tpsim.cli.pp_options import add_pp_options, stage_rows
 from tpsim.config.loader import with_overrides
 from tpsim.base.errors import UsageError
 from tpsim.base.atomic import write_text
+from tpsim.parallel.ops import Op
 from tpsim.parallel.placement import P, R, S0
 from tpsim.run.jobs import points_job
 from tpsim.app.preflight import check_timeout, check_world
@@ -61,7 +62,7 @@ def capture_ids(point: str, L: int) -> str:
     return f"{pos}: " + (" / ".join(out) if out else "no convention captures it")
 
 
-OP_WORDS = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all combine"}
+OP_WORDS = {Op.ALL_REDUCE: "all-reduce", Op.REDUCE_SCATTER: "reduce-scatter", Op.ALL_TO_ALL: "all-to-all combine"}
 
 
 def in_this_run(name: str, detail: str, tap, colls: list, last_order: int) -> str:
@@ -74,7 +75,7 @@ def in_this_run(name: str, detail: str, tap, colls: list, last_order: int) -> st
         return detail.split(",")[0].replace("this rank's vocab rows looked up (zeros elsewhere)", "embedding lookup") \
             + ": computed whole on this rank (replicated weights), nothing to reduce"
     if ".partial" in name:
-        by = next((c for c in colls[tap.order:] if c[0] in ("all_reduce", "reduce_scatter")), None)
+        by = next((c for c in colls[tap.order:] if c[0] in (Op.ALL_REDUCE, Op.REDUCE_SCATTER)), None)
         fused = by is not None and by[1].endswith("input_layernorm")
         return detail.replace("all-reduce", OP_WORDS[by[0]] + (f" (fused into {by[1]})" if fused else "")) \
             if by else detail
@@ -106,7 +107,7 @@ def build_rows(result: PointsResult, cfg, k: int, L_full: int) -> list[Row]:
         for i in range(done, tap.order):
             op, caller, shape, dtype, nbytes = colls[i]
             if caller.startswith(callers):
-                res = {"all_reduce": R, "all_gather": R, "reduce_scatter": S0, "all_to_all": S0}.get(op, "?")
+                res = {Op.ALL_REDUCE: R, Op.ALL_GATHER: R, Op.REDUCE_SCATTER: S0, Op.ALL_TO_ALL: S0}.get(op, "?")
                 rows.append(Row("collective", f"{op} ({caller})", "x".join(map(str, shape)), res,
                                 f"{human_bytes(nbytes, binary=True)} per rank, {dtype}"))
         detail = in_this_run(n, what.get(n, ""), tap, colls, last_order=done)
@@ -149,11 +150,7 @@ def add_parser(sub) -> None:
 
 def cmd_explain(args) -> int:
     tp = one_tp(args)
-    if args.svg is not None and not args.svg.strip():
-        raise UsageError("--svg is empty; give a file name such as --svg explain.svg")
-    out = None if args.svg is None else Path(args.svg)
-    if out is not None:
-        check_output(out, "--svg", "explain.svg", args.force)
+    out = _svg_path(args)
     check_timeout(args.timeout)
     src = load_source(args, [tp])
     L, c = src.cfg.num_hidden_layers, src.cfg
@@ -191,22 +188,12 @@ def cmd_explain(args) -> int:
                    "pipeline": None if pipe is None else {**pipe.to_dict(), "stages": stages}})
     else:
         if stages is not None:
-            say(f"pipeline parallel --pp {pipe.size} x --tp {tp} = {pipe.size * tp} ranks, layers split by "
-                f"{pipe.split.value}'s get_pp_indices ({pipe.split.rule}):")
-            table(["stage", "layers", "ranks", "holds", "receives", "sends"],
-                  [[str(s["stage"]), f"{s['layers'][0]}..{s['layers'][1]}", ",".join(map(str, s["ranks"])),
-                    ", ".join(s["holds"]), "; ".join(s["recv"]) or "-", "; ".join(s["send"]) or "-"] for s in stages],
-                  notes=("holds", "receives", "sends"))
-            say(f"layer {k} runs on stage {home['stage']} (ranks {','.join(map(str, home['ranks']))}); below, its "
-                f"dataflow in that stage's TP={tp} group")
+            _print_stages(pipe, stages, home, k, tp)
         say(title)
         note = mode.note(mode.right_strategy, len(tokens), L)
         if note:
             say(f"note: {note}")
-        table(["point / collective", "shape", "placement", "what", "captured by"],
-              [[f"-> {r.name.split()[0]}" if r.kind == "collective" else r.name, r.shape, r.placement,
-                f"{r.name.split(maxsplit=1)[1][1:-1]}: {r.detail}" if r.kind == "collective" else r.detail,
-                r.capture] for r in rows], notes=("captured by",), whole=("placement",))
+        _print_rows(rows)
         say("Placements: Replicate() = every rank holds the whole tensor; Shard(dim=-1) = each rank "
             "a contiguous 1/tp of the last dim; Shard(dim=0) = each rank its own tokens; Partial(sum) = "
             "each rank a summand (before its all-reduce or reduce-scatter).")
@@ -217,3 +204,32 @@ def cmd_explain(args) -> int:
         if not args.json:
             say(f"diagram: {out}")
     return 0
+
+
+def _svg_path(args) -> Path | None:
+    """--svg as a path the run may write (None: no diagram)."""
+    if args.svg is not None and not args.svg.strip():
+        raise UsageError("--svg is empty; give a file name such as --svg explain.svg")
+    out = None if args.svg is None else Path(args.svg)
+    if out is not None:
+        check_output(out, "--svg", "explain.svg", args.force)
+    return out
+
+
+def _print_stages(pipe, stages: list[dict], home: dict, k: int, tp: int) -> None:
+    """--pp: each stage's layers, ranks and traffic, and the stage layer k runs on."""
+    say(f"pipeline parallel --pp {pipe.size} x --tp {tp} = {pipe.size * tp} ranks, layers split by "
+        f"{pipe.split.value}'s get_pp_indices ({pipe.split.rule}):")
+    table(["stage", "layers", "ranks", "holds", "receives", "sends"],
+          [[str(s["stage"]), f"{s['layers'][0]}..{s['layers'][1]}", ",".join(map(str, s["ranks"])),
+            ", ".join(s["holds"]), "; ".join(s["recv"]) or "-", "; ".join(s["send"]) or "-"] for s in stages],
+          notes=("holds", "receives", "sends"))
+    say(f"layer {k} runs on stage {home['stage']} (ranks {','.join(map(str, home['ranks']))}); below, its "
+        f"dataflow in that stage's TP={tp} group")
+
+
+def _print_rows(rows: list[Row]) -> None:
+    table(["point / collective", "shape", "placement", "what", "captured by"],
+          [[f"-> {r.name.split()[0]}" if r.kind == "collective" else r.name, r.shape, r.placement,
+            f"{r.name.split(maxsplit=1)[1][1:-1]}: {r.detail}" if r.kind == "collective" else r.detail,
+            r.capture] for r in rows], notes=("captured by",), whole=("placement",))

@@ -34,7 +34,7 @@ from torch import nn
 from tpsim.config.loader import ModelConfig
 from tpsim.layers.fused import kernels, top_k_margin
 from tpsim.layers.linear import WeightSpec, _copy, divide
-from tpsim.layers.moe import MoE, Experts
+from tpsim.layers.moe import MoE, Experts, Routing
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
@@ -132,7 +132,8 @@ class GptOssExperts(Experts):
 
 
 class GptOssRouter(Tapped, nn.Module):
-    """Replicated biased router: `[T, hidden]` → (weights `[T, k]` float32, expert ids `[T, k]`).
+    """Replicated biased router: `[T, hidden]` → (weights `[T, k]` float32, expert ids `[T, k]`,
+    margin `[T]`: the k-th minus the (k+1)-th logit).
 
     As transformers' GptOssTopKRouter: logits = x W^T + b in the model dtype, top-k of the
     logits, then a softmax over the k picked logits (in float32 here; transformers keeps the
@@ -150,8 +151,6 @@ class GptOssRouter(Tapped, nn.Module):
                                    requires_grad=False)
         self.bias = nn.Parameter(torch.empty(num_experts, dtype=dtype, device=group.device), requires_grad=False)
         self.placement = R  # of its input tokens: Shard(dim=0) under EP
-        self.last_ids: torch.Tensor | None = None
-        self.last_margin: torch.Tensor | None = None  # [T]: k-th minus (k+1)-th logit
 
     def weight_specs(self):
         yield WeightSpec(f"{self.prefix}.weight", tuple(self.weight.shape), lambda t: _copy(self.weight, t[:]))
@@ -160,9 +159,8 @@ class GptOssRouter(Tapped, nn.Module):
     def forward(self, x: torch.Tensor):
         logits = F.linear(x, self.weight, self.bias)
         self.tap("router_logits", logits, self.placement)
-        ids, self.last_margin = top_k_margin(logits.float(), self.top_k)
-        self.last_ids = ids
-        return logits.gather(1, ids).float().softmax(-1), ids
+        ids, margin = top_k_margin(logits.float(), self.top_k)
+        return logits.gather(1, ids).float().softmax(-1), ids, margin
 
 
 class GptOssMoE(Tapped, nn.Module):
@@ -190,6 +188,7 @@ class GptOssMoE(Tapped, nn.Module):
                                group.local_view()) if expert_parallel else (0, E, group)
         self.experts = GptOssExperts(s.hidden_size, s.intermediate_size, first, count, shard, f"{prefix}.experts",
                                      dtype, E, s.swiglu_limit, s.swiglu_alpha)
+        self.routing: Routing | None = None  # the last forward's, for check and the tests
 
     @classmethod
     def points(cls, base: str) -> list[NamedPoint]:
@@ -201,7 +200,8 @@ class GptOssMoE(Tapped, nn.Module):
     _ep_experts, _routed, _reduced = MoE._ep_experts, MoE._routed, MoE._reduced
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.router(x)
+        weights, ids, margin = self.router(x)
+        self.routing = Routing(ids, margin)
         return self._reduced(self._routed(x, weights, ids))
 
 

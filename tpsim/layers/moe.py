@@ -16,6 +16,8 @@ order, gate/up and silu * up) is one Triton kernel (`fused.expert_gate_up_fast`)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -29,9 +31,23 @@ from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
 
 
+@dataclass
+class Routing:
+    """What a MoE block's router picked in its last forward: the experts `[T, k]` and each token's
+    margin `[T]` (how far its pick was from another pick: a flip within it is a near-tie)."""
+
+    ids: torch.Tensor
+    margin: torch.Tensor
+
+    @classmethod
+    def cat(cls, parts: list["Routing"]) -> "Routing":
+        """The routing of consecutive token ranges (two-batch overlap's micro-batches) as one."""
+        return cls(torch.cat([p.ids for p in parts]), torch.cat([p.margin for p in parts]))
+
+
 class MoEGate(Tapped, nn.Module):
-    """Replicated router: `[T, hidden]` → (weights `[T, k]` float32, expert ids `[T, k]`). Its
-    point is named under the MoE's."""
+    """Replicated router: `[T, hidden]` → (weights `[T, k]` float32, expert ids `[T, k]`, margin
+    `[T]`: how far each token's pick was from another pick). Its point is named under the MoE's."""
 
     POINTS = (Point("router_logits", R, "router logits (float32), replicated gate"),)
 
@@ -47,8 +63,6 @@ class MoEGate(Tapped, nn.Module):
                                    requires_grad=False)
         self.e_score_correction_bias = None
         self.placement = R  # of its input tokens: Shard(dim=0) under EP
-        self.last_ids: torch.Tensor | None = None  # the experts the last forward picked, for tests and traces
-        self.last_margin: torch.Tensor | None = None  # [T]: how far each token's pick was from another pick
         if self.method == "noaux_tc":  # used for selection only, kept in float32
             self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=torch.float32, device=group.device),
                                                         requires_grad=False)
@@ -63,16 +77,15 @@ class MoEGate(Tapped, nn.Module):
         logits = kernels().router_logits(x, self.weight)
         self.tap("router_logits", logits, self.placement)
         if self.method == "greedy" and self.e_score_correction_bias is None:
-            weights, ids, self.last_margin = kernels().greedy_top(logits, self.top_k, self.scoring == "softmax")
+            weights, ids, margin = kernels().greedy_top(logits, self.top_k, self.scoring == "softmax")
         else:
-            weights, ids = self._grouped_pick(logits)
+            weights, ids, margin = self._grouped_pick(logits)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
-        self.last_ids = ids
-        return weights, ids
+        return weights, ids, margin
 
-    def _grouped_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights, ids) of the group-limited methods and of any router with a selection bias: the
+    def _grouped_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights, ids, margin) of the group-limited methods and of any router with a selection bias: the
         experts picked from the biased scores within the best groups, weighted by the un-biased ones."""
         scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
@@ -87,8 +100,8 @@ class MoEGate(Tapped, nn.Module):
         else:
             group_margin = None
         ids, margin = top_k_margin(choice, self.top_k)
-        self.last_margin = margin if group_margin is None else torch.minimum(margin, group_margin)
-        return scores.gather(1, ids), ids  # weights from the un-biased scores
+        margin = margin if group_margin is None else torch.minimum(margin, group_margin)
+        return scores.gather(1, ids), ids, margin  # weights from the un-biased scores
 
 
 class Experts(nn.Module):
@@ -214,11 +227,7 @@ class MoE(Tapped, nn.Module):
                                            group.local_view() if expert_parallel else group,
                                            f"{prefix}.shared_experts", dtype, reduce_results=False, tap_act=False,
                                            probe=probe, fp8=cfg.fp8_block)
-
-    @property
-    def router(self) -> MoEGate:
-        """The router (its `last_ids`, `last_margin`), by the name every MoE block shares."""
-        return self.gate
+        self.routing: Routing | None = None  # the last forward's, for check and the tests
 
     @classmethod
     def points(cls, base: str) -> list[NamedPoint]:
@@ -230,14 +239,16 @@ class MoE(Tapped, nn.Module):
         # block's own all-reduce), no per-expert loop that reads the offsets on the host (fp8 or
         # ungrouped experts; torch.compile cannot trace a float32 grouped GEMM), no tap listened to
         whole = not (self.ep or self.reduce_results or self.probe.listening) and self.experts.traceable
-        return region(self._forward, x, eligible=whole)
+        out, ids, margin = region(self._forward, x, eligible=whole)
+        self.routing = Routing(ids, margin)
+        return out
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
+    def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        weights, ids, margin = self.gate(x)
         out = self._routed(x, weights * self.routed_scaling_factor, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return self._reduced(out)
+        return self._reduced(out), ids, margin
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x `[T, hidden]`, the picked experts `ids` `[T, k]` and their `weights` → sum over each token's

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from tpsim.layers.moe import Routing
 from tpsim.modes import Stages, Stream
 from tpsim.modes.tbo import tbo_split
 
@@ -58,9 +59,9 @@ def two_batch_overlap(layers, stages: tuple[Stages, ...], positions: torch.Tenso
             probe.micro_batch(layer.k, s, T, *mb)
             mb[:] = layer(positions[s:e], *mb, stream, st, micro=earlier)
             if layer.is_moe:
-                routed.append((layer.mlp.router.last_ids, layer.mlp.router.last_margin))
-        if routed:  # the router's record of the whole batch, in token order (check compares routing with TP=1)
-            layer.mlp.router.last_ids, layer.mlp.router.last_margin = (torch.cat(x) for x in zip(*routed))
+                routed.append(layer.mlp.routing)
+        if routed:  # the routing of the whole batch, in token order (check compares routing with TP=1)
+            layer.mlp.routing = Routing.cat(routed)
     for (s, _), mb in zip(bounds, mbs):
         probe.micro_batch(L, s, T, *mb)
     return torch.cat([mb[0] for mb in mbs]), torch.cat([mb[1] for mb in mbs])

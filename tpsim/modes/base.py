@@ -20,6 +20,7 @@ from tpsim.modes.strategy import Strategy
 from tpsim.modes.tbo import check_tbo
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R
+from tpsim.parallel.ops import Op
 
 
 
@@ -229,9 +230,9 @@ class Mode:
         the tokens this rank fed, in token order (T: the whole batch's tokens)."""
         return ids
 
-    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[Op, int]:
         """{op: count} of one forward (logits included) at TP=tp > 1."""
-        return {"all_reduce": 1 + 2 * cfg.num_hidden_layers, "all_gather": 1}
+        return {Op.ALL_REDUCE: 1 + 2 * cfg.num_hidden_layers, Op.ALL_GATHER: 1}
 
     def to_dict(self) -> dict:
         own = asdict(self)
@@ -246,7 +247,7 @@ class Mode:
         return kind(**{k: v for k, v in d.items() if k in kind.options()})
 
 
-def expected_collectives(mode: Mode, cfg: ModelConfig, tp: int) -> dict[str, int]:
+def expected_collectives(mode: Mode, cfg: ModelConfig, tp: int) -> dict[Op, int]:
     """{op: count} of one forward (logits included) in `mode` at TP=tp: the formulas of the
     tpsim.modes docstring."""
     return {} if tp == 1 else mode.collectives(cfg, tp)

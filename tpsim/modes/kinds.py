@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.distributed as dist
 
 from tpsim.config.loader import ModelConfig
 from tpsim.base.errors import UsageError
@@ -18,6 +17,7 @@ from tpsim.modes.tbo import tbo_split
 from tpsim.parallel.context import TokenShards
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import P, R, S0
+from tpsim.parallel.ops import Op
 
 def _member(enum, value, option: str, allowed: tuple[str, ...]):
     """`value` as a member of `enum` (the CLI's and JSON's string form accepted)."""
@@ -47,13 +47,13 @@ class TensorParallel(Mode):
         plan = super().plan(cfg, tp, tokens)
         return replace(plan, tbo_from=cfg.first_k_dense_replace) if self.tbo else plan
 
-    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[Op, int]:
         """Two-batch overlap: each of the L - first_k_dense_replace split layers all-reduces twice per
         micro-batch, 4 instead of 2."""
         if not self.tbo:
             return super().collectives(cfg, tp)
         L, f = cfg.num_hidden_layers, cfg.first_k_dense_replace
-        return {"all_reduce": 1 + 2 * f + 4 * (L - f), "all_gather": 1}
+        return {Op.ALL_REDUCE: 1 + 2 * f + 4 * (L - f), Op.ALL_GATHER: 1}
 
     def _effect(self, tokens: int, num_layers: int) -> str | None:
         if not self.tbo:
@@ -132,9 +132,9 @@ class SequenceParallel(Mode):
     def routing_rows(self, ids: torch.Tensor, group: TPGroup, T: int) -> torch.Tensor:
         return ids[:T]  # padding rows dropped
 
-    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[Op, int]:
         L = cfg.num_hidden_layers
-        return {"reduce_scatter": 1 + 2 * L, "all_gather": 2 * L + 2}
+        return {Op.REDUCE_SCATTER: 1 + 2 * L, Op.ALL_GATHER: 2 * L + 2}
 
     def _effect(self, tokens: int, num_layers: int) -> str:
         return "the residual stream is token-sharded between layers (reduce-scatter / all-gather)"
@@ -179,20 +179,19 @@ class ExpertParallel(Mode):
         return Plan(embed=P, layers=tuple(layers), final=R)
 
     def routing_rows(self, ids: torch.Tensor, group: TPGroup, T: int) -> torch.Tensor:
-        every = [None] * group.size  # each rank routed its own token share
-        dist.all_gather_object(every, ids.cpu(), group=group.pg)
+        every = group.all_gather_object(ids.cpu(), "check.routing_rows")  # each rank routed its own token share
         return torch.cat(every).to(ids.device)
 
-    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[Op, int]:
         L = cfg.num_hidden_layers
         moe = [k for k in range(L) if cfg.is_moe_layer(k)]
         M, D = len(moe), L - len(moe)
         if self.ep_output is EpOutput.REPLICATED:  # MoE: 3 all_to_all + 1 all_gather of the outputs
-            return {"all_reduce": 1 + L + D, "all_to_all": 3 * M, "all_gather": M + 1}
+            return {Op.ALL_REDUCE: 1 + L + D, Op.ALL_TO_ALL: 3 * M, Op.ALL_GATHER: M + 1}
         f = moe[0]  # scattered: layers after f gather for attention and reduce-scatter its output
         after, dense_after = L - f - 1, sum(1 for k in range(f + 1, L) if not cfg.is_moe_layer(k))
-        counts = {"all_reduce": 1 + (f + 1) + (D - dense_after), "all_to_all": 3 * M,
-                  "all_gather": after + dense_after + 2, "reduce_scatter": after + dense_after}
+        counts = {Op.ALL_REDUCE: 1 + (f + 1) + (D - dense_after), Op.ALL_TO_ALL: 3 * M,
+                  Op.ALL_GATHER: after + dense_after + 2, Op.REDUCE_SCATTER: after + dense_after}
         return {op: n for op, n in counts.items() if n}
 
     def _effect(self, tokens: int, num_layers: int) -> str:
@@ -313,33 +312,33 @@ class DpAttention(Mode):
             return None
         return tuple(min(1, n) for n in sizes)  # one request per rank: its logprob count
 
-    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[Op, int]:
         """The token-count all-gather; per layer the MLP's gather and hand-back (max-len: all-gather +
         reduce-scatter; sum-len: two all-reduces); the vocab-parallel head: an all-reduce gathering
         the hidden states (always SUM_LEN) and the all-gather of the logits along vocab."""
         L = cfg.num_hidden_layers
         if self.dp_padding is DpPadding.MAX_LEN:
-            counts = {"all_gather": 1 + L, "reduce_scatter": L}
+            counts = {Op.ALL_GATHER: 1 + L, Op.REDUCE_SCATTER: L}
         else:
-            counts = {"all_gather": 1, "all_reduce": 2 * L}
+            counts = {Op.ALL_GATHER: 1, Op.ALL_REDUCE: 2 * L}
         if not self.dp_lm_head:
-            counts["all_gather"] += 1
-            counts["all_reduce"] = counts.get("all_reduce", 0) + 1
+            counts[Op.ALL_GATHER] += 1
+            counts[Op.ALL_REDUCE] = counts.get(Op.ALL_REDUCE, 0) + 1
         return counts
 
-    def collective_bytes(self, cfg: ModelConfig, tp: int, counts: list[int], itemsize: int) -> dict[str, int]:
+    def collective_bytes(self, cfg: ModelConfig, tp: int, counts: list[int], itemsize: int) -> dict[Op, int]:
         """{op: bytes of this rank's inputs} of one forward at TP=tp > 1 where rank r holds counts[r]
         tokens (every rank the same): max-len moves max(counts) rows per rank into the all-gather and
         max(counts) * tp rows into the reduce-scatter; sum-len all-reduces sum(counts) rows; the token
         counts are one int64; the head all-reduces sum(counts) rows and all-gathers its logits slice."""
         L, H, n, S = cfg.num_hidden_layers, cfg.hidden_size, max(counts), sum(counts)
         if self.dp_padding is DpPadding.MAX_LEN:
-            out = {"all_gather": 8 + L * n * H * itemsize, "reduce_scatter": L * tp * n * H * itemsize}
+            out = {Op.ALL_GATHER: 8 + L * n * H * itemsize, Op.REDUCE_SCATTER: L * tp * n * H * itemsize}
         else:
-            out = {"all_gather": 8, "all_reduce": L * 2 * S * H * itemsize}
+            out = {Op.ALL_GATHER: 8, Op.ALL_REDUCE: L * 2 * S * H * itemsize}
         if not self.dp_lm_head:
-            out["all_reduce"] = out.get("all_reduce", 0) + S * H * itemsize
-            out["all_gather"] += S * (cfg.padded_vocab_size // tp) * itemsize
+            out[Op.ALL_REDUCE] = out.get(Op.ALL_REDUCE, 0) + S * H * itemsize
+            out[Op.ALL_GATHER] += S * (cfg.padded_vocab_size // tp) * itemsize
         return out
 
     def _effect(self, tokens: int, num_layers: int) -> str:
@@ -412,21 +411,20 @@ class ContextParallel(Mode):
         return Plan(embed=S0, layers=(CP_STAGES,) * cfg.num_hidden_layers, final=R)
 
     def routing_rows(self, ids: torch.Tensor, group: TPGroup, T: int) -> torch.Tensor:
-        every = [None] * group.size  # each rank routed its own token chunk
-        dist.all_gather_object(every, ids.cpu(), group=group.pg)
+        every = group.all_gather_object(ids.cpu(), "check.routing_rows")  # each rank routed its own token chunk
         return torch.cat(every).to(ids.device)
 
-    def collectives(self, cfg: ModelConfig, tp: int) -> dict[str, int]:
+    def collectives(self, cfg: ModelConfig, tp: int) -> dict[Op, int]:
         """One all-gather of the KV cache's rows per layer, one of the final norm's output."""
-        return {"all_gather": cfg.num_hidden_layers + 1}
+        return {Op.ALL_GATHER: cfg.num_hidden_layers + 1}
 
-    def collective_bytes(self, cfg: ModelConfig, tp: int, counts: list[int], itemsize: int) -> dict[str, int]:
+    def collective_bytes(self, cfg: ModelConfig, tp: int, counts: list[int], itemsize: int) -> dict[Op, int]:
         """{op: bytes of this rank's inputs} where rank r holds counts[r] tokens: rows padded to max(counts);
         per layer the cached row (MLA: kv_lora_rank + qk_rope_head_dim; GQA: 2 * kv_heads * head_dim), then
         the hidden row of the final norm."""
         n, L = max(counts), cfg.num_hidden_layers
         row = cfg.kv_lora_rank + cfg.qk_rope_head_dim if cfg.mla else 2 * cfg.kv_heads * cfg.attention_head_dim
-        return {"all_gather": n * (L * row + cfg.hidden_size) * itemsize}
+        return {Op.ALL_GATHER: n * (L * row + cfg.hidden_size) * itemsize}
 
     def _effect(self, tokens: int, num_layers: int) -> str:
         sizes = "+".join(map(str, split_sizes(tokens, 2)))

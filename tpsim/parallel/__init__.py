@@ -1,3 +1,4 @@
 from tpsim.parallel.group import CollectiveRecord, TPGroup, Tracer
+from tpsim.parallel.ops import Op
 
-__all__ = ["CollectiveRecord", "TPGroup", "Tracer"]
+__all__ = ["CollectiveRecord", "Op", "TPGroup", "Tracer"]

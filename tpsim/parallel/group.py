@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from tpsim.base import faults
+from tpsim.parallel.ops import Op
 
 
 @dataclass
 class CollectiveRecord:
-    op: str
+    op: Op
     caller: str  # the calling module's name, e.g. "model.layers.3.self_attn.o_proj"
     shape: tuple
     dtype: str
@@ -41,7 +42,7 @@ class Tracer:
     records: list[CollectiveRecord] = field(default_factory=list)
     timed: bool = False  # stamp each all-reduce (benchmarks/forward_tp.py); off, nothing is stamped
 
-    def record(self, op: str, caller: str, t: torch.Tensor) -> CollectiveRecord:
+    def record(self, op: Op, caller: str, t: torch.Tensor) -> CollectiveRecord:
         rec = CollectiveRecord(op, caller, tuple(t.shape), str(t.dtype).removeprefix("torch."),
                                t.numel() * t.element_size())
         self.records.append(rec)
@@ -57,7 +58,7 @@ class Tracer:
         event.record()
         return event
 
-    def count(self, op: str) -> int:
+    def count(self, op: Op) -> int:
         return sum(r.op == op for r in self.records)
 
     def clear(self) -> None:
@@ -107,17 +108,17 @@ class TPGroup:
         faults.doing(f"waiting for the weights of the TP={self.size} group of ranks {list(self.ranks)}")
         dist.barrier(group=self.loading_pg)
 
-    def _enter(self, op: str, caller: str, x: torch.Tensor) -> None:
+    def _enter(self, op: Op, caller: str, x: torch.Tensor) -> None:
         faults.doing(f"{op} in {caller} (TP={self.size} group of ranks {list(self.ranks)})")
         faults.at(caller, self.ranks[self.rank])
         if self.verify:
             self._verify(op, caller, x)
 
-    def _verify(self, op: str, caller: str, x: torch.Tensor) -> None:
+    def _verify(self, op: Op, caller: str, x: torch.Tensor) -> None:
         """Compare (op, caller, dtype, shape) across the group with one small all-gather first:
         gloo aborts the process on a size mismatch, and an equal-size mismatch would
         silently reduce the wrong tensors. all_to_all rows may differ (uneven splits)."""
-        shape = list(x.shape[1:] if op == "all_to_all" else x.shape)
+        shape = list(x.shape[1:] if op is Op.ALL_TO_ALL else x.shape)
         sig = [_code(op), _code(caller), _code(str(x.dtype)), len(shape), *shape][:16]
         mine = torch.tensor(sig + [-1] * (16 - len(sig)), dtype=torch.int64, device=self.device)
         every = [torch.empty_like(mine) for _ in range(self.size)]
@@ -137,8 +138,8 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("all_reduce", caller, x)
-        rec, start = self.tracer.record("all_reduce", caller, x), self.tracer.stamp(self.device)
+        self._enter(Op.ALL_REDUCE, caller, x)
+        rec, start = self.tracer.record(Op.ALL_REDUCE, caller, x), self.tracer.stamp(self.device)
         dist.all_reduce(x, group=self.pg)
         if start is not None:
             rec.span = (start, self.tracer.stamp(self.device))
@@ -149,8 +150,8 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("all_gather", caller, x)
-        self.tracer.record("all_gather", caller, x)
+        self._enter(Op.ALL_GATHER, caller, x)
+        self.tracer.record(Op.ALL_GATHER, caller, x)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x, group=self.pg)
         return torch.cat(parts, dim=dim)
@@ -159,8 +160,8 @@ class TPGroup:
         """Sum over the group, then this rank's contiguous 1/size slice along `dim`."""
         if self.size == 1:
             return x
-        self._enter("reduce_scatter", caller, x)
-        self.tracer.record("reduce_scatter", caller, x)
+        self._enter(Op.REDUCE_SCATTER, caller, x)
+        self.tracer.record(Op.REDUCE_SCATTER, caller, x)
         chunks = [c.contiguous() for c in x.chunk(self.size, dim=dim)]
         out = torch.empty_like(chunks[self.rank])
         dist.reduce_scatter(out, chunks, group=self.pg)
@@ -211,8 +212,8 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("all_to_all", caller, x)
-        self.tracer.record("all_to_all", caller, x)
+        self._enter(Op.ALL_TO_ALL, caller, x)
+        self.tracer.record(Op.ALL_TO_ALL, caller, x)
         rows = sum(out_splits) if out_splits is not None else x.shape[0]
         out = x.new_empty((rows, *x.shape[1:]))
         dist.all_to_all_single(out, x, out_splits, in_splits, group=self.pg)
@@ -223,10 +224,22 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
-        self._enter("broadcast", caller, x)
-        self.tracer.record("broadcast", caller, x)
+        self._enter(Op.BROADCAST, caller, x)
+        self.tracer.record(Op.BROADCAST, caller, x)
         dist.broadcast(x, src=self.ranks[src], group=self.pg)
         return x
+
+    def all_gather_object(self, obj, caller: str) -> list:
+        """Every rank's picklable `obj`, in rank order (check's bookkeeping: the routing rows of the
+        ranks' token shares, the ranks' captures for a diagnosis). Traced with no shape or bytes: what
+        travels is a pickle, not a tensor."""
+        if self.size == 1:
+            return [obj]
+        self._enter(Op.ALL_GATHER_OBJECT, caller, torch.empty(0, device=self.device))
+        self.tracer.records.append(CollectiveRecord(Op.ALL_GATHER_OBJECT, caller, (), "object", 0))
+        every = [None] * self.size
+        dist.all_gather_object(every, obj, group=self.pg)
+        return every
 
     # --- point to point (pipeline parallelism): between this rank and one rank of another group ---
 
@@ -234,15 +247,15 @@ class TPGroup:
         """Send `x` to global rank `dst` (its `recv` must ask for the same shape and dtype), waiting
         at most `timeout_s` for it to go. Recorded at every group size: the peer is outside the group."""
         x = x.contiguous()
-        self._enter_p2p("send", caller, dst)
-        self.tracer.record("send", caller, x)
+        self._enter_p2p(Op.SEND, caller, dst)
+        self.tracer.record(Op.SEND, caller, x)
         dist.isend(self._wire(x), dst=dst, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, caller: str) -> torch.Tensor:
         """A tensor of `shape` and `dtype` from global rank `src`, waiting at most `timeout_s`."""
         x = torch.empty(shape, dtype=dtype, device=self.device)
-        self._enter_p2p("recv", caller, src)
-        self.tracer.record("recv", caller, x)
+        self._enter_p2p(Op.RECV, caller, src)
+        self.tracer.record(Op.RECV, caller, x)
         wire = self._wire(x)
         dist.irecv(wire, src=src, group=self.p2p_pg).wait(timedelta(seconds=self.timeout_s))
         return wire.to(self.device)
@@ -254,7 +267,7 @@ class TPGroup:
             return x.cpu()
         return x
 
-    def _enter_p2p(self, op: str, caller: str, peer: int) -> None:
+    def _enter_p2p(self, op: Op, caller: str, peer: int) -> None:
         me = self.ranks[self.rank]
-        faults.doing(f"{op} in {caller} (rank {me} {'to' if op == 'send' else 'from'} rank {peer})")
+        faults.doing(f"{op} in {caller} (rank {me} {'to' if op is Op.SEND else 'from'} rank {peer})")
         faults.at(caller, me)

@@ -4,6 +4,9 @@ that has the fix."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
+
 from tpsim.capture.conventions import Resolution
 from tpsim.capture.positions import Position
 from tpsim.profiles.profile import EmbedId, Numbering
@@ -11,17 +14,55 @@ from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import Replay, Slot, ids_for_position
 
 
+class Kind(Enum):
+    CAPTURE_OFF = "capture turned off"
+    ENGINE_FAILS = "the engine fails on these ids"
+    DROPPED_SLOT = "a slot silently dropped"
+    KEY_FALLBACK = "config key fallback"
+    MISALIGNED = "train and serve capture different tensors"
+    SERVED_MODE = "the served mode breaks the capture"
+    GRAPH_IDS = "CUDA-graphed batches capture other ids"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something that breaks the draft's capture: what (`kind`), why, the sources that show the engine
+    does this, and the fix."""
+
+    kind: Kind
+    cause: str
+    sources: list[str]
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.cause}; fix: {self.fix}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind.name.lower().replace("_", "-"), "title": self.kind.value, "cause": self.cause,
+                "sources": self.sources, "fix": self.fix}
+
+
 def findings(rep: Replay, hidden: int | None = None) -> list[str]:
-    """What the engine's handling of these ids does to the draft, each with its fix (empty: none)."""
+    """What the engine's handling of these ids does to the draft, each with its fix (empty: none), as
+    `resolve` and `check` print and record them."""
+    return [str(f) for f in replay_findings(rep, hidden)]
+
+
+def replay_findings(rep: Replay, hidden: int | None = None) -> list[Finding]:
+    """What the engine's handling of these ids does to the draft: its crash or refusal, and each slot
+    it silently drops."""
     p, L = rep.profile, rep.num_layers
+    kind = Kind.ENGINE_FAILS if rep.failure else Kind.DROPPED_SLOT
+    sources = [str(p.behaviour.embed.source if rep.crashed else p.behaviour.out_of_range.source)]
     out = []
     if rep.crashed or rep.refused:
-        out.append(f"{rep.failure}; fix: {_crash_fix(rep)}")
+        out.append(Finding(kind, rep.failure, sources, _crash_fix(rep)))
     for s in rep.dropped:
         width = "" if hidden is None else f"; the capture is {rep.width_text(hidden)}"
-        out.append(f"slot {s.index}: id {s.id} becomes internal id {s.internal}, which {p.name}'s capture loop "
-                   f"(layers 0..{L - 1}{', and after the last' if p.behaviour.last_boundary.value else ''}) never "
-                   f"reaches: the slot is silently missing{width}; fix: {_dropped_fix(rep, s)}")
+        out.append(Finding(kind, f"slot {s.index}: id {s.id} becomes internal id {s.internal}, which {p.name}'s "
+                           f"capture loop (layers 0..{L - 1}"
+                           f"{', and after the last' if p.behaviour.last_boundary.value else ''}) never reaches: "
+                           f"the slot is silently missing{width}", sources, _dropped_fix(rep, s)))
     return out
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from tpsim.capture import Position, Recorder
 from tpsim.capture.points import Taps
@@ -18,14 +17,17 @@ from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.config.loader import ModelConfig
 from tpsim.model.decoder import CausalLM
 from tpsim.layers.fused import use_compiled
+from tpsim.layers.moe import MoE, Routing
 from tpsim.modes import Mode, Strategy, TensorParallel
-from tpsim.parallel.group import TPGroup
+from tpsim.parallel.group import CollectiveRecord, TPGroup
 from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
 from tpsim.parallel.pipeline import Stage
+from tpsim.run.reference import Reference, SameRun
 from tpsim.run.results import CaptureResult, PointsResult, RankCheck, SlotVerdict
 from tpsim.run.spec import RunSpec
 from tpsim.weights.seeded import init_random_weights
+from tpsim.parallel.ops import Op
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,87 +113,122 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
     compare against this group's rank 0 (exact) and against the TP=1 capture of this rank's
     tokens (relative error; logits too). A capture that differs between ranks is gathered on
     the group's rank 0 and diagnosed there (tpsim.offline.diagnosis) against the TP=1 reference."""
-    m, strategy, pos = spec.mode, spec.strategy, list(spec.positions)
-    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": strategy.value})
-    config, seed, dtype, checkpoint, input_ids = spec.cfg, spec.seed, spec.dtype, spec.checkpoint, list(spec.tokens)
-    residual_points = {p: f"layers.{p.layer}.mid" for p in pos if p.kind == "out"}
+    m, pos = spec.mode, list(spec.positions)
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": spec.strategy.value})
     reference, rows, replica = None, [], None
     for tp in sorted(set(tps) | {1}):
         if not ctx.participates(tp):
             continue
         group = ctx.groups[tp]
-        mine = own_tokens(input_ids, m, group)
+        mine = own_tokens(list(spec.tokens), m, group)
         if tp == 1 and m.tbo:  # the reference runs the whole batch; the TP=1 row replays the overlap too
-            reference = tp1_reference(config, group, seed, dtype, checkpoint, mine, pos, residual_points)
-        model = build_model(config, group, seed, dtype, checkpoint, _progress(ctx, tp),
-                            m if tp > 1 or m.tbo else TensorParallel())
-        same_run = None
-        # what the naive capture should have been, same run (two-batch overlap: pure TP, every strategy replicated)
-        if tp > 1 and strategy != m.right_strategy and not m.tbo:
-            with model.probe.attach(Taps(wanted=set(residual_points.values()))) as taps:
-                right, _ = run_captured_parts(model, mine, pos, m.right_strategy)
-            same_run = {"parts": right, "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()
-                                                     if n in taps.got}}
-        with model.probe.attach(Taps(wanted=set(residual_points.values()) if tp == 1 else set(),
-                                     watch_finite=True)) as taps:
-            ctx.progress(f"TP={tp}: forward")
-            recorder, logits = run_recorded(model, mine, pos, strategy if tp > 1 or m.tbo else Strategy.MODEL_LEVEL)
-            parts, modified, missing = recorder.parts(), recorder.modified(), recorder.missing()
-        records = list(group.tracer.records)
-        route = routing_rows(model, m if tp > 1 else TensorParallel(), group, len(input_ids))
-        margins = routing_margins(model, m if tp > 1 else TensorParallel(), group, len(input_ids))
-        del model
-        mixed = len({t.shape[0] for t in parts}) > 1  # a local capture of scattered and replicated positions
-        cap = parts[0].new_zeros((0, 0)) if mixed else torch.cat(parts, dim=-1) if parts \
-            else logits.new_zeros((len(mine), 0))  # nothing captured (two-batch overlap's split layers)
-        parts = parts or [cap]
+            reference = tp1_reference(spec, group, mine)
+        run, same_run = _checked_forward(ctx, spec, group, mine)
         if tp == 1 and reference is None:
-            reference = {"capture": cap, "logits": logits, "routing": route, "margins": margins,
-                         "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()}}
+            reference = Reference(run.capture, run.logits, run.routing, run.margins, run.residual)
         ref = reference
-        if m.rank_local and tp > 1:  # this rank's own sequence through a TP=1 replica
+        if m.runs_own_tokens(tp):  # this rank's own sequence through a TP=1 replica
             if replica is None:
-                replica = build_model(config, TPGroup(device=group.device), seed, dtype, checkpoint)
+                replica = build_model(spec.cfg, TPGroup(device=group.device), spec.seed, spec.dtype, spec.checkpoint)
             c1, l1 = run_captured(replica, mine, pos)
-            ref = {"capture": c1, "logits": l1, "residual": {}, "routing": routing_rows(replica),
-                   "margins": routing_margins(replica)}
-        # entries a routing near-tie flipped (rounding picks another expert) are not compared; a
-        # flip across a wide router margin is a real difference and stays in the comparison
-        excused, real = judge_flips(route, ref["routing"], margins, ref["margins"], NEAR_TIE[dtype]) \
-            if ref is not None else ([], [])
-        mask = comparable_rows(pos, config.hidden_size, route, ref["routing"], cap.shape[0], excused) \
-            if ref is not None and not mixed and cap.shape == ref["capture"].shape else None
-        flipped = min((f.token for f in excused), default=None)
-        identical, verdicts = _compare_ranks(group, parts, m, same_run or ref, pos)
-        rows.append(RankCheck(
-            tp=tp, rank=ctx.rank, group_rank=group.rank, group=list(group.ranks),
-            shape=list(cap.shape) if not mixed else [[t.shape[0] for t in parts], cap.shape[-1]],
-            identical=identical, verdicts=verdicts,
-            finite=all(bool(torch.isfinite(t).all()) for t in parts), first_nonfinite=taps.first_nonfinite,
-            rel_err=None if mask is None or not mask.any() else rel_err(cap[mask.to(cap.device)],
-                                                                        ref["capture"][mask.to(cap.device)]),
-            compared=None if mask is None else float(mask.float().mean()),
-            logits_rel_err=_rel_or_none(logits[:flipped], ref and ref["logits"][:flipped]) if flipped != 0 else None,
-            routing_flip=flipped,
-            real_flip=(real[0].layer, real[0].token, real[0].margin) if real else None,
-            modified=[(str(p), None if now is None else str(now)) for p, now in modified],
-            missing=[str(p) for p in missing],
-            all_reduces=sum(r.op == "all_reduce" for r in records),
-            all_reduce_bytes=sum(r.bytes for r in records if r.op == "all_reduce"),
-            collectives=[(r.op, r.caller, r.bytes) for r in records]))
+            ref = Reference(c1, l1, routing_rows(replica), routing_margins(replica), {})
+        rows.append(_rank_check(ctx, spec, group, run, ref, same_run))
     return rows
 
 
-def tp1_reference(config: ModelConfig, group: TPGroup, seed: int, dtype: str, checkpoint: str | None,
-                  mine: list[int], pos: list[Position], residual_points: dict) -> dict:
+@dataclass
+class _Checked:
+    """One rank's forward at one degree, as check reads it."""
+
+    parts: list[torch.Tensor]  # the capture, one tensor per position
+    capture: torch.Tensor  # the parts side by side (`[0, 0]`: mixed token counts, which do not concatenate)
+    mixed: bool  # a local capture of scattered positions next to gathered or replicated ones
+    logits: torch.Tensor
+    modified: list  # (position, what it holds now): the recorder's aliasing check
+    missing: list[Position]
+    records: list[CollectiveRecord]  # the forward's collectives
+    routing: dict[int, torch.Tensor]
+    margins: dict[int, torch.Tensor]
+    first_nonfinite: tuple[str, int] | None
+    residual: dict[str, torch.Tensor]  # TP=1: each out position's residual at its layer's middle
+
+
+def _residual_points(positions) -> dict[Position, str]:
+    """{out position: the point holding its layer's residual at the middle} (the diagnosis reads them)."""
+    return {p: f"layers.{p.layer}.mid" for p in positions if p.kind == "out"}
+
+
+def _residuals(taps: Taps, points: dict[Position, str]) -> dict[str, torch.Tensor]:
+    return {str(p): taps.got[n].tensor for p, n in points.items() if n in taps.got}
+
+
+def _checked_forward(ctx: RankContext, spec: RunSpec, group: TPGroup,
+                     mine: list[int]) -> tuple[_Checked, SameRun | None]:
+    """This rank's forward at its group's degree (TP=1: plain TP and the model-level capture, unless
+    two-batch overlap), and with a naive strategy the right strategy's capture of the same run."""
+    m, tp, pos, points = spec.mode, group.size, list(spec.positions), _residual_points(spec.positions)
+    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp),
+                        m if tp > 1 or m.tbo else TensorParallel())
+    same_run = None
+    # what the naive capture should have been, same run (two-batch overlap: pure TP, every strategy replicated)
+    if tp > 1 and spec.strategy != m.right_strategy and not m.tbo:
+        with model.probe.attach(Taps(wanted=set(points.values()))) as taps:
+            right, _ = run_captured_parts(model, mine, pos, m.right_strategy)
+        same_run = SameRun(right, _residuals(taps, points))
+    with model.probe.attach(Taps(wanted=set(points.values()) if tp == 1 else set(), watch_finite=True)) as taps:
+        ctx.progress(f"TP={tp}: forward")
+        recorder, logits = run_recorded(model, mine, pos, spec.strategy if tp > 1 or m.tbo else Strategy.MODEL_LEVEL)
+        parts, modified, missing = recorder.parts(), recorder.modified(), recorder.missing()
+    records = list(group.tracer.records)
+    rows_mode, T = m if tp > 1 else TensorParallel(), len(spec.tokens)
+    route, margins = routing_rows(model, rows_mode, group, T), routing_margins(model, rows_mode, group, T)
+    mixed = len({t.shape[0] for t in parts}) > 1
+    cap = parts[0].new_zeros((0, 0)) if mixed else torch.cat(parts, dim=-1) if parts \
+        else logits.new_zeros((len(mine), 0))  # nothing captured (two-batch overlap's split layers)
+    return _Checked(parts or [cap], cap, mixed, logits, modified, missing, records, route, margins,
+                    taps.first_nonfinite, _residuals(taps, points)), same_run
+
+
+def _rank_check(ctx: RankContext, spec: RunSpec, group: TPGroup, run: _Checked, ref: Reference | None,
+                same_run: SameRun | None) -> RankCheck:
+    """This rank's row at its group's degree: its capture against the group's rank 0 and against `ref`."""
+    pos, cap, tp = list(spec.positions), run.capture, group.size
+    # entries a routing near-tie flipped (rounding picks another expert) are not compared; a
+    # flip across a wide router margin is a real difference and stays in the comparison
+    excused, real = judge_flips(run.routing, ref.routing, run.margins, ref.margins, NEAR_TIE[spec.dtype]) \
+        if ref is not None else ([], [])
+    mask = comparable_rows(pos, spec.cfg.hidden_size, run.routing, ref.routing, cap.shape[0], excused) \
+        if ref is not None and not run.mixed and cap.shape == ref.capture.shape else None
+    flipped = min((f.token for f in excused), default=None)
+    identical, verdicts = _compare_ranks(group, run.parts, spec.mode, same_run or ref, pos)
+    at = None if mask is None else mask.to(cap.device)
+    return RankCheck(
+        tp=tp, rank=ctx.rank, group_rank=group.rank, group=list(group.ranks),
+        shape=list(cap.shape) if not run.mixed else [[t.shape[0] for t in run.parts], cap.shape[-1]],
+        identical=identical, verdicts=verdicts,
+        finite=all(bool(torch.isfinite(t).all()) for t in run.parts), first_nonfinite=run.first_nonfinite,
+        rel_err=None if mask is None or not mask.any() else rel_err(cap[at], ref.capture[at]),
+        compared=None if mask is None else float(mask.float().mean()),
+        logits_rel_err=_rel_or_none(run.logits[:flipped], None if ref is None else ref.logits[:flipped])
+        if flipped != 0 else None,
+        routing_flip=flipped,
+        real_flip=(real[0].layer, real[0].token, real[0].margin) if real else None,
+        modified=[(str(p), None if now is None else str(now)) for p, now in run.modified],
+        missing=[str(p) for p in run.missing],
+        all_reduces=sum(r.op is Op.ALL_REDUCE for r in run.records),
+        all_reduce_bytes=sum(r.bytes for r in run.records if r.op is Op.ALL_REDUCE),
+        collectives=[(r.op, r.caller, r.bytes) for r in run.records])
+
+
+def tp1_reference(spec: RunSpec, group: TPGroup, mine: list[int]) -> Reference:
     """check's TP=1 reference, the whole batch in one piece (plain TP), when the TP=1 row itself runs
     another way (two-batch overlap)."""
-    model = build_model(config, group, seed, dtype, checkpoint)
-    with model.probe.attach(Taps(wanted=set(residual_points.values()))) as taps:
-        parts, logits = run_captured_parts(model, mine, pos)
-    return {"capture": torch.cat(parts, dim=-1), "logits": logits, "routing": routing_rows(model),
-            "margins": routing_margins(model),
-            "residual": {str(p): taps.got[n].tensor for p, n in residual_points.items()}}
+    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint)
+    points = _residual_points(spec.positions)
+    with model.probe.attach(Taps(wanted=set(points.values()))) as taps:
+        parts, logits = run_captured_parts(model, mine, list(spec.positions))
+    return Reference(torch.cat(parts, dim=-1), logits, routing_rows(model), routing_margins(model),
+                     _residuals(taps, points))
 
 
 def routing_rows(model: CausalLM, mode: Mode = TensorParallel(), group: TPGroup | None = None,
@@ -199,31 +236,23 @@ def routing_rows(model: CausalLM, mode: Mode = TensorParallel(), group: TPGroup 
     """{MoE layer k: the experts each of this rank's tokens picked in the last forward `[T_own, top_k]`,
     sorted}: the whole batch, in token order (ep: gathered from the ranks' token shards; sp:
     padding dropped; dp-attention: this rank's own sequence's rows)."""
-    out = {}
-    for layer in model.model.layers:
-        k = layer.k
-        if not hasattr(layer.mlp, "gate"):
-            continue
-        ids = layer.mlp.router.last_ids.sort(-1).values
-        if group is not None and group.size > 1:
-            ids = mode.routing_rows(ids, group, T)
-        out[k] = ids
-    return out
+    return {k: _own_rows(r.ids.sort(-1).values, mode, group, T) for k, r in _routings(model).items()}
 
 
 def routing_margins(model: CausalLM, mode: Mode = TensorParallel(), group: TPGroup | None = None,
                     T: int = 0) -> dict[int, torch.Tensor]:
     """{MoE layer k: `[T_own]` router margin of each token in the last forward} (rows as routing_rows)."""
-    out = {}
-    for layer in model.model.layers:
-        k = layer.k
-        if not hasattr(layer.mlp, "gate"):
-            continue
-        m = layer.mlp.router.last_margin.unsqueeze(-1)
-        if group is not None and group.size > 1:
-            m = mode.routing_rows(m, group, T)
-        out[k] = m.squeeze(-1)
-    return out
+    return {k: _own_rows(r.margin.unsqueeze(-1), mode, group, T).squeeze(-1) for k, r in _routings(model).items()}
+
+
+def _routings(model: CausalLM) -> dict[int, Routing]:
+    """{MoE layer k: its block's routing in the last forward}, of the DeepSeek-style MoE blocks (GPT-OSS
+    blocks are left out: check has never compared their routing)."""
+    return {layer.k: layer.mlp.routing for layer in model.model.layers if isinstance(layer.mlp, MoE)}
+
+
+def _own_rows(rows: torch.Tensor, mode: Mode, group: TPGroup | None, T: int) -> torch.Tensor:
+    return mode.routing_rows(rows, group, T) if group is not None and group.size > 1 else rows
 
 
 # A flip is rounding only when the router's margin for that token (k-th pick minus the next
@@ -282,7 +311,7 @@ def _rel_or_none(x: torch.Tensor, ref: torch.Tensor | None) -> float | None:
     return rel_err(x, ref) if ref is not None and ref.shape == x.shape else None
 
 
-def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: dict | None,
+def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: Reference | SameRun | None,
                    positions: list[Position]):
     """(identical, verdicts): whether every rank of the group holds exactly group rank 0's
     capture (None under dp-attention, where each rank holds its own tokens), and when not, on
@@ -300,21 +329,16 @@ def _compare_ranks(group: TPGroup, parts: list[torch.Tensor], mode: Mode, ref: d
         identical = int(group.all_reduce(flag, "check.rank_identity").item()) == group.size
     if identical:
         return True, None
-    every = [None] * group.size  # the ranks' captures, for the diagnosis (only when they differ)
-    dist.all_gather_object(every, [t.cpu() for t in parts], group=group.pg)
+    every = group.all_gather_object([t.cpu() for t in parts], "check.diagnosis")  # only when the ranks differ
     if ref is None or group.rank != 0:
         return False, None
-    if "parts" in ref:  # the right strategy's capture of the same run
-        slots = ref["parts"]
-    else:
-        H = ref["capture"].shape[-1] // len(positions)
-        slots = [ref["capture"][:, i * H:(i + 1) * H] for i in range(len(positions))]
+    slots = ref.slots(len(positions))
     verdicts = []
     for i, p in enumerate(positions):
         name = str(p)
         ranks = [c[i] for c in every]
         reference = {name: slots[i].cpu()}
-        residual = {name: ref["residual"][name].cpu()} if name in ref["residual"] else None
+        residual = {name: ref.residual[name].cpu()} if name in ref.residual else None
         v = diagnose_tensors(ranks, reference, name, residual=residual)
         verdicts.append(SlotVerdict(name, v.placement, v.correct, v.reason))
     return False, verdicts

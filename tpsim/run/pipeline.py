@@ -15,6 +15,7 @@ from tpsim.capture import Position
 from tpsim.capture.pipeline import Handoff, aux_sends
 from tpsim.config.loader import ModelConfig
 from tpsim.parallel.pipeline import Split, Stage, stages
+from tpsim.parallel.ops import Op
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,11 @@ class Pipeline:
 
 
 def stage_collectives(cfg: ModelConfig, tp: int, stage: Stage, every: list[Stage], positions: list[Position],
-                      handoff: Handoff) -> dict[str, int]:
+                      handoff: Handoff) -> dict[Op, int]:
     """{op: count} of one forward on a rank of `stage` (the module docstring's formula)."""
-    counts = {"all_reduce": (int(stage.first) + 2 * len(stage.layers)) if tp > 1 else 0,
-              "all_gather": int(stage.last and tp > 1),
-              "send": (0 if stage.last else 2) + aux_sends(positions, every, stage, handoff),
-              "recv": (0 if stage.first else 2) + (sum(aux_sends(positions, every, s, handoff) for s in every)
+    counts = {Op.ALL_REDUCE: (int(stage.first) + 2 * len(stage.layers)) if tp > 1 else 0,
+              Op.ALL_GATHER: int(stage.last and tp > 1),
+              Op.SEND: (0 if stage.last else 2) + aux_sends(positions, every, stage, handoff),
+              Op.RECV: (0 if stage.first else 2) + (sum(aux_sends(positions, every, s, handoff) for s in every)
                                                    if stage.last else 0)}
     return {op: n for op, n in counts.items() if n}

@@ -16,6 +16,7 @@ from tpsim.parallel.launch import RankContext
 from tpsim.run.jobs import DTYPES, _compare_ranks, _progress, agree_on_run, build_model, rel_err, run_captured_parts
 from tpsim.run.results import RankCheck
 from tpsim.run.spec import RunSpec
+from tpsim.parallel.ops import Op
 
 
 def pp_forward(model: CausalLM, input_ids: list[int], positions: list[Position], spec: RunSpec,
@@ -54,8 +55,8 @@ def pp_check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCh
         del model
         common = dict(tp=tp, rank=ctx.rank, group_rank=group.rank, group=list(group.ranks), real_flip=None,
                       routing_flip=None, first_nonfinite=None, stage=stage.index,
-                      all_reduces=sum(r.op == "all_reduce" for r in records),
-                      all_reduce_bytes=sum(r.bytes for r in records if r.op == "all_reduce"),
+                      all_reduces=sum(r.op is Op.ALL_REDUCE for r in records),
+                      all_reduce_bytes=sum(r.bytes for r in records if r.op is Op.ALL_REDUCE),
                       collectives=[(r.op, r.caller, r.bytes) for r in records])
         if not stage.last:
             rows.append(RankCheck(shape=[], identical=None, verdicts=None, finite=True, rel_err=None, compared=None,

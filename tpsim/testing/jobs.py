@@ -28,6 +28,7 @@ from tpsim.parallel.consistency import agree
 from tpsim.parallel.launch import RankContext
 from tpsim.run.spec import RunSpec
 from tpsim.weights.seeded import init_random_weights, init_tensor
+from tpsim.parallel.ops import Op
 
 
 def layer_input(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -88,7 +89,7 @@ def layer_job(ctx: RankContext, kind: str, cfg: dict, seed: int, dtype: str, T: 
     group = ctx.groups[tp]
     group.tracer.clear()
     return {"out": run_layer(kind, config_from_dict(cfg), group, seed, dtype, T),
-            "all_reduces": group.tracer.count("all_reduce"), "all_gathers": group.tracer.count("all_gather")}
+            "all_reduces": group.tracer.count(Op.ALL_REDUCE), "all_gathers": group.tracer.count(Op.ALL_GATHER)}
 
 
 def gqa_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int):
@@ -104,7 +105,7 @@ def gqa_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int):
     qkv = layer.qkv_proj
     _, k, v = qkv.weight.split([qkv.heads * qkv.head_dim, qkv.kv_heads * qkv.head_dim, qkv.kv_heads * qkv.head_dim])
     return {"out": out, "k": k.clone(), "v": v.clone(), "kv_shard": qkv.kv_shard, "kv_heads": qkv.kv_heads,
-            "all_reduces": group.tracer.count("all_reduce")}
+            "all_reduces": group.tracer.count(Op.ALL_REDUCE)}
 
 
 def sigint_job(ctx: RankContext) -> dict:
@@ -161,8 +162,8 @@ def model_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_ids: lis
         _sabotage(model, sabotage, seed)
     pos = [Position.parse(p, config.num_hidden_layers) for p in positions]
     capture, logits = run_captured(model, input_ids, pos)
-    return {"capture": capture, "logits": logits, "all_reduces": group.tracer.count("all_reduce"),
-            "all_gathers": group.tracer.count("all_gather"), "routing": routing_rows(model)}
+    return {"capture": capture, "logits": logits, "all_reduces": group.tracer.count(Op.ALL_REDUCE),
+            "all_gathers": group.tracer.count(Op.ALL_GATHER), "routing": routing_rows(model)}
 
 
 def fault_job(ctx: RankContext, rank: int, how: str):
@@ -284,6 +285,18 @@ def _float32_model(ctx: RankContext, cfg: dict, seed: int, positions: list[str],
     return model, group, [Position.parse(p, config.num_hidden_layers) for p in positions]
 
 
+def _in_mode(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int,
+             mode: dict):
+    """_float32_model in the mode a `Mode.to_dict()` names, with the tokens this rank feeds: None on a
+    rank outside the TP=tp block, else (mode, model, group, positions, this rank's token ids)."""
+    m = Mode.from_dict(mode)
+    run = _float32_model(ctx, cfg, seed, positions, tp, m)
+    if run is None:
+        return None
+    model, group, pos = run
+    return m, model, group, pos, own_tokens(input_ids, m, group)
+
+
 def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int,
              mode: dict, strategies: list[Strategy]):
     """One float32 model at TP=tp in `mode`, one forward per capture strategy. Per group rank:
@@ -291,22 +304,19 @@ def mode_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], posit
     last forward (op, caller; the capture's own gathers left out; `collective_bytes`: the same
     as (op, bytes of this rank's input)) and the routing of every MoE layer over all T tokens in
     order ([T, top_k] sorted; gathered from the ranks under ep)."""
-    m = Mode.from_dict(mode)
-    run = _float32_model(ctx, cfg, seed, positions, tp, m)
+    run = _in_mode(ctx, cfg, seed, input_ids, positions, tp, mode)
     if run is None:
         return None
-    model, group, pos = run
-    ids = own_tokens(input_ids, m, group)
+    m, model, group, pos, ids = run
     caps = {}
     for s in strategies:
         parts, logits = run_captured_parts(model, ids, pos, s)
         caps[s] = [p.clone() for p in parts]
+    model_records = [r for r in group.tracer.records if not r.caller.startswith("capture.")]
     route = routing_rows(model, m, group, len(input_ids))
     if m.runs_own_tokens(tp):  # every rank's rows, in rank order
-        every = [None] * tp
-        torch.distributed.all_gather_object(every, {k: v.cpu() for k, v in route.items()}, group=group.pg)
+        every = group.all_gather_object({k: v.cpu() for k, v in route.items()}, "check.routing_rows")
         route = {k: torch.cat([e[k] for e in every]) for k in route}
-    model_records = [r for r in group.tracer.records if not r.caller.startswith("capture.")]
     return {"captures": caps, "logits": logits, "routing": route,
             "collectives": [(r.op, r.caller) for r in model_records],
             "collective_bytes": [(r.op, r.bytes) for r in model_records]}
@@ -316,12 +326,10 @@ def aliasing_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], p
                  mode: dict):
     """Per group rank: the in-layer capture cloned and uncloned (the residual updated in place),
     each forward's logits, and the uncloned recorder's `modified` list as strings."""
-    m = Mode.from_dict(mode)
-    run = _float32_model(ctx, cfg, seed, positions, tp, m)
+    run = _in_mode(ctx, cfg, seed, input_ids, positions, tp, mode)
     if run is None:
         return None
-    model, group, pos = run
-    ids = own_tokens(input_ids, m, group)
+    _, model, group, pos, ids = run
     uncloned, logits_u = run_recorded(model, ids, pos, Strategy.IN_LAYER_UNCLONED)
     cloned, logits_c = run_recorded(model, ids, pos, Strategy.IN_LAYER)
     return {"uncloned": uncloned.parts(), "cloned": cloned.parts(), "logits": (logits_u, logits_c),
@@ -343,8 +351,8 @@ def gptoss_moe_job(ctx: RankContext, shape: dict, seed: int, T: int, tp: int, ep
     if ep:
         x = x.tensor_split(tp)[group.rank]
     out = layer(x)
-    return {"out": out, "ids": layer.router.last_ids, "margin": layer.router.last_margin,
-            "all_reduces": group.tracer.count("all_reduce")}
+    return {"out": out, "ids": layer.routing.ids, "margin": layer.routing.margin,
+            "all_reduces": group.tracer.count(Op.ALL_REDUCE)}
 
 
 def sink_attention_job(ctx: RankContext, heads: int, kv_heads: int, head_dim: int, T: int, window: int | None,
