@@ -47,7 +47,8 @@ from tpsim.base import ui  # noqa: E402
 from tpsim.bench.jobs import allreduce_job  # noqa: E402
 from tpsim.base.errors import RankError, UsageError  # noqa: E402
 from tpsim.base.atomic import write_json  # noqa: E402
-from tpsim.parallel import launch, torchrun  # noqa: E402  (launch's import turns NVLink multicast off: launch.MULTICAST_OFF)
+from tpsim.parallel import launch, torchrun  # noqa: E402
+from tpsim.parallel.pool import RankPool  # noqa: E402  (launch's import turns NVLink multicast off: launch.MULTICAST_OFF)
 
 NVLS_ENV = tuple(launch.MULTICAST_OFF)
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
         return 2
     progress = ui.ProgressLine()
     try:
-        with launch.RankPool(world, backend=args.backend, device=args.device, timeout_s=args.timeout,
+        with RankPool(world, backend=args.backend, device=args.device, timeout_s=args.timeout,
                              on_progress=progress) as pool:
             results = pool.run(allreduce_job, **job)
     except RankError as e:

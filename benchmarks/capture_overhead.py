@@ -26,7 +26,7 @@ from tpsim.capture import CONVENTIONS, resolve
 from tpsim.config.loader import load_config
 from tpsim.base.errors import UsageError
 from tpsim.base.atomic import write_json
-from tpsim.parallel.launch import RankPool
+from tpsim.parallel.pool import RankPool
 
 ROOT = Path(__file__).resolve().parent.parent
 

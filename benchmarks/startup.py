@@ -125,7 +125,7 @@ def phases(repeats: int) -> dict:
     from tpsim.cli import build_parser
     from tpsim.cli.check import print_report
     from tpsim.cli.options import run_spec, tp_degrees
-    from tpsim.parallel.launch import RankPool
+    from tpsim.parallel.pool import RankPool
     from tpsim.run.jobs import check_job
     from tpsim.app.report import summarize
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from tpsim.base.errors import RankError
-from tpsim.parallel.launch import RankPool
+from tpsim.parallel.pool import RankPool
 
 torch.set_num_threads(1)  # the in-process TP=1 reference runs the same kernels as a rank
 

@@ -616,6 +616,7 @@ ENV_CASES = {  # the environment, checked before anything starts: one line from 
                          "MASTER_PORT": "29500"}, ["RANK=2 with WORLD_SIZE=2"]),
     "fault-garbage": ({"TPSIM_FAULT": "garbage"}, ["TPSIM_FAULT='garbage' is not RANK:WHERE:HOW"]),
     "fault-rank-not-a-number": ({"TPSIM_FAULT": "x:write:raise"}, ["TPSIM_FAULT='x:write:raise'"]),
+    "rank-start-unknown": ({"TPSIM_RANK_START": "spawn"}, ["TPSIM_RANK_START='spawn' is not one of fork, forkserver"]),
 }
 
 

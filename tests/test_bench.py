@@ -22,7 +22,7 @@ from tpsim.config.loader import load_config, with_overrides
 from tpsim.base.errors import UsageError
 from tpsim.run.jobs import build_model, rel_err
 from tpsim.parallel import TPGroup
-from tpsim.parallel.launch import RankPool
+from tpsim.parallel.pool import RankPool
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from clirun import cli_env, run_cli
-from tpsim.parallel.launch import STALL_GRACE_S
+from tpsim.base.procs import all_procs
+from tpsim.parallel.pool import STALL_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 5  # --timeout: the collective timeout the stalls run into
@@ -72,16 +73,7 @@ def marked_processes(marker: str) -> list[int]:
 
 def in_session(sid: int) -> list[int]:
     """Live processes of session `sid` (a forked run and every rank it started: none leaves it)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rpartition(")")[2].split()  # after "(comm)"
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(d.name))
-    return pids
+    return [p.pid for p in all_procs() if p.session == sid and p.state != "Z"]
 
 
 def run_fault(case: str, tmp: Path) -> dict:

@@ -36,7 +36,7 @@ from tpsim.config.loader import load_config, with_overrides
 from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, rel_err
 from tpsim.run.spec import input_ids_for
 from tpsim.parallel import TPGroup
-from tpsim.parallel.launch import RankPool
+from tpsim.parallel.pool import RankPool
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run pytest -m gpu on a GPU node")]
@@ -91,7 +91,7 @@ def check_tp_equivalence(runs, cfg, dtype, ids, positions):
 
 
 def test_ranks_share_the_gpu(cuda_pool):
-    """One GPU: every rank takes cuda:0 (launch._worker: rank % device_count)."""
+    """One GPU: every rank takes cuda:0 (pool._worker: rank % device_count)."""
     runs = run_tps(cuda_pool, TINY, 0, "float32", [1, 2, 3], list(resolve("sglang", None, 8).positions))
     devices = {r["device"] for ranks in runs.values() for r in ranks}
     n = torch.cuda.device_count()

@@ -10,7 +10,7 @@ import pytest
 
 from tpsim.base.errors import RankError
 from tpsim.base.errors import UsageError
-from tpsim.parallel.launch import START_ENV, RankPool, StartMethod, start_method
+from tpsim.parallel.pool import START_ENV, RankPool, StartMethod, start_method
 from tpsim.capture import resolve
 from tpsim.config.loader import load_config
 from tpsim.run.spec import ModelSource, RunSpec, model_path

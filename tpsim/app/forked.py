@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpsim.base import ui
-from tpsim.parallel.launch import can_fork  # noqa: F401  (callers ask it before run())
+from tpsim.parallel.pool import can_fork  # noqa: F401  (callers ask it before run())
 
 
 @dataclass(frozen=True)

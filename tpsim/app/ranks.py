@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 
 from tpsim.base.errors import RankError, UsageError
+from tpsim.base.procs import all_procs
 from tpsim.base.ui import ProgressLine
-from tpsim.parallel.launch import RankPool, default_backend, peer_symptom
+from tpsim.parallel.launch import default_backend
+from tpsim.parallel.pool import RankPool, peer_symptom
 from tpsim.parallel.torchrun import gather_to_rank0, init_from_env, under_torchrun
 from tpsim.run.spec import RunSpec
 
@@ -45,15 +47,12 @@ def dead_local_peers() -> list[int]:
     except (KeyError, ValueError):
         return []
     parent, alive = os.getppid(), set()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdecimal():
+    for proc in all_procs():
+        if proc.ppid != parent or proc.state == "Z":
             continue
         try:
-            state, ppid = (d / "stat").read_text().rpartition(")")[2].split()[:2]  # after "(comm)"
-            if int(ppid) != parent or state == "Z":
-                continue
-            env = dict(kv.split("=", 1) for kv in (d / "environ").read_text().split("\0") if "=" in kv)
-            alive.add(int(env.get("RANK", "-1")))
+            environ = Path(f"/proc/{proc.pid}/environ").read_text().split("\0")
+            alive.add(int(dict(kv.split("=", 1) for kv in environ if "=" in kv).get("RANK", "-1")))
         except (OSError, ValueError):
             continue
     first = me - local

@@ -11,7 +11,8 @@ import torch
 from tpsim.bench.flops import tp_all_reduces
 from tpsim.bench.jobs import forward_sweep_job
 from tpsim.base.errors import UsageError
-from tpsim.parallel.launch import RankPool, default_backend
+from tpsim.parallel.launch import default_backend
+from tpsim.parallel.pool import RankPool
 
 
 def tp_table(cfg, tps: list[int], tokens: list[int], dtype: str, seed: int, warmup: int, repeats: int, progress,

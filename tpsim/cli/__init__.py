@@ -19,6 +19,7 @@ from tpsim.cli import align, capture, check, diagnose, explain, export, profiles
 from tpsim.cli.parser import Parser
 from tpsim.base.errors import RankError, UsageError
 from tpsim.base import faults
+from tpsim.parallel.pool import start_method
 from tpsim.parallel.torchrun import check_torchrun_env, exit_torchrun_rank, under_torchrun
 from tpsim.app.ranks import dead_local_peers, is_reporting_process
 from tpsim.base.ui import PipeSafe
@@ -77,6 +78,7 @@ def run_command(argv: list[str] | None) -> int:
     try:  # the environment first: a broken one is every process's to report (RANK may say "not rank 0")
         check_torchrun_env()
         faults.check()
+        start_method("cpu")  # TPSIM_RANK_START, read when a pool starts
     except UsageError as e:
         print(f"tpsim: error: {e}", file=sys.stderr)
         return 2
