@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpsim.offline.align import Report
+from tpsim.app.check import run_check
+from tpsim.app.request import RunRequest
+from tpsim.offline.align import DraftConfig, Report
 from tpsim.profiles.draft import ConfigIds, write_ids_hint
-from tpsim.profiles.findings import Finding, Kind, replay_findings
+from tpsim.profiles.findings import Finding, Kind, replay_findings, resolution
 from tpsim.profiles.profile import GraphIds, Profile, Served
 from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import Replay, replay
-from tpsim.profiles.served import ServedMode, fixed_in
-from tpsim.offline.sides import ids_capturing
+from tpsim.profiles.served import ServedMode, fixed_in, served_mode
+from tpsim.offline.sides import align_profiles, ids_capturing, side_from_config
+from tpsim.run.spec import ModelSource
 from tpsim.app.report import CheckReport, Failure
 
 
@@ -34,6 +37,28 @@ class Triage:
     @property
     def ok(self) -> bool:
         return not self.findings
+
+
+def triage(train: Profile, serve: Profile, served: Served, draft: DraftConfig, request: RunRequest,
+           source: ModelSource) -> Triage | None:
+    """The draft read as the trainer and the server each read it, the two captures aligned, the mode the
+    served flags put the engine in, and check run in that mode on the target's shape (None on a
+    torchrun rank other than 0)."""
+    L = source.cfg.num_hidden_layers
+    train_side, _ = side_from_config("train", train, draft, L)
+    serve_side, got = side_from_config("serve", serve, draft, L)
+    report = align_profiles(train_side, serve_side, serve)
+    rep = replay(serve, got.ids, L)
+    mode = served_mode(serve, served)
+    check = None
+    if rep.positions and not got.off and rep.failure is None:
+        spec, _ = request.spec(source, tuple(rep.positions), (mode.mode, mode.strategy))
+        check = run_check(spec, resolution(rep, got.ids), list(request.tps))
+        if check is None:
+            return None
+    t = Triage(train, serve, served, mode, report, got, rep, check)
+    assess(t, source.cfg.hidden_size)
+    return t
 
 
 def assess(t: Triage, hidden: int) -> None:

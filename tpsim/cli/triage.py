@@ -9,20 +9,15 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 from tpsim.offline.align import read_draft_config
-from tpsim.app.check import run_check
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
-    one_tp, positive_int, run_spec
+    one_tp, positive_int, request_from
 from tpsim.cli.parser import refuse_without
 from tpsim.base.errors import UsageError
-from tpsim.profiles.findings import resolution
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.registry import lookup
-from tpsim.profiles.replay import replay
-from tpsim.profiles.served import served_mode
-from tpsim.offline.sides import align_profiles, side_from_config
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.run.spec import DEFAULT_MODEL
-from tpsim.app.triage import Triage, assess
+from tpsim.app.triage import Triage, triage
 from tpsim.base.ui import say
 
 GPUS = [g.value for g in Gpu]
@@ -74,25 +69,15 @@ def cmd_triage(args) -> int:
     tps = sorted({1, tp})
     draft = read_draft_config(args.draft_config)
     src = load_source(args, tps)
-    cfg, L = src.cfg, src.cfg.num_hidden_layers
+    cfg = src.cfg
     serve_p, train_p = lookup(args.server, cfg.model_type), lookup(args.train, cfg.model_type)
     refuse_without(args, "an SGLang --server", serve_p.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
     served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
                     not args.disable_cuda_graph, positive_int(args.seq_len or "16", "--seq-len"))
-    train, _ = side_from_config("train", train_p, draft, L)
-    serve, got = side_from_config("serve", serve_p, draft, L)
-    report = align_profiles(train, serve, serve_p)
-    rep = replay(serve_p, got.ids, L)
-    mode = served_mode(serve_p, served)
-    check = None
-    if rep.positions and not got.off and rep.failure is None:
-        spec, _ = run_spec(args, tps, source=src, positions=tuple(rep.positions), mode=(mode.mode, mode.strategy))
-        check = run_check(spec, resolution(rep, got.ids), tps)
-        if check is None:  # a torchrun rank other than 0
-            return 0
-    t = Triage(train_p, serve_p, served, mode, report, got, rep, check)
-    assess(t, cfg.hidden_size)
+    t = triage(train_p, serve_p, served, draft, request_from(args, tps), src)
+    if t is None:  # a torchrun rank other than 0
+        return 0
     if args.json:
         emit_json(to_dict(t, args))
     else:
