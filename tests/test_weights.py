@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpsim.weights.seeded import seeded as W
+from tpsim.weights import seeded as W
 from tpsim.config.loader import load_config
 from tpsim.model.decoder import CausalLM
 from tpsim.parallel.group import TPGroup
