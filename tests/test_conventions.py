@@ -7,7 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strategies import ID_RANGES
-from tpsim.capture import Position, default_ids, ids_for, resolve
+from tpsim.capture import Position, PositionKind, default_ids, ids_for, resolve
 from tpsim.base.errors import UsageError
 
 LOOP_ORDER = {"sglang", "sglang-boundary", "vllm", "eagle"}  # capture ascending, each position once
@@ -21,7 +21,7 @@ def capture_order(conv, positions):
 @given(L=st.integers(5, 200))
 def test_defaults_select_the_same_tensors(L):
     """The four defaults (SGLang's, vLLM's, SpecForge's, EAGLE's) are out(1), out(L//2-1), out(L-4)."""
-    want = [Position("out", 1), Position("out", L // 2 - 1), Position("out", L - 4)]
+    want = [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, L // 2 - 1), Position(PositionKind.OUT, L - 4)]
     for conv in DEFAULT_CONVENTIONS:
         got = resolve(conv, None, L).positions
         assert set(got) == set(want), conv
@@ -69,7 +69,7 @@ def test_worked_examples_deepseek_v3():
     # vLLM given SpecForge's ids at top level: shifted by one layer (vLLM PR #43671's failure class)
     assert [str(p) for p in resolve("vllm", [1, 29, 57], L).positions] == ["out(0)", "out(28)", "out(56)"]
     assert [str(p) for p in resolve("hf", [0, 61], L).positions] == ["embed", "final"]
-    assert resolve("vllm", [61], L).positions == [Position("out", 60)]
+    assert resolve("vllm", [61], L).positions == [Position(PositionKind.OUT, 60)]
     with pytest.raises(UsageError, match=r"out\(60\) is unreachable.*vllm id 61"):
         resolve("sglang", [60], L)
 
@@ -99,7 +99,7 @@ def _before(b, L):
 
 
 def _hf(j, L):
-    return Position("final") if j == L else Position.at_boundary(j)
+    return Position(PositionKind.FINAL) if j == L else Position.at_boundary(j)
 
 
 TABLE = {

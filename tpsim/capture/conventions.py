@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
 
 CONVENTIONS = ("sglang", "sglang-boundary", "vllm", "specforge", "output-of", "hf", "eagle")
@@ -111,7 +111,7 @@ def resolve(convention: str, ids: list[int] | None, L: int) -> Resolution:
                 if b == L:
                     raise UsageError(f"layer id {j} is out of range for {convention} with num_layers={L}: "
                                      f"valid {lo}..{L - 1 + lo}; out({L - 1}) is unreachable in SGLang's "
-                                     f"capture loop, use {_reachers(Position('out', L - 1), L)}")
+                                     f"capture loop, use {_reachers(Position(PositionKind.OUT, L - 1), L)}")
                 if b < 0 and convention == "sglang-boundary":
                     raise UsageError(f"layer id {j} matches no layer in sglang-boundary (no +1 because the "
                                      f"first id is not 1; SGLang would silently skip it); use 0 for the embedding")
@@ -141,12 +141,12 @@ def resolve(convention: str, ids: list[int] | None, L: int) -> Resolution:
         for j in ids:
             if j < 0:
                 raise UsageError(f"layer id {j} is negative: specforge ids mean out(j), j in 0..{L - 1}; "
-                                 f"the embedding is reachable as {_reachers(Position('embed'), L)}")
+                                 f"the embedding is reachable as {_reachers(Position(PositionKind.EMBED), L)}")
             if j > L - 1:
                 raise UsageError(f"layer id {j} is out of range for specforge with num_layers={L}: valid 0..{L - 1}")
         if len(ids) != 3:
             notes.append("SpecForge itself validates exactly three ids")
-        positions = [Position("out", j) for j in ids]
+        positions = [Position(PositionKind.OUT, j) for j in ids]
         return _finish(convention, L, given, list(ids), "aux_hidden_state_layer_ids", positions, ids, notes)
 
     # hf: index into output_hidden_states (L + 1 entries; the last is post-norm)
@@ -156,7 +156,7 @@ def resolve(convention: str, ids: list[int] | None, L: int) -> Resolution:
                              f"(0 = embed, {L} = final)")
     if L in ids:
         notes.append(f"hf index {L} is the final-norm output, not out({L - 1})")
-    positions = [Position("final") if j == L else Position.at_boundary(j) for j in ids]
+    positions = [Position(PositionKind.FINAL) if j == L else Position.at_boundary(j) for j in ids]
     return _finish(convention, L, given, list(ids), "hidden_states_index", positions, ids, notes)
 
 
@@ -171,19 +171,19 @@ def ids_for(convention: str, positions: list[Position], L: int) -> list[int]:
     order: they capture ascending). Raises UsageError when a position is unreachable."""
     convention = check_convention(convention)
     for p in positions:
-        if p.kind == "out" and not 0 <= p.layer < L:
+        if p.kind is PositionKind.OUT and not 0 <= p.layer < L:
             raise UsageError(f"{p} does not exist in a model of {L} layers")
     if convention == "specforge":
-        bad = [p for p in positions if p.kind != "out"]
+        bad = [p for p in positions if p.kind is not PositionKind.OUT]
         if bad:
             raise UsageError(f"specforge cannot capture {bad[0]} (ids mean out(j), j >= 0)")
         return [p.layer for p in positions]
     if convention == "hf":
-        bad = [p for p in positions if p == Position("out", L - 1)]
+        bad = [p for p in positions if p == Position(PositionKind.OUT, L - 1)]
         if bad:
             raise UsageError(f"hf cannot capture out({L - 1}): index {L} is the final-norm output")
-        return [L if p.kind == "final" else p.boundary for p in positions]
-    if any(p.kind == "final" for p in positions):
+        return [L if p.kind is PositionKind.FINAL else p.boundary for p in positions]
+    if any(p.kind is PositionKind.FINAL for p in positions):
         raise UsageError(f"{convention} cannot capture final (post-norm); only hf index {L} reaches it")
     b = [p.boundary for p in positions]
     if convention == "vllm":

@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tpsim.capture import Position, check_convention, default_ids, ids_for, resolve
+from tpsim.capture import Position, PositionKind, check_convention, default_ids, ids_for, resolve
 from tpsim.base.errors import UsageError, read_text
 
 LOOP_ORDER = ("sglang", "sglang-boundary", "vllm", "eagle")  # `if i in layers`: ascending, each once
@@ -300,10 +300,10 @@ def _position_reasons(i: int, tp: Position, sp: Position, train: Side, serve: Si
         return [Reason("order", f"serve {sp} is train slot {k}: the same positions, {train.convention} "
                                 f"concatenates in {train.order}, {serve.convention} {serve.order}{since}")]
     out = []
-    if sp.kind == "embed" and tp.kind != "embed":
+    if sp.kind is PositionKind.EMBED and tp.kind is not PositionKind.EMBED:
         out.append(Reason("embed-never-trained", f"serve captures embed in slot {i}, where training saw {tp}"))
     hint = f"; {serve.convention} id {fix.slot_ids[tp]} captures {tp}" if tp in fix.slot_ids else ""
-    if "final" in (tp.kind, sp.kind):
+    if PositionKind.FINAL in (tp.kind, sp.kind):
         out.append(Reason("post-norm", f"train {tp}, serve {sp}: final is the final-norm output, "
                                        f"the rest are pre-norm residual sums{hint}"))
     elif abs(sp.boundary - tp.boundary) == 1:

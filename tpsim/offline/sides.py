@@ -4,7 +4,7 @@ as that engine reads it, and the server fix is checked by replaying it through t
 from __future__ import annotations
 
 from tpsim.offline.align import Capture, DraftConfig, Fix, Report, Side, align
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.draft import ConfigIds, read_ids
 from tpsim.profiles.profile import Order, Profile
@@ -17,7 +17,7 @@ def side_from_replay(role: str, rep: Replay, source: str, fallback: str | None =
     p = rep.profile
     by_internal = {s.internal: s for s in rep.slots if s.fate is Fate.CAPTURED}
     ascending = p.behaviour.order.value is Order.ASCENDING
-    caps = ([Capture(by_internal[pos.boundary if pos.kind != "final" else rep.num_layers].id, pos)
+    caps = ([Capture(by_internal[pos.boundary if pos.kind is not PositionKind.FINAL else rep.num_layers].id, pos)
              for pos in rep.positions] if ascending else
             [Capture(s.id, s.position) for s in rep.slots if s.fate is Fate.CAPTURED])
     caps += [Capture(s.id, None, _why(rep, s)) for s in rep.slots if s.fate not in (Fate.CAPTURED, Fate.MERGED)]
@@ -70,7 +70,7 @@ def ids_capturing(profile: Profile, want: list[Position], L: int, prefer: list[i
     """Ids that make `profile` capture exactly `want`, in that order (None: none do); `prefer`
     (e.g. the ids a config already holds) first, when they do."""
     single = [ids_for_position(profile, p, L) for p in want]
-    for ids in ([prefer] if prefer else []) + [single, [p.boundary - 1 for p in want if p.kind != "final"]]:
+    for ids in ([prefer] if prefer else []) + [single, [p.boundary - 1 for p in want if p.kind is not PositionKind.FINAL]]:
         if None not in ids and len(ids) == len(want) and _replays_to(profile, ids, L, want):
             return ids
     return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile
 
@@ -108,9 +108,9 @@ def _slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
     if i == 0:
         fate = {EmbedId.CAPTURED: Fate.CAPTURED, EmbedId.CRASHES: Fate.CRASHES,
                 EmbedId.UNREACHABLE: Fate.REFUSED}[b.embed.value]
-        return Slot(k, j, i, Position("embed") if fate is Fate.CAPTURED else None, fate)
+        return Slot(k, j, i, Position(PositionKind.EMBED) if fate is Fate.CAPTURED else None, fate)
     if 0 < i < L or (i == L and (b.last_boundary.value or hf)):
-        return Slot(k, j, i, Position("final") if hf and i == L else Position.at_boundary(i), Fate.CAPTURED)
+        return Slot(k, j, i, Position(PositionKind.FINAL) if hf and i == L else Position.at_boundary(i), Fate.CAPTURED)
     fate = Fate.DROPPED if b.out_of_range.value is OutOfRange.DROPPED else Fate.REFUSED
     return Slot(k, j, i, None, fate)
 
@@ -150,7 +150,7 @@ def ids_for_position(profile: Profile, p: Position, L: int) -> int | None:
     n = b.numbering.value
     if b.config.value.hard_coded:
         return None
-    if p.kind == "final":
+    if p.kind is PositionKind.FINAL:
         return L if n is Numbering.HIDDEN_STATES_INDEX else None
     target = p.boundary
     candidates = range(-1, L + 2)

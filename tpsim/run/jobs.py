@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from tpsim.capture import Position, Recorder
+from tpsim.capture import Position, PositionKind, Recorder
 from tpsim.capture.points import Taps
 from tpsim.weights.reader import Checkpoint, load_weights
 from tpsim.offline.diagnosis import diagnose_tensors
@@ -114,7 +114,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
     m, strategy, pos = spec.mode, spec.strategy, list(spec.positions)
     agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": strategy.value})
     config, seed, dtype, checkpoint, input_ids = spec.cfg, spec.seed, spec.dtype, spec.checkpoint, list(spec.tokens)
-    residual_points = {p: f"layers.{p.layer}.mid" for p in pos if p.kind == "out"}
+    residual_points = {p: f"layers.{p.layer}.mid" for p in pos if p.kind is PositionKind.OUT}
     reference, rows, replica = None, [], None
     for tp in sorted(set(tps) | {1}):
         if not ctx.participates(tp):
@@ -273,7 +273,7 @@ def comparable_rows(positions: list[Position], hidden: int, routing_a: dict, rou
                    if len(f := (routing_a[k].cpu() != routing_b[k].cpu()).any(-1).nonzero())]
     for flip in excused:
         for i, p in enumerate(positions):
-            if p.kind == "final" or p.boundary > flip.layer:
+            if p.kind is PositionKind.FINAL or p.boundary > flip.layer:
                 mask[flip.token:, i * hidden:(i + 1) * hidden] = False
     return mask
 
