@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from tpsim.bench.flops import active_params, forward_flops, tp_all_reduces
 from tpsim.bench.hf import build_models
 from tpsim.bench.jobs import allreduce_job, forward_sweep_job, overhead_job
-from tpsim.capture import PositionKind, Recorder, resolve
+from tpsim.capture import PositionKind, Recorder
+from tpsim.profiles.conventions import resolve
 from tpsim.weights.reader import expected_tensors
 from tpsim.config.loader import load_config, with_overrides
 from tpsim.base.errors import UsageError

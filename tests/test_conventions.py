@@ -7,7 +7,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strategies import ID_RANGES
-from tpsim.capture import Position, PositionKind, default_ids, ids_for, resolve
+from tpsim.capture import Position, PositionKind
+from tpsim.profiles.conventions import default_ids, ids_for, resolve
 from tpsim.base.errors import UsageError
 
 LOOP_ORDER = {"sglang", "sglang-boundary", "vllm", "eagle"}  # capture ascending, each position once

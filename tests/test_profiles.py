@@ -18,7 +18,8 @@ from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
 from tpsim.profiles.profile import EmbedId, Gpu, Numbering, Order, Served
 from tpsim.profiles.registry import all_profiles, lookup
-from tpsim.profiles.replay import Fate, ids_for_position, replay
+from tpsim.profiles.replay import Fate, replay
+from tpsim.profiles.inverse import ids_for_position
 
 PROFILES = all_profiles()
 NAMES = [p.name for p in PROFILES]

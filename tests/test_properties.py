@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from reference import reference_capture
 from strategies import TP_DEGREES, captures, config_dicts
-from tpsim.capture import PositionKind, resolve
+from tpsim.capture import PositionKind
+from tpsim.profiles.conventions import resolve
 from tpsim.config.loader import config_from_dict, load_config
 from tpsim.run.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured
 from tpsim.parallel import TPGroup

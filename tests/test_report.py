@@ -12,7 +12,8 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tpsim.capture import Position, PositionKind, resolve
+from tpsim.capture import Position, PositionKind
+from tpsim.profiles.conventions import resolve
 from tpsim.config.loader import load_config
 from tpsim.modes import TensorParallel, expected_collectives
 from tpsim.run.jobs import NEAR_TIE, comparable_rows, judge_flips

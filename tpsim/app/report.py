@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from tpsim import __version__
-from tpsim.capture import Resolution
+from tpsim.profiles.resolution import Resolution
 from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
 from tpsim.parallel.placement import S0

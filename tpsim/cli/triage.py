@@ -14,7 +14,7 @@ from tpsim.cli.options import add_execution_options, add_json, add_server_option
     one_tp, positive_int, run_spec
 from tpsim.cli.parser import refuse_without
 from tpsim.base.errors import UsageError
-from tpsim.profiles.findings import resolution
+from tpsim.profiles.resolution import resolution
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay

@@ -8,7 +8,8 @@ from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.draft import ConfigIds, read_ids
 from tpsim.profiles.profile import Order, Profile
-from tpsim.profiles.replay import Fate, Replay, ids_for_position, replay
+from tpsim.profiles.inverse import captures_exactly, ids_for_position
+from tpsim.profiles.replay import Fate, Replay, replay
 
 
 def side_from_replay(role: str, rep: Replay, source: str, fallback: str | None = None) -> Side:
@@ -71,14 +72,9 @@ def ids_capturing(profile: Profile, want: list[Position], L: int, prefer: list[i
     (e.g. the ids a config already holds) first, when they do."""
     single = [ids_for_position(profile, p, L) for p in want]
     for ids in ([prefer] if prefer else []) + [single, [p.boundary - 1 for p in want if p.kind is not PositionKind.FINAL]]:
-        if None not in ids and len(ids) == len(want) and _replays_to(profile, ids, L, want):
+        if None not in ids and len(ids) == len(want) and captures_exactly(profile, ids, L, want):
             return ids
     return None
-
-
-def _replays_to(profile: Profile, ids: list[int], L: int, want: list[Position]) -> bool:
-    rep = replay(profile, ids, L)
-    return rep.failure is None and not rep.dropped and rep.positions == want
 
 
 def align_profiles(train: Side, serve: Side, serve_profile: Profile) -> Report:
