@@ -107,6 +107,7 @@ def replay(profile: Profile, ids: list[int] | None, L: int) -> Replay:
 
 
 def slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
+    """Slot k: id j, which the loop tests as i (before any repeat is merged)."""
     b = profile.behaviour
     hf = b.numbering.value is Numbering.HIDDEN_STATES_INDEX
     if i == 0:
