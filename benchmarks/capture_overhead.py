@@ -22,7 +22,7 @@ import torch
 
 from tpsim.base import ui
 from tpsim.bench.jobs import overhead_job
-from tpsim.capture import CONVENTIONS, resolve
+from tpsim.profiles.conventions import CONVENTIONS, resolve
 from tpsim.config.loader import load_config
 from tpsim.base.errors import UsageError
 from tpsim.base.atomic import write_json

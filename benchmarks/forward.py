@@ -87,7 +87,8 @@ from tpsim.base import ui  # noqa: E402
 from tpsim.bench.flops import FLOP_FORMULA, active_params, forward_flops, tp_all_reduces  # noqa: E402
 from tpsim.bench.hf import build_models, hf_unsupported  # noqa: E402
 from tpsim.bench.scaling import tp_table  # noqa: E402
-from tpsim.capture import Recorder, resolve  # noqa: E402
+from tpsim.capture import PositionKind, Recorder  # noqa: E402
+from tpsim.profiles.conventions import resolve  # noqa: E402
 from tpsim.config.loader import ModelConfig, load_config, with_overrides  # noqa: E402
 from tpsim.base.errors import UsageError  # noqa: E402
 from tpsim.base.atomic import write_json  # noqa: E402
@@ -308,9 +309,9 @@ def rel_err_f32(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def hf_index(p, L: int) -> int | None:
     """The index of transformers' output_hidden_states holding position p (None: not there)."""
-    if p.kind == "embed":
+    if p.kind is PositionKind.EMBED:
         return 0
-    if p.kind == "final":
+    if p.kind is PositionKind.FINAL:
         return L
     return p.layer + 1 if p.layer < L - 1 else None
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tpsim.base import ui  # noqa: E402
-from tpsim.capture import resolve  # noqa: E402
+from tpsim.profiles.conventions import resolve  # noqa: E402
 from tpsim.config.loader import load_config, with_overrides  # noqa: E402
 from tpsim.base.atomic import write_json  # noqa: E402
 from tpsim.model.decoder import shard_bytes  # noqa: E402

@@ -38,7 +38,8 @@ from rich.table import Table  # noqa: E402
 
 from benchmarks.forward import add_model_args, environment, load_model_config, resolve_device  # noqa: E402
 from tpsim.bench.hf import build_models  # noqa: E402
-from tpsim.capture import Recorder, resolve  # noqa: E402
+from tpsim.capture import Recorder  # noqa: E402
+from tpsim.profiles.conventions import resolve  # noqa: E402
 from tpsim.base.errors import UsageError  # noqa: E402
 from tpsim.base.atomic import write_json  # noqa: E402
 from tpsim.layers import fused  # noqa: E402

@@ -13,6 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from tpsim.capture import PositionKind
+
 
 def rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -129,4 +131,4 @@ def reference_states(cfg, W: dict, input_ids: torch.Tensor):
 
 def reference_capture(cfg, W, input_ids, positions) -> torch.Tensor:
     states, final = reference_states(cfg, W, input_ids)
-    return torch.cat([final if p.kind == "final" else states[p.boundary] for p in positions], -1)
+    return torch.cat([final if p.kind is PositionKind.FINAL else states[p.boundary] for p in positions], -1)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tpsim.capture import Position, resolve
+from tpsim.capture import Position
+from tpsim.profiles.conventions import Convention, resolve
 from tpsim.config.loader import config_from_dict
 
 TP_DEGREES = [1, 2, 4, 8]
 
-# The valid id range of each convention for L layers.
-ID_RANGES = {"sglang": lambda L: (-1, L - 2), "vllm": lambda L: (0, L), "specforge": lambda L: (0, L - 1),
-             "hf": lambda L: (0, L), "eagle": lambda L: (0, L - 1)}
+# The valid id range of each convention for L layers, as the conventions say (sglang-boundary's
+# depends on the first id: not here).
+ID_RANGES = {c.value: c.id_range for c in Convention if c.id_range(1) is not None}
 
 
 FAMILY_TYPES = ["deepseek_v2", "llama", "qwen3", "qwen3_moe", "gpt_oss"]  # one model_type per tpsim family; Hypothesis

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from clirun import run_cli
 from strategies import forward_cases
 from test_properties import TINY
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.config.loader import config_from_dict
 from tpsim.modes import ArFusion, TensorParallel
 from tpsim.parallel import TPGroup
@@ -40,8 +40,8 @@ def aliasing_cases(draw):
 
 
 @settings(max_examples=max(6, settings.default.max_examples // 10))
-@example(c=(TensorParallel(), 2, TINY, [Position("embed"), Position("out", 3), Position("out", 7)], 0, list(range(8))))
-@example(c=(ArFusion(), 4, TINY, [Position("out", 1), Position("out", 4)], 1, list(range(5))))
+@example(c=(TensorParallel(), 2, TINY, [Position(PositionKind.EMBED), Position(PositionKind.OUT, 3), Position(PositionKind.OUT, 7)], 0, list(range(8))))
+@example(c=(ArFusion(), 4, TINY, [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, 4)], 1, list(range(5))))
 @given(c=aliasing_cases())
 def test_an_uncloned_capture_holds_the_last_residual_and_is_reported(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c

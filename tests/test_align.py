@@ -25,7 +25,8 @@ from tpsim.offline.align import align, make_side, read_draft_config
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.offline.sides import align_profiles, side_from_config
-from tpsim.capture import Position, ids_for, resolve
+from tpsim.capture import Position, PositionKind
+from tpsim.profiles.conventions import ids_for, resolve
 from tpsim.cli import run_command
 from tpsim.app.scenarios import load
 from tpsim.base.errors import UsageError
@@ -35,7 +36,7 @@ SCENARIOS = sorted((ROOT / "configs" / "scenarios").glob("align-*.yaml"))
 RANGES = {**ID_RANGES, "sglang-boundary": lambda L: (-1, L - 1)}  # valid ids of a single id
 CONVS = sorted(RANGES)
 LIST_ORDER = {"specforge", "hf"}
-EMBED = Position("embed")
+EMBED = Position(PositionKind.EMBED)
 
 
 def positions_or_none(conv: str, ids: list[int], L: int):
@@ -60,7 +61,7 @@ def slot_codes(slot) -> set[str]:
 def expected_codes(tp: Position, sp: Position) -> set[str]:
     """The reasons two different positions in one slot must be reported with (no reordering)."""
     out = {"embed-never-trained"} if sp == EMBED and tp != EMBED else set()
-    if "final" in (tp.kind, sp.kind):
+    if PositionKind.FINAL in (tp.kind, sp.kind):
         return out | {"post-norm"}
     return out | {"off-by-one" if abs(tp.boundary - sp.boundary) == 1 else "different-layer"}
 
@@ -159,7 +160,7 @@ def test_list_order_against_ascending_is_an_order_mismatch(L, data):
     trainer = data.draw(st.sampled_from(["specforge", "hf"]))
     server = data.draw(st.sampled_from(["sglang", "vllm", "eagle", "sglang-boundary"]))
     ks = data.draw(st.lists(st.integers(1, L - 3), min_size=2, max_size=4, unique=True))
-    positions = [Position("out", k) for k in ks]
+    positions = [Position(PositionKind.OUT, k) for k in ks]
     report = pair(trainer, ids_for(trainer, positions, L), server, ids_for(server, positions, L), L)
     assert report.aligned == (ks == sorted(ks))
     if not report.aligned:

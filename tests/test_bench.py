@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from tpsim.bench.flops import active_params, forward_flops, tp_all_reduces
 from tpsim.bench.hf import build_models
 from tpsim.bench.jobs import allreduce_job, forward_sweep_job, overhead_job
-from tpsim.capture import Recorder, resolve
+from tpsim.capture import PositionKind, Recorder
+from tpsim.profiles.conventions import resolve
 from tpsim.weights.reader import expected_tensors
 from tpsim.config.loader import load_config, with_overrides
 from tpsim.base.errors import UsageError
@@ -183,7 +184,7 @@ def test_transformers_model_holds_tpsim_weights(name):
     theirs = dict(ref.named_parameters())
     assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())
     L = cfg.num_hidden_layers
-    positions = [p for p in resolve("hf", list(range(L + 1)), L).positions if p.kind != "out" or p.layer < L - 1]
+    positions = [p for p in resolve("hf", list(range(L + 1)), L).positions if p.kind is not PositionKind.OUT or p.layer < L - 1]
     ids = torch.randint(0, cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         rec = Recorder(positions)
@@ -193,7 +194,7 @@ def test_transformers_model_holds_tpsim_weights(name):
     assert len(out.hidden_states) == L + 1
     assert rel_err(final, out.hidden_states[L][0]) <= TOL
     for p in positions:
-        i = {"embed": 0, "final": L}.get(p.kind, (p.layer or 0) + 1)
+        i = {PositionKind.EMBED: 0, PositionKind.FINAL: L}.get(p.kind, (p.layer or 0) + 1)
         assert rel_err(rec.store[p], out.hidden_states[i][0]) <= TOL, str(p)
     assert rel_err(logits, out.logits[0]) <= TOL
 

@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 import tpsim
 from clirun import RUN_TIMEOUT_S, ROOT, Run, assert_one_line_error, run_cli
-from tpsim.capture import CONVENTIONS
+from tpsim.profiles.conventions import CONVENTIONS
 from tpsim.cli.options import DEFAULT_TP
 from tpsim.base.safetensors import tensor_sha256
 from tpsim.config.loader import load_config

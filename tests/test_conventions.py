@@ -7,7 +7,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strategies import ID_RANGES
-from tpsim.capture import Position, default_ids, ids_for, resolve
+from tpsim.capture import Position, PositionKind
+from tpsim.profiles.conventions import default_ids, ids_for, resolve
 from tpsim.base.errors import UsageError
 
 LOOP_ORDER = {"sglang", "sglang-boundary", "vllm", "eagle"}  # capture ascending, each position once
@@ -21,7 +22,7 @@ def capture_order(conv, positions):
 @given(L=st.integers(5, 200))
 def test_defaults_select_the_same_tensors(L):
     """The four defaults (SGLang's, vLLM's, SpecForge's, EAGLE's) are out(1), out(L//2-1), out(L-4)."""
-    want = [Position("out", 1), Position("out", L // 2 - 1), Position("out", L - 4)]
+    want = [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, L // 2 - 1), Position(PositionKind.OUT, L - 4)]
     for conv in DEFAULT_CONVENTIONS:
         got = resolve(conv, None, L).positions
         assert set(got) == set(want), conv
@@ -69,7 +70,7 @@ def test_worked_examples_deepseek_v3():
     # vLLM given SpecForge's ids at top level: shifted by one layer (vLLM PR #43671's failure class)
     assert [str(p) for p in resolve("vllm", [1, 29, 57], L).positions] == ["out(0)", "out(28)", "out(56)"]
     assert [str(p) for p in resolve("hf", [0, 61], L).positions] == ["embed", "final"]
-    assert resolve("vllm", [61], L).positions == [Position("out", 60)]
+    assert resolve("vllm", [61], L).positions == [Position(PositionKind.OUT, 60)]
     with pytest.raises(UsageError, match=r"out\(60\) is unreachable.*vllm id 61"):
         resolve("sglang", [60], L)
 
@@ -90,3 +91,53 @@ def test_loop_order_dedupes_list_order_keeps():
 def test_unknown_convention_lists_the_valid_ones():
     with pytest.raises(UsageError, match="sglang, sglang-boundary, vllm"):
         default_ids("megatron", 8)
+
+
+# The table in the conventions docstring, written out independently: convention -> (the +1 ids get
+# given a list, the valid internal range on L layers, ascending?, internal -> position).
+def _before(b, L):
+    return Position.at_boundary(b)
+
+
+def _hf(j, L):
+    return Position(PositionKind.FINAL) if j == L else Position.at_boundary(j)
+
+
+TABLE = {
+    "sglang": (lambda ids: 1, lambda L: (0, L - 1), True, _before),
+    "sglang-boundary": (lambda ids: 1 if ids[0] == 1 else 0, lambda L: (0, L - 1), True, _before),
+    "vllm": (lambda ids: 0, lambda L: (0, L), True, _before),
+    "specforge": (lambda ids: 1, lambda L: (1, L), False, _before),
+    "output-of": (lambda ids: 1, lambda L: (1, L), False, _before),
+    "hf": (lambda ids: 0, lambda L: (0, L), False, _hf),
+    "eagle": (lambda ids: 0, lambda L: (0, L - 1), True, _before),
+}
+
+
+@st.composite
+def _table_cases(draw):
+    conv = draw(st.sampled_from(sorted(TABLE)), label="convention")
+    L = draw(st.integers(1, 40), label="L")
+    ids = draw(st.lists(st.integers(-2, L + 2), min_size=1, max_size=5), label="ids")
+    return conv, L, ids
+
+
+@example(c=("sglang-boundary", 5, [1, -1]))
+@example(c=("specforge", 4, [3, 3, 0]))
+@example(c=("hf", 3, [3, 0]))
+@given(c=_table_cases())
+def test_positions_follow_the_conventions_table(c):
+    """For every convention and drawn ids, the positions are the table's (and ids outside its valid
+    range are refused)."""
+    conv, L, ids = c
+    shift, valid, ascending, where = TABLE[conv]
+    lo, hi = valid(L)
+    internal = [j + shift(ids) for j in ids]
+    if not all(lo <= i <= hi for i in internal):
+        with pytest.raises(UsageError):
+            resolve(conv, ids, L)
+        return
+    want = [where(i, L) for i in internal]
+    if ascending:
+        want = sorted(set(want), key=Position.sort_key)
+    assert resolve(conv, ids, L).positions == want

@@ -17,7 +17,7 @@ from clirun import run_cli
 from conftest import Pool
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.config.loader import config_from_dict
 from tpsim.model.decoder import split_sizes
@@ -35,7 +35,7 @@ def cp_cases(draw):
     cp = draw(st.sampled_from([2, 3, 4]), label="cp")
     cfg = draw(config_dicts(cp, max_layers=2))
     T = draw(st.integers(cp, 11), label="T")
-    positions = draw(boundary_positions(cfg["num_hidden_layers"]), label="positions") + [Position("final")]
+    positions = draw(boundary_positions(cfg["num_hidden_layers"]), label="positions") + [Position(PositionKind.FINAL)]
     return cp, cfg, positions, draw(st.integers(0, 2**31 - 1), label="seed"), draw(token_ids(cfg["vocab_size"], T))
 
 
@@ -55,12 +55,12 @@ def op_counts(pairs) -> dict[str, int]:
 
 
 @settings(max_examples=max(6, settings.default.max_examples // 20))
-@example(c=(3, TINY, [Position("embed"), Position("out", 3), Position("final")], 0, list(range(7))))
+@example(c=(3, TINY, [Position(PositionKind.EMBED), Position(PositionKind.OUT, 3), Position(PositionKind.FINAL)], 0, list(range(7))))
 @example(c=(4, {"model_type": "gpt_oss", "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "vocab_size": 37, "intermediate_size": 16, "num_key_value_heads": 2, "head_dim": 4,
                 "rope_scaling": None, "attention_bias": True, "tie_word_embeddings": False, "num_local_experts": 2,
                 "num_experts_per_tok": 1, "sliding_window": 2, "layer_types": ["sliding_attention", "full_attention"],
-                "swiglu_limit": 7.0}, [Position("out", 0), Position("final")], 1, [3, 1, 4, 1, 5, 9]))
+                "swiglu_limit": 7.0}, [Position(PositionKind.OUT, 0), Position(PositionKind.FINAL)], 1, [3, 1, 4, 1, 5, 9]))
 @given(c=cp_cases())
 def test_cp_computes_tp1_runs_its_formula_and_local_capture_is_caught(rank_pool, pool3, c):
     cp, cfg_d, positions, seed, ids = c

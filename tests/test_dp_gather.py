@@ -19,7 +19,7 @@ from strategies import boundary_positions, config_dicts, token_ids
 from test_modes import reference
 from test_properties import TINY
 from clirun import run_cli
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.config.loader import config_from_dict
 from tpsim.model.decoder import split_sizes
 from tpsim.modes import DpAttention, DpLocalTokens, DpPadding, Mode, Strategy, expected_collectives
@@ -39,7 +39,7 @@ def dp_cases(draw):
     mode = DpAttention(dp_padding=draw(st.sampled_from(list(DpPadding)), label="dp_padding"),
                 dp_lm_head=draw(st.booleans(), label="dp_lm_head"))
     L = cfg["num_hidden_layers"]
-    positions = draw(boundary_positions(L), label="positions") + [Position("final")]
+    positions = draw(boundary_positions(L), label="positions") + [Position(PositionKind.FINAL)]
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return mode, tp, cfg, positions, seed, ids
@@ -67,12 +67,12 @@ TIED_GQA = {"model_type": "qwen3", "hidden_size": 16, "num_hidden_layers": 1, "n
 @settings(max_examples=max(5, settings.default.max_examples // 20))
 # uneven token counts (5 over 2 ranks) in both padding modes: max-len's buffers are padded, sum-len's are not
 @example(c=(DpAttention(DpPadding.MAX_LEN), 2, TINY,
-            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(5))))
+            [Position(PositionKind.EMBED), Position(PositionKind.OUT, 1), Position(PositionKind.FINAL)], 0, list(range(5))))
 @example(c=(DpAttention(DpPadding.SUM_LEN), 2, TINY,
-            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(5))))
+            [Position(PositionKind.EMBED), Position(PositionKind.OUT, 1), Position(PositionKind.FINAL)], 0, list(range(5))))
 # a tied head, vocab-parallel over 4 ranks, holding its rows of the replicated embedding
-@example(c=(DpAttention(), 2, TIED_GQA, [Position("embed"), Position("final")], 3, [5, 69, 0, 64, 1]))
-@example(c=(DpAttention(dp_lm_head=True), 2, TIED_GQA, [Position("final")], 3, [5, 69, 0]))
+@example(c=(DpAttention(), 2, TIED_GQA, [Position(PositionKind.EMBED), Position(PositionKind.FINAL)], 3, [5, 69, 0, 64, 1]))
+@example(c=(DpAttention(dp_lm_head=True), 2, TIED_GQA, [Position(PositionKind.FINAL)], 3, [5, 69, 0]))
 @given(c=dp_cases())
 def test_dp_gather_modes_compute_tp1_and_run_their_formula(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c
@@ -144,9 +144,9 @@ def local_count_cases(draw):
 
 
 @settings(max_examples=max(5, settings.default.max_examples // 20))
-@example(c=(2, TINY, [Position("out", 1), Position("out", 3)], 0, list(range(8))))  # the scenario's 4 rows per rank
-@example(c=(4, TINY, [Position("out", 1)], 0, [3, 1, 4, 1]))  # one row per rank: the count is right
-@example(c=(2, TINY, [Position("embed")], 0, [3, 1, 4]))  # rows 2+1; nothing captured after an MLP, the logits tell
+@example(c=(2, TINY, [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, 3)], 0, list(range(8))))  # the scenario's 4 rows per rank
+@example(c=(4, TINY, [Position(PositionKind.OUT, 1)], 0, [3, 1, 4, 1]))  # one row per rank: the count is right
+@example(c=(2, TINY, [Position(PositionKind.EMBED)], 0, [3, 1, 4]))  # rows 2+1; nothing captured after an MLP, the logits tell
 @given(c=local_count_cases())
 def test_per_request_local_count_fails_check_naming_it(rank_pool, c):
     """sglang issue #16274: each rank places one row per request (tpsim: one) in the MLP's sum-len

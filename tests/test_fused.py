@@ -51,7 +51,8 @@ def test_each_compiled_kernel_is_its_eager_reference(compiled, T, width, dtype, 
 
 
 def test_a_compiled_forward_captures_what_the_eager_one_does_without_host_sync(compiled):
-    from tpsim.capture import Recorder, resolve
+    from tpsim.capture import Recorder
+    from tpsim.profiles.conventions import resolve
     from tpsim.config.loader import load_config, with_overrides
     from tpsim.run.jobs import build_model
     from tpsim.parallel import TPGroup

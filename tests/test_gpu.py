@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 
 from strategies import captures
 from tpsim.bench.jobs import cuda_capture_job
-from tpsim.capture import Recorder, resolve
+from tpsim.capture import Recorder
+from tpsim.profiles.conventions import resolve
 from tpsim.config.loader import load_config, with_overrides
 from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, rel_err
 from tpsim.run.spec import input_ids_for

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from clirun import run_cli
 from strategies import forward_cases
 from test_properties import TINY
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.config.loader import config_from_dict
 from tpsim.profiles.profile import GraphIds
 from tpsim.profiles.registry import lookup
@@ -34,13 +34,13 @@ def graph_cases(draw):
 
 
 @settings(max_examples=max(6, settings.default.max_examples // 10))
-@example(c=(2, TINY, [Position("out", 0), Position("out", 2), Position("out", 5)], GraphIds.DEFAULT, 4, 0,
+@example(c=(2, TINY, [Position(PositionKind.OUT, 0), Position(PositionKind.OUT, 2), Position(PositionKind.OUT, 5)], GraphIds.DEFAULT, 4, 0,
             list(range(16))))
-@example(c=(2, TINY, [Position("out", 1)], GraphIds.NONE, 1, 0, [3, 4]))
+@example(c=(2, TINY, [Position(PositionKind.OUT, 1)], GraphIds.NONE, 1, 0, [3, 4]))
 # found by Hypothesis: on one layer SGLang's default ids all miss, so the workaround's graphs capture nothing
 @example(c=(1, {"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "vocab_size": 2, "intermediate_size": 16, "num_key_value_heads": 1, "head_dim": 4,
-                "rope_scaling": None, "tie_word_embeddings": False}, [Position("embed")], GraphIds.DEFAULT, 1, 0, [0, 0]))
+                "rope_scaling": None, "tie_word_embeddings": False}, [Position(PositionKind.EMBED)], GraphIds.DEFAULT, 1, 0, [0, 0]))
 @given(c=graph_cases())
 def test_a_graph_captures_the_set_frozen_at_start_up(rank_pool, c):
     tp, cfg_d, positions, order, n, seed, ids = c

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from clirun import run_cli
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.capture.points import Taps
 from tpsim.config.loader import config_from_dict
 from tpsim.offline.diagnosis import diagnose_tensors
@@ -56,7 +56,7 @@ def mode_cases(draw):
     else:
         mode = kind()
     L = cfg["num_hidden_layers"]
-    positions = draw(boundary_positions(L), label="positions") + [Position("final")]
+    positions = draw(boundary_positions(L), label="positions") + [Position(PositionKind.FINAL)]
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return mode, tp, cfg, positions, seed, ids
@@ -72,13 +72,13 @@ def reference(cfg, seed, ids, positions, mode, tp):
     model = build_model(cfg, TPGroup(), seed, "float32")
     runs = []
     for chunk in chunks:
-        with model.probe.attach(Taps(wanted={f"layers.{p.layer}.mid" for p in positions if p.kind == "out"})) as taps:
+        with model.probe.attach(Taps(wanted={f"layers.{p.layer}.mid" for p in positions if p.kind is PositionKind.OUT})) as taps:
             cap, logits = run_captured(model, chunk, positions)
         runs.append((cap, logits, routing_rows(model), taps.got))
     cap = torch.cat([r[0] for r in runs])
     logits = torch.cat([r[1] for r in runs])
     route = {k: torch.cat([r[2][k] for r in runs]) for k in runs[0][2]}
-    residual = {str(p): runs[0][3][f"layers.{p.layer}.mid"].tensor for p in positions if p.kind == "out"}
+    residual = {str(p): runs[0][3][f"layers.{p.layer}.mid"].tensor for p in positions if p.kind is PositionKind.OUT}
     H = cfg.hidden_size
     return [cap[:, i * H:(i + 1) * H] for i in range(len(positions))], logits, route, residual
 
@@ -86,32 +86,32 @@ def reference(cfg, seed, ids, positions, mode, tp):
 def naive_placement(mode: Mode, cfg, p: Position, T: int, tp: int) -> str:
     """What the naive strategy's capture of `p` is, by the mode's own rules."""
     if isinstance(mode, ArFusion):
-        fused = p.kind == "out" and mode.fused(tp, T, p.layer, cfg.num_hidden_layers)
+        fused = p.kind is PositionKind.OUT and mode.fused(tp, T, p.layer, cfg.num_hidden_layers)
         return "Partial(sum)" if fused else "Replicate()"
     if mode.name in ("sp", "cp"):
         return "Shard(dim=0)"
     moe = [k for k in range(cfg.num_hidden_layers) if cfg.is_moe_layer(k)]
-    scattered = isinstance(mode, ExpertParallel) and mode.ep_output is EpOutput.SCATTERED and (p.kind == "final" or (p.kind == "out" and p.layer >= moe[0]))
+    scattered = isinstance(mode, ExpertParallel) and mode.ep_output is EpOutput.SCATTERED and (p.kind is PositionKind.FINAL or (p.kind is PositionKind.OUT and p.layer >= moe[0]))
     return "Shard(dim=0)" if scattered else "Replicate()"
 
 
 @settings(max_examples=max(10, settings.default.max_examples // 8))
-@example(c=(ArFusion(), 8, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
+@example(c=(ArFusion(), 8, TINY, [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, 3), Position(PositionKind.FINAL)], 0,
             list(range(16))))
-@example(c=(ExpertParallel(EpOutput.SCATTERED), 4, TINY, [Position("embed"), Position("out", 3), Position("final")],
+@example(c=(ExpertParallel(EpOutput.SCATTERED), 4, TINY, [Position(PositionKind.EMBED), Position(PositionKind.OUT, 3), Position(PositionKind.FINAL)],
             0, list(range(13))))
 @example(c=(DpAttention(), 2,  # found in CI: o_proj's bias was lost on own-token attention
             {"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 2,
              "intermediate_size": 16, "num_key_value_heads": 1, "head_dim": 4, "rope_scaling": None,
-             "attention_bias": True, "tie_word_embeddings": False}, [Position("embed"), Position("final")], 0, [0, 0]))
+             "attention_bias": True, "tie_word_embeddings": False}, [Position(PositionKind.EMBED), Position(PositionKind.FINAL)], 0, [0, 0]))
 @example(c=(ExpertParallel(), 2, {**TINY, "num_hidden_layers": 1, "first_k_dense_replace": 0, "topk_method": "greedy",
-                           "n_group": 1, "topk_group": 1}, [Position("embed"), Position("final")], 0, [0]))
+                           "n_group": 1, "topk_group": 1}, [Position(PositionKind.EMBED), Position(PositionKind.FINAL)], 0, [0]))
 # SGLang fuses at exactly fusion_max_tokens tokens: pin both sides of the boundary with two or more layers
 # (a `<` for `<=` in Mode.fused passed the whole suite: the ci profile never drew T == fusion_max_tokens)
 @example(c=(ArFusion(6), 2, {**TINY, "num_hidden_layers": 3},
-            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(6))))
+            [Position(PositionKind.EMBED), Position(PositionKind.OUT, 1), Position(PositionKind.FINAL)], 0, list(range(6))))
 @example(c=(ArFusion(5), 2, {**TINY, "num_hidden_layers": 3},
-            [Position("embed"), Position("out", 1), Position("final")], 0, list(range(6))))
+            [Position(PositionKind.EMBED), Position(PositionKind.OUT, 1), Position(PositionKind.FINAL)], 0, list(range(6))))
 @given(c=mode_cases())
 def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
     mode, tp, cfg_d, positions, seed, ids = c
@@ -166,7 +166,7 @@ def test_modes_compute_tp1_and_naive_capture_is_diagnosed(rank_pool, c):
 
 
 @settings(max_examples=max(5, settings.default.max_examples // 15))
-@example(c=(ExpertParallel(EpOutput.SCATTERED), 2, TINY, [Position("out", 1), Position("out", 3), Position("final")], 0,
+@example(c=(ExpertParallel(EpOutput.SCATTERED), 2, TINY, [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, 3), Position(PositionKind.FINAL)], 0,
             list(range(8))))
 @given(c=mode_cases().filter(lambda c: c[0].name == "ep"))
 def test_the_first_revision_of_14280_gathers_only_after_layer_3(rank_pool, c):
@@ -179,7 +179,7 @@ def test_the_first_revision_of_14280_gathers_only_after_layer_3(rank_pool, c):
     for r in range(tp):
         caps = out[r]["captures"]
         for i, p in enumerate(positions):
-            late = p.kind == "final" or p.boundary > 3
+            late = p.kind is PositionKind.FINAL or p.boundary > 3
             assert torch.equal(caps[Strategy.GATHERED_PAST_HARD_CODED_DENSE][i],
                                caps[Strategy.GATHERED if late else Strategy.LOCAL][i]), (r, str(p))
 

@@ -11,7 +11,7 @@ import pytest
 from tpsim.base.errors import RankError
 from tpsim.base.errors import UsageError
 from tpsim.parallel.pool import START_ENV, RankPool, StartMethod, start_method
-from tpsim.capture import resolve
+from tpsim.profiles.conventions import resolve
 from tpsim.config.loader import load_config
 from tpsim.run.spec import ModelSource, RunSpec, model_path
 from tpsim.testing.jobs import (RUN_CHANGES, busy_job, disagree_job, fault_job, mismatch_job, rank_facts_job, report_job,

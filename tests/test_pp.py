@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from clirun import assert_one_line_error, cli_env, run_cli, run_clis
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.capture.pipeline import Handoff, stage_of
 from tpsim.config.loader import config_from_dict
 from tpsim.parallel.pipeline import Split, stages
@@ -63,7 +63,7 @@ def pp_cases(draw):
     if cfg["model_type"] == "gpt_oss":
         cfg["layer_types"] = (cfg["layer_types"] * L)[:L]
     T = draw(st.integers(1, 9), label="T")
-    positions = draw(boundary_positions(L), label="positions") + draw(st.sampled_from([[], [Position("final")]]))
+    positions = draw(boundary_positions(L), label="positions") + draw(st.sampled_from([[], [Position(PositionKind.FINAL)]]))
     split = draw(st.sampled_from(list(Split)), label="split")
     handoff = draw(st.sampled_from(list(Handoff)), label="handoff")
     ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
@@ -71,10 +71,10 @@ def pp_cases(draw):
 
 
 @settings(max_examples=max(8, settings.default.max_examples // 10))
-@example(c=(TINY, 2, 2, Split.SGLANG, Handoff.LAST_STAGE_ONLY, [Position("embed"), Position("out", 5),
-                                                                Position("final")], 0, list(range(7))))
+@example(c=(TINY, 2, 2, Split.SGLANG, Handoff.LAST_STAGE_ONLY, [Position(PositionKind.EMBED), Position(PositionKind.OUT, 5),
+                                                                Position(PositionKind.FINAL)], 0, list(range(7))))
 @example(c=({**TINY, "num_hidden_layers": 5}, 1, 3, Split.VLLM, Handoff.HANDOFF,
-            [Position("out", 0), Position("out", 2), Position("out", 4)], 1, [3, 1, 4, 1, 5]))
+            [Position(PositionKind.OUT, 0), Position(PositionKind.OUT, 2), Position(PositionKind.OUT, 4)], 1, [3, 1, 4, 1, 5]))
 @given(c=pp_cases())
 def test_pp_stages_compute_the_whole_model_and_the_capture_is_judged(rank_pool, c):
     cfg_d, tp, pp, split, handoff, positions, seed, ids = c
@@ -115,7 +115,7 @@ def test_a_wrong_formula_is_caught():
     cfg = config_from_dict(TINY)
     pipe = Pipeline(2)
     every = pipe.stages(cfg.num_hidden_layers, 1)
-    spec = RunSpec(ModelSource("tiny", cfg), 0, "float32", (1, 2), (Position("final"),), pipeline=pipe)
+    spec = RunSpec(ModelSource("tiny", cfg), 0, "float32", (1, 2), (Position(PositionKind.FINAL),), pipeline=pipe)
     common = dict(tp=1, group_rank=0, identical=True, verdicts=None, finite=True, first_nonfinite=None,
                   compared=1.0, routing_flip=None, real_flip=None, all_reduces=0, all_reduce_bytes=0)
     first = RankCheck(rank=0, group=[0], shape=[], rel_err=None, logits_rel_err=None, stage=0,

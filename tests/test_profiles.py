@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from clirun import assert_one_line_error, run_cli
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
 from tpsim.profiles.profile import EmbedId, Gpu, Numbering, Order, Served
 from tpsim.profiles.registry import all_profiles, lookup
-from tpsim.profiles.replay import Fate, ids_for_position, replay
+from tpsim.profiles.replay import Fate, replay
+from tpsim.profiles.inverse import ids_for_position
 
 PROFILES = all_profiles()
 NAMES = [p.name for p in PROFILES]
@@ -79,7 +80,7 @@ def test_replay_accounts_for_every_id(name, L, ids):
 def test_every_default_selects_the_same_tensors(L):
     """SGLang's, vLLM's, SpecForge's and EAGLE's defaults pick out(1), out(L//2-1), out(L-4) in
     every version (transformers has none)."""
-    want = [Position("out", 1), Position("out", L // 2 - 1), Position("out", L - 4)]
+    want = [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, L // 2 - 1), Position(PositionKind.OUT, L - 4)]
     for p in PROFILES:
         if p.engine != "transformers":
             assert replay(p, None, L).positions == want, p.name

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from reference import reference_capture
 from strategies import TP_DEGREES, captures, config_dicts
-from tpsim.capture import resolve
+from tpsim.capture import PositionKind
+from tpsim.profiles.conventions import resolve
 from tpsim.config.loader import config_from_dict, load_config
 from tpsim.run.jobs import build_model, comparable_rows, rel_err, routing_rows, run_captured
 from tpsim.parallel import TPGroup
@@ -51,7 +52,7 @@ def expected_mask(positions, hidden: int, routing_a: dict, routing_b: dict, T: i
     block is left out from the first token any earlier MoE layer flipped; everything else stays."""
     keep = torch.ones(T, len(positions) * hidden, dtype=torch.bool)
     for i, p in enumerate(positions):
-        layers = [k for k in routing_a if p.kind == "final" or k < p.boundary]
+        layers = [k for k in routing_a if p.kind is PositionKind.FINAL or k < p.boundary]
         tokens = [int(t) for k in layers for t in (routing_a[k] != routing_b[k]).any(-1).nonzero().flatten()[:1]]
         if tokens:
             keep[min(tokens):, i * hidden:(i + 1) * hidden] = False

@@ -9,7 +9,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tpsim.capture import Recorder, resolve
+from tpsim.capture import Recorder
+from tpsim.profiles.conventions import resolve
 from tpsim.capture.points import Taps
 from tpsim.config.loader import load_config, with_overrides
 from tpsim.layers import fused

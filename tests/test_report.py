@@ -12,7 +12,8 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tpsim.capture import Position, resolve
+from tpsim.capture import Position, PositionKind
+from tpsim.profiles.conventions import resolve
 from tpsim.config.loader import load_config
 from tpsim.modes import TensorParallel, expected_collectives
 from tpsim.run.jobs import NEAR_TIE, comparable_rows, judge_flips
@@ -87,7 +88,7 @@ def test_judge_flips_excuses_near_ties_and_what_they_carry(margin, later):
     assert [(f.layer, f.token) for f in excused] == ([(1, 3)] if near else [])
     want_real = ([] if near else [(1, 3)]) + ([(2, 5)] if later and not near else []) + [(3, 1)]
     assert [(f.layer, f.token) for f in real] == want_real
-    mask = comparable_rows([Position("out", 0), Position("out", 2)], 4, a, b, 8, excused)
+    mask = comparable_rows([Position(PositionKind.OUT, 0), Position(PositionKind.OUT, 2)], 4, a, b, 8, excused)
     assert bool(mask[:, 4:].all()) == (not near)  # out(2) is after layer 1: tokens >= 3 left out when excused
     assert bool(mask[:, :4].all())  # out(0) is before every flip
 

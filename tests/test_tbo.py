@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from clirun import run_cli
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.config.loader import config_from_dict
 from tpsim.modes import Strategy, TensorParallel, expected_collectives
 from tpsim.parallel import TPGroup
@@ -65,10 +65,10 @@ def report_failures(cfg, ids, positions, tp: int, missing: list[str], strategy: 
 
 
 @settings(max_examples=max(6, settings.default.max_examples // 10))
-@example(c=(2, TINY, [Position("out", 1), Position("out", 3), Position("out", 4)], 0, list(range(8))))
-@example(c=(4, {**TINY, "first_k_dense_replace": 3}, [Position("embed"), Position("out", 1), Position("out", 2),
-                                                       Position("out", 7)], 1, list(range(3, 10))))
-@example(c=(1, {**TINY, "first_k_dense_replace": 7}, [Position("out", 6), Position("out", 7)], 2, [5, 9]))
+@example(c=(2, TINY, [Position(PositionKind.OUT, 1), Position(PositionKind.OUT, 3), Position(PositionKind.OUT, 4)], 0, list(range(8))))
+@example(c=(4, {**TINY, "first_k_dense_replace": 3}, [Position(PositionKind.EMBED), Position(PositionKind.OUT, 1), Position(PositionKind.OUT, 2),
+                                                       Position(PositionKind.OUT, 7)], 1, list(range(3, 10))))
+@example(c=(1, {**TINY, "first_k_dense_replace": 7}, [Position(PositionKind.OUT, 6), Position(PositionKind.OUT, 7)], 2, [5, 9]))
 @given(c=tbo_cases())
 def test_tbo_computes_tp1_and_the_engine_misses_the_split_layers(rank_pool, c):
     tp, cfg_d, positions, seed, ids = c

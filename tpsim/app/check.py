@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tpsim.app.ranks import on_ranks
 from tpsim.app.report import CheckReport, summarize
-from tpsim.capture import Resolution
+from tpsim.profiles.resolution import Resolution
 from tpsim.run.graph_jobs import graph_job
 from tpsim.run.graphs import GraphCheck
 from tpsim.run.jobs import check_job

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from tpsim import __version__
-from tpsim.capture import Resolution
+from tpsim.profiles.resolution import Resolution
 from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
 from tpsim.parallel.ops import Op

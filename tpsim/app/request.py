@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from tpsim.app.preflight import check_memory, check_timeout, check_world
 from tpsim.app.run_options import GraphsAsk, PipelineAsk, graphs_for, pipeline_for
 from tpsim.base.errors import UsageError
-from tpsim.capture import Position, Resolution, resolve
+from tpsim.capture import Position
+from tpsim.profiles.conventions import Convention, resolve
+from tpsim.profiles.resolution import Resolution, resolution
 from tpsim.config.loader import ModelConfig
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.draft import read_ids
-from tpsim.profiles.findings import findings, resolution
+from tpsim.profiles.findings import findings
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, input_ids_for
@@ -35,7 +37,7 @@ class Ids:
     --server profile's engine reads them (from `layers` or the draft's config.json)."""
 
     layers: tuple[int, ...] | None = None
-    convention: str | None = None
+    convention: Convention | None = None
     server: str | None = None
     draft_config: str | None = None
 

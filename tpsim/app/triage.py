@@ -11,7 +11,8 @@ from tpsim.app.check import run_check
 from tpsim.app.request import RunRequest
 from tpsim.offline.align import DraftConfig, Report
 from tpsim.profiles.draft import ConfigIds, write_ids_hint
-from tpsim.profiles.findings import Finding, Kind, replay_findings, resolution
+from tpsim.profiles.findings import Finding, Kind, replay_findings
+from tpsim.profiles.resolution import resolution
 from tpsim.profiles.profile import GraphIds, Profile, Served
 from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import Replay, replay

@@ -16,7 +16,7 @@ from enum import Enum
 
 import torch
 
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.capture.recorder import Recorder
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.pipeline import Stage
@@ -39,7 +39,7 @@ PP_CAPTURES = {h.option: h for h in Handoff}
 
 def stage_of(p: Position, stages: list[Stage]) -> Stage:
     """The stage whose forward sees position p (`final` and the last layer's output: the last)."""
-    b = stages[-1].end if p.kind == "final" else p.boundary
+    b = stages[-1].end if p.kind is PositionKind.FINAL else p.boundary
     return next(s for s in stages if s.holds_boundary(b))
 
 

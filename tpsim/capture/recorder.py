@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.layers.probe import Rows, Sink
 from tpsim.modes.strategy import Strategy
 
@@ -75,8 +75,8 @@ class Recorder(Sink):
                 for p in self.positions if p in self.seen and not torch.equal(self.seen[p], self.store[p])]
 
     def final(self, normed: torch.Tensor, rows: Rows) -> None:
-        if Position("final") in self.wanted:
-            self._keep(Position("final"), normed, rows)
+        if Position(PositionKind.FINAL) in self.wanted:
+            self._keep(Position(PositionKind.FINAL), normed, rows)
 
     def micro_batch(self, b: int, start: int, total: int, hidden: torch.Tensor, residual: torch.Tensor) -> None:
         p = Position.at_boundary(b)

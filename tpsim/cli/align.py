@@ -11,7 +11,8 @@ import argparse
 
 import torch.nn.functional as F
 
-from tpsim.capture import Position, check_convention
+from tpsim.capture import Position
+from tpsim.profiles.conventions import Convention, check_convention
 from tpsim.offline.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
                                  read_draft_config)
 from tpsim.app.ranks import on_ranks
@@ -31,7 +32,7 @@ from tpsim.run.spec import ModelSource
 from tpsim.base.ui import say, table
 
 
-def parse_spec(text: str, option: str) -> tuple[str, list[int] | None]:
+def parse_spec(text: str, option: str) -> tuple[Convention, list[int] | None]:
     """`CONVENTION:IDS` -> (convention, ids or None for `default`)."""
     name, colon, ids = text.partition(":")
     example = f"{option} specforge:1,29,57 or {option} sglang:default"

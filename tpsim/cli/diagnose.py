@@ -4,7 +4,7 @@ takes the options and prints.)"""
 
 from __future__ import annotations
 
-from tpsim.capture.conventions import CONVENTIONS
+from tpsim.profiles.conventions import CONVENTIONS
 from tpsim.offline.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
 from tpsim.cli.options import add_json, emit_json, int_list, optional_int
 from tpsim.base.errors import UsageError

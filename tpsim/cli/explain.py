@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpsim.capture import CONVENTIONS, ids_for
+from tpsim.profiles.conventions import Convention, ids_for
 from tpsim.capture.points import catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.app.ranks import on_ranks
@@ -35,7 +35,6 @@ from tpsim.run.results import PointsResult
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.base.ui import human_bytes, say, table
 
-CAPTURE_CONVENTIONS = [c for c in CONVENTIONS if c != "output-of"]
 
 
 @dataclass
@@ -54,9 +53,9 @@ def capture_ids(point: str, L: int) -> str:
     if pos is None:
         return ""
     out = []
-    for conv in CAPTURE_CONVENTIONS:
+    for conv in Convention:
         try:
-            out.append(f"{conv} {ids_for(conv, [Position.parse(pos, L)], L)[0]}")
+            out.append(f"{conv.value} {ids_for(conv, [Position.parse(pos, L)], L)[0]}")
         except UsageError:
             pass
     return f"{pos}: " + (" / ".join(out) if out else "no convention captures it")

@@ -10,7 +10,8 @@ from tpsim.app.preflight import check_divides_world, check_timeout, torchrun_wor
 from tpsim.app.request import Ids, RunRequest
 from tpsim.app.run_options import GraphsAsk, PipelineAsk
 from tpsim.base.errors import UsageError
-from tpsim.capture import CONVENTIONS, Resolution, check_convention
+from tpsim.profiles.conventions import CONVENTIONS, check_convention
+from tpsim.profiles.resolution import Resolution
 from tpsim.cli.pp_options import pp_degree
 from tpsim.config.loader import builtin_names
 from tpsim.modes import DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode, Strategy, TensorParallel, tbo

@@ -3,7 +3,7 @@ or as a named engine version handles them with --server)."""
 
 from __future__ import annotations
 
-from tpsim.capture import CONVENTIONS, check_convention, ids_for, resolve
+from tpsim.profiles.conventions import CONVENTIONS, Convention, check_convention, ids_for, resolve
 from tpsim.cli.options import add_json, add_server_option, emit_json, layer_ids, positive_int
 from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
 from tpsim.base.errors import UsageError
@@ -43,11 +43,11 @@ def cmd_resolve(args) -> int:
                               None if cfg is None else cfg.hidden_size)
     res = resolve(args.convention, layer_ids(args), L)
     equivalents = {}
-    for conv in ("sglang", "sglang-boundary", "vllm", "specforge", "hf", "eagle"):
+    for conv in Convention:
         try:
-            equivalents[conv] = ids_for(conv, res.positions, L)
+            equivalents[conv.value] = ids_for(conv, res.positions, L)
         except UsageError as e:
-            equivalents[conv] = f"unreachable: {e}"
+            equivalents[conv.value] = f"unreachable: {e}"
     if args.json:
         emit_json({**res.to_dict(), "equivalent_ids": equivalents})
         return 0

@@ -18,10 +18,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tpsim.capture import Position, check_convention, default_ids, ids_for, resolve
+from tpsim.capture import Position, PositionKind
+from tpsim.profiles.conventions import Convention, check_convention, default_ids, ids_for, resolve
 from tpsim.base.errors import UsageError, read_text
 
-LOOP_ORDER = ("sglang", "sglang-boundary", "vllm", "eagle")  # `if i in layers`: ascending, each once
 KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED = f"eagle_config.{KEY}"
 TOP = f"top-level {KEY}"
@@ -62,7 +62,7 @@ class Side:
     slots: list[Capture]
     notes: list[str] = field(default_factory=list)
     fallback: str | None = None  # why a draft-config reader used the default
-    ascending: bool | None = None  # a profile's order (None: the convention's)
+    ascending: bool = False  # the loop-order engines: ascending, each position once
 
     @property
     def positions(self) -> list[Position | None]:
@@ -74,8 +74,7 @@ class Side:
 
     @property
     def order(self) -> str:
-        loop = self.convention in LOOP_ORDER if self.ascending is None else self.ascending
-        return "ascending, each position once" if loop else "list order"
+        return "ascending, each position once" if self.ascending else "list order"
 
     def ids_text(self) -> str:
         return ("default " if self.default else "") + ",".join(map(str, self.ids))
@@ -92,20 +91,20 @@ def _pos(p: Position | None) -> str | None:
     return None if p is None else str(p)
 
 
-def _capture(conv: str, ids: list[int], i: int, L: int) -> Capture:
+def _capture(conv: Convention, ids: list[int], i: int, L: int) -> Capture:
     """Where ids[i] lands in `conv` as part of `ids` (sglang-boundary's +1 depends on the first id)."""
     j = ids[i]
     try:
-        if conv != "sglang-boundary" or i == 0:
+        if conv is not Convention.SGLANG_BOUNDARY or i == 0:
             return Capture(j, resolve(conv, [j], L).positions[0])
         if ids[0] == 1 and L < 3:  # the first id is itself unreachable; the +1 still applies
-            return Capture(j, resolve("sglang", [j], L).positions[0])
+            return Capture(j, resolve(Convention.SGLANG, [j], L).positions[0])
         return Capture(j, Position.at_boundary(resolve(conv, [1 if ids[0] == 1 else 0, j], L).internal[1]))
     except UsageError as e:
         return Capture(j, None, str(e))
 
 
-def make_side(role: str, convention: str, ids: list[int] | None, L: int, source: str = "given",
+def make_side(role: str, convention: str | Convention, ids: list[int] | None, L: int, source: str = "given",
               fallback: str | None = None) -> Side:
     """A side from ids (None: the convention's default ids). Unreachable ids stay as slots with an
     error; the loop-order engines sort by id (monotone in position) and keep a repeated id once."""
@@ -115,25 +114,25 @@ def make_side(role: str, convention: str, ids: list[int] | None, L: int, source:
     if not ids:
         raise UsageError(f"{role} ids are empty; give at least one id or 'default'")
     caps = [_capture(conv, ids, i, L) for i in range(len(ids))]
-    if conv in LOOP_ORDER:
+    if conv.ascending:
         caps = list({c.id: c for c in sorted(caps, key=lambda c: c.id)}.values())
-    side = Side(role, conv, L, list(ids), False, source, caps, fallback=fallback)
+    side = Side(role, conv.value, L, list(ids), False, source, caps, fallback=fallback, ascending=conv.ascending)
     if side.resolved:
         side.notes = resolve(conv, ids, L).notes
     return side
 
 
-def _default_side(role: str, conv: str, L: int, source: str, fallback: str | None) -> Side:
-    if conv == "hf":
+def _default_side(role: str, conv: Convention, L: int, source: str, fallback: str | None) -> Side:
+    if conv is Convention.HF:
         raise UsageError(f"hf has no default ids; write --{role} hf:IDS, e.g. --{role} hf:2,{L // 2},{L - 3}")
     ids = default_ids(conv, L)
     try:
         res = resolve(conv, None, L)
     except UsageError as e:
-        raise UsageError(f"the {conv} default ids {ids} do not fit {L} layers ({e}); give ids instead") from None
-    order = sorted(set(ids)) if conv in LOOP_ORDER else ids
+        raise UsageError(f"the {conv.value} default ids {ids} do not fit {L} layers ({e}); give ids instead") from None
+    order = sorted(set(ids)) if conv.ascending else ids
     caps = [Capture(j, p) for j, p in zip(order, res.positions)]
-    return Side(role, conv, L, ids, True, source, caps, res.notes, fallback)
+    return Side(role, conv.value, L, ids, True, source, caps, res.notes, fallback, conv.ascending)
 
 
 # --- comparing them -----------------------------------------------------------------------
@@ -296,14 +295,14 @@ def _position_reasons(i: int, tp: Position, sp: Position, train: Side, serve: Si
         k = train.positions.index(sp)
         since = (" (the specforge convention is SpecForge's HF-hook backend, removed in 7d1fbf08; current "
                  "SpecForge captures through SGLang, ascending: --draft-config --train specforge replays it)"
-                 if train.convention == "specforge" else "")
+                 if train.convention == Convention.SPECFORGE.value else "")
         return [Reason("order", f"serve {sp} is train slot {k}: the same positions, {train.convention} "
                                 f"concatenates in {train.order}, {serve.convention} {serve.order}{since}")]
     out = []
-    if sp.kind == "embed" and tp.kind != "embed":
+    if sp.kind is PositionKind.EMBED and tp.kind is not PositionKind.EMBED:
         out.append(Reason("embed-never-trained", f"serve captures embed in slot {i}, where training saw {tp}"))
     hint = f"; {serve.convention} id {fix.slot_ids[tp]} captures {tp}" if tp in fix.slot_ids else ""
-    if "final" in (tp.kind, sp.kind):
+    if PositionKind.FINAL in (tp.kind, sp.kind):
         out.append(Reason("post-norm", f"train {tp}, serve {sp}: final is the final-norm output, "
                                        f"the rest are pre-norm residual sums{hint}"))
     elif abs(sp.boundary - tp.boundary) == 1:

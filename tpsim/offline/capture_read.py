@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpsim.capture.conventions import resolve
+from tpsim.profiles.conventions import resolve
 from tpsim.base.errors import UsageError
 from tpsim.capture.files import RANK_DUMP_FORMAT
 from tpsim.offline.dumps import (UNKNOWN_LAYERS, VLLM_HIDDEN, VLLM_TOKENS, DumpKind, RankSet, open_safetensors,

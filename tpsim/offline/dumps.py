@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tpsim.capture.conventions import resolve
+from tpsim.profiles.conventions import resolve
 from tpsim.base.errors import UsageError
 from tpsim.capture.files import RANK_DUMP_FORMAT
 from tpsim.base.safetensors import tensor_sha256

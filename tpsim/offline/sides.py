@@ -4,11 +4,12 @@ as that engine reads it, and the server fix is checked by replaying it through t
 from __future__ import annotations
 
 from tpsim.offline.align import Capture, DraftConfig, Fix, Report, Side, align
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.draft import ConfigIds, read_ids
 from tpsim.profiles.profile import Order, Profile
-from tpsim.profiles.replay import Fate, Replay, ids_for_position, replay
+from tpsim.profiles.inverse import captures_exactly, ids_for_position
+from tpsim.profiles.replay import Fate, Replay, replay
 
 
 def side_from_replay(role: str, rep: Replay, source: str, fallback: str | None = None) -> Side:
@@ -17,7 +18,7 @@ def side_from_replay(role: str, rep: Replay, source: str, fallback: str | None =
     p = rep.profile
     by_internal = {s.internal: s for s in rep.slots if s.fate is Fate.CAPTURED}
     ascending = p.behaviour.order.value is Order.ASCENDING
-    caps = ([Capture(by_internal[pos.boundary if pos.kind != "final" else rep.num_layers].id, pos)
+    caps = ([Capture(by_internal[pos.boundary if pos.kind is not PositionKind.FINAL else rep.num_layers].id, pos)
              for pos in rep.positions] if ascending else
             [Capture(s.id, s.position) for s in rep.slots if s.fate is Fate.CAPTURED])
     caps += [Capture(s.id, None, _why(rep, s)) for s in rep.slots if s.fate not in (Fate.CAPTURED, Fate.MERGED)]
@@ -70,15 +71,10 @@ def ids_capturing(profile: Profile, want: list[Position], L: int, prefer: list[i
     """Ids that make `profile` capture exactly `want`, in that order (None: none do); `prefer`
     (e.g. the ids a config already holds) first, when they do."""
     single = [ids_for_position(profile, p, L) for p in want]
-    for ids in ([prefer] if prefer else []) + [single, [p.boundary - 1 for p in want if p.kind != "final"]]:
-        if None not in ids and len(ids) == len(want) and _replays_to(profile, ids, L, want):
+    for ids in ([prefer] if prefer else []) + [single, [p.boundary - 1 for p in want if p.kind is not PositionKind.FINAL]]:
+        if None not in ids and len(ids) == len(want) and captures_exactly(profile, ids, L, want):
             return ids
     return None
-
-
-def _replays_to(profile: Profile, ids: list[int], L: int, want: list[Position]) -> bool:
-    rep = replay(profile, ids, L)
-    return rep.failure is None and not rep.dropped and rep.positions == want
 
 
 def align_profiles(train: Side, serve: Side, serve_profile: Profile) -> Report:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from tpsim.capture.conventions import Resolution
 from tpsim.capture.positions import Position
 from tpsim.profiles.profile import EmbedId, Numbering
 from tpsim.profiles.registry import later_profiles
-from tpsim.profiles.replay import Replay, Slot, ids_for_position
+from tpsim.profiles.inverse import ids_for_position
+from tpsim.profiles.replay import Replay, Slot
 
 
 class Kind(Enum):
@@ -88,9 +88,3 @@ def _crash_fix(rep: Replay) -> str:
         up = f", or serve with {later[0].name} or later, which captures the embedding" if later else ""
         return f"drop the id that lands on the embedding (the draft must not expect it){up}"
     return "give ids the engine accepts (tpsim resolve --server shows them)"
-
-
-def resolution(rep: Replay, given: list[int] | None) -> Resolution:
-    """The replay as the Resolution `check` and `capture` print and record."""
-    return Resolution(rep.profile.name, rep.num_layers, given, [s.internal for s in rep.slots], "internal_ids",
-                      list(rep.positions), list(rep.notes) + list(rep.profile.notes))

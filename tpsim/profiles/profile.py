@@ -51,6 +51,12 @@ class Numbering(Enum):
     OUTPUT_OF = "id j captures out(j) (a hook on layer j)"
     HIDDEN_STATES_INDEX = "index j into output_hidden_states (0: embed, L: the final-norm output)"
 
+    @property
+    def shift(self) -> int | None:
+        """What every id gets added (None: it depends on the list the id is in)."""
+        return {Numbering.OUTPUT_OF_PLUS_ONE: 1, Numbering.OUTPUT_OF: 1, Numbering.BEFORE_LAYER: 0,
+                Numbering.HIDDEN_STATES_INDEX: 0}.get(self)
+
 
 class Defaults(Enum):
     """The ids an engine uses when the draft config gives none."""

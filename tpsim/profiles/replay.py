@@ -1,9 +1,9 @@
 """What a profiled engine does with ids on a model of L layers: which slots it captures, which it
 silently drops, and whether it crashes or refuses, as the engine's own loop would.
 
-Unlike `tpsim.capture.resolve` (strict: it refuses what no engine should be given), a replay never
-refuses on the engine's behalf: an id the engine's loop never matches is dropped, an embedding id
-in a loop that adds `residual=None` crashes with the engine's error.
+A replay never refuses on the engine's behalf: an id the engine's loop never matches is dropped,
+an embedding id in a loop that adds `residual=None` crashes with the engine's error. The idealised
+conventions (tpsim.profiles.conventions) replay here too; their strictness is theirs.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
-from tpsim.profiles.profile import Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile
+from tpsim.profiles.profile import Behaviour, Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile
 
 CRASH_TEXT = "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'"
 
@@ -72,9 +72,13 @@ def internal_ids(numbering: Numbering, ids: list[int], L: int) -> list[int]:
         return [j + 1 for j in ids] if ids and ids[0] == 1 else list(ids)
     if numbering is Numbering.PLUS_ONE_UNLESS_MAX_IS_L:
         return list(ids) if ids and max(ids) == L else [j + 1 for j in ids]
-    if numbering in (Numbering.OUTPUT_OF_PLUS_ONE, Numbering.OUTPUT_OF):
-        return [j + 1 for j in ids]  # a hook on layer j sees what layer j+1 receives
-    return list(ids)
+    return [j + numbering.shift for j in ids]  # output-of: a hook on layer j sees what layer j+1 receives
+
+
+def captured_range(b: Behaviour, L: int) -> tuple[int, int]:
+    """The internal ids the capture loop captures (`slot`'s CAPTURED), lowest and highest."""
+    hf = b.numbering.value is Numbering.HIDDEN_STATES_INDEX
+    return 0 if b.embed.value is EmbedId.CAPTURED else 1, L if b.last_boundary.value or hf else L - 1
 
 
 def replay(profile: Profile, ids: list[int] | None, L: int) -> Replay:
@@ -94,7 +98,7 @@ def replay(profile: Profile, ids: list[int] | None, L: int) -> Replay:
         notes.append(f"no ids given: {profile.engine} default {ids} ({b.defaults.value.value})")
     else:
         internal = internal_ids(b.numbering.value, ids, L)
-    slots = _order(profile, [_slot(profile, k, j, i, L) for k, (j, i) in enumerate(zip(ids, internal))])
+    slots = _order(profile, [slot(profile, k, j, i, L) for k, (j, i) in enumerate(zip(ids, internal))])
     captured = [s for s in slots if s.fate is Fate.CAPTURED]
     if b.order.value is Order.ASCENDING:
         captured = sorted(captured, key=lambda s: s.internal)
@@ -102,15 +106,16 @@ def replay(profile: Profile, ids: list[int] | None, L: int) -> Replay:
                   _failure(profile, slots, L), notes)
 
 
-def _slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
+def slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
+    """Slot k: id j, which the loop tests as i (before any repeat is merged)."""
     b = profile.behaviour
     hf = b.numbering.value is Numbering.HIDDEN_STATES_INDEX
     if i == 0:
         fate = {EmbedId.CAPTURED: Fate.CAPTURED, EmbedId.CRASHES: Fate.CRASHES,
                 EmbedId.UNREACHABLE: Fate.REFUSED}[b.embed.value]
-        return Slot(k, j, i, Position("embed") if fate is Fate.CAPTURED else None, fate)
+        return Slot(k, j, i, Position(PositionKind.EMBED) if fate is Fate.CAPTURED else None, fate)
     if 0 < i < L or (i == L and (b.last_boundary.value or hf)):
-        return Slot(k, j, i, Position("final") if hf and i == L else Position.at_boundary(i), Fate.CAPTURED)
+        return Slot(k, j, i, Position(PositionKind.FINAL) if hf and i == L else Position.at_boundary(i), Fate.CAPTURED)
     fate = Fate.DROPPED if b.out_of_range.value is OutOfRange.DROPPED else Fate.REFUSED
     return Slot(k, j, i, None, fate)
 
@@ -142,25 +147,3 @@ def _failure(profile: Profile, slots: list[Slot], L: int) -> str | None:
                 else f"id {refused.id} (out of range for {L} layers)")
         return f"{who} refuses {what} ({b.out_of_range.source})"
     return None
-
-
-def ids_for_position(profile: Profile, p: Position, L: int) -> int | None:
-    """The id that makes this profile capture `p` when written alone (None: no id does)."""
-    b = profile.behaviour
-    n = b.numbering.value
-    if b.config.value.hard_coded:
-        return None
-    if p.kind == "final":
-        return L if n is Numbering.HIDDEN_STATES_INDEX else None
-    target = p.boundary
-    candidates = range(-1, L + 2)
-    for j in candidates:
-        if n is Numbering.PLUS_ONE_IF_FIRST_IS_1 and j == 1:
-            continue  # alone, 1 turns on the +1; other ids stay as written
-        s = _slot(profile, 0, j, internal_ids(n, [j], L)[0], L)
-        if s.fate is Fate.CAPTURED and s.position == p and s.internal == target:
-            return j
-    if n is Numbering.PLUS_ONE_IF_FIRST_IS_1 and target == 2:
-        return 1
-    return None
-

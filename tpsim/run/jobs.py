@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tpsim.capture import Position, Recorder
+from tpsim.capture import Position, PositionKind, Recorder
 from tpsim.capture.points import Taps
 from tpsim.weights.reader import Checkpoint, load_weights
 from tpsim.offline.diagnosis import diagnose_tensors
@@ -155,7 +155,7 @@ class _Checked:
 
 def _residual_points(positions) -> dict[Position, str]:
     """{out position: the point holding its layer's residual at the middle} (the diagnosis reads them)."""
-    return {p: f"layers.{p.layer}.mid" for p in positions if p.kind == "out"}
+    return {p: f"layers.{p.layer}.mid" for p in positions if p.kind is PositionKind.OUT}
 
 
 def _residuals(taps: Taps, points: dict[Position, str]) -> dict[str, torch.Tensor]:
@@ -302,7 +302,7 @@ def comparable_rows(positions: list[Position], hidden: int, routing_a: dict, rou
                    if len(f := (routing_a[k].cpu() != routing_b[k].cpu()).any(-1).nonzero())]
     for flip in excused:
         for i, p in enumerate(positions):
-            if p.kind == "final" or p.boundary > flip.layer:
+            if p.kind is PositionKind.FINAL or p.boundary > flip.layer:
                 mask[flip.token:, i * hidden:(i + 1) * hidden] = False
     return mask
 
