@@ -141,3 +141,40 @@ def test_positions_follow_the_conventions_table(c):
     if ascending:
         want = sorted(set(want), key=Position.sort_key)
     assert resolve(conv, ids, L).positions == want
+
+
+def _exhaustive(profile, p: Position, L: int) -> int | None:
+    """ids_for_position by trying every id -1..L+1 in order (what it did before it was bounded)."""
+    from tpsim.profiles.profile import Numbering
+    from tpsim.profiles.replay import Fate, internal_ids, slot
+    n = profile.behaviour.numbering.value
+    if profile.behaviour.config.value.hard_coded:
+        return None
+    if p.kind is PositionKind.FINAL:
+        return L if n is Numbering.HIDDEN_STATES_INDEX else None
+    for j in range(-1, L + 2):
+        if n is Numbering.PLUS_ONE_IF_FIRST_IS_1 and j == 1:
+            continue
+        s = slot(profile, 0, j, internal_ids(n, [j], L)[0], L)
+        if s.fate is Fate.CAPTURED and s.position == p and s.internal == p.boundary:
+            return j
+    return 1 if n is Numbering.PLUS_ONE_IF_FIRST_IS_1 and p.boundary == 2 else None
+
+
+@given(L=st.integers(1, 40), data=st.data())
+def test_the_inverse_tries_only_the_ids_that_can_reach_a_boundary(L, data):
+    """Every numbering tests id j as j or j + 1, so ids_for_position looks at two ids, not L + 3 (a
+    `resolve --num-layers 1000000000` from the fuzz ran for ever), and finds what trying all finds."""
+    from tpsim.profiles.conventions import Convention
+    from tpsim.profiles.inverse import ids_for_position
+    from tpsim.profiles.registry import all_profiles
+    profile = data.draw(st.sampled_from([c.profile for c in Convention] + all_profiles()), label="profile")
+    b = data.draw(st.integers(0, L), label="boundary")
+    for p in (Position.at_boundary(b), Position(PositionKind.FINAL)):
+        assert ids_for_position(profile, p, L) == _exhaustive(profile, p, L), (profile.name, str(p))
+
+
+def test_resolve_on_a_billion_layers_answers():
+    res = resolve("sglang", [1, 2], 10**9)
+    assert [str(p) for p in res.positions] == ["out(1)", "out(2)"]
+    assert ids_for("vllm", res.positions, 10**9) == [2, 3]

@@ -15,7 +15,9 @@ def ids_for_position(profile: Profile, p: Position, L: int) -> int | None:
         return None
     if p.kind is PositionKind.FINAL:
         return L if n is Numbering.HIDDEN_STATES_INDEX else None
-    for j in range(-1, L + 2):
+    # every numbering tests an id j as j or j + 1: only t - 1 and t can reach boundary t (looping over
+    # every id instead made `resolve --num-layers 10**9` run for ever; found by test_fuzz_no_traceback)
+    for j in (x for x in (p.boundary - 1, p.boundary) if -1 <= x <= L + 1):
         if n is Numbering.PLUS_ONE_IF_FIRST_IS_1 and j == 1:
             continue  # alone, 1 turns on the +1; other ids stay as written
         s = slot(profile, 0, j, internal_ids(n, [j], L)[0], L)
