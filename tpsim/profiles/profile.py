@@ -20,12 +20,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Source:
-    """Where a behaviour is shown: `ref` is a commit (hex) or a PR (`#123`); `note` paraphrases it."""
+    """Where a behaviour is shown: `ref` is a commit (hex), a release tag (`v0.5.12`) or a PR (`#123`); `note`
+    paraphrases it; `symbol` is the qualified name of the function or class read in `path` (what the source
+    fingerprints hash, docs/profiles.md); `quote` is a few lines of that code as it was read."""
 
     repo: str
     path: str
     ref: str
     note: str = ""
+    symbol: str = ""
+    quote: str = ""
 
     def __str__(self) -> str:
         where = f"{self.repo} {self.path}" if self.path else self.repo
