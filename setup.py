@@ -6,5 +6,6 @@ from setuptools import find_packages, setup
 setup(
     packages=[*find_packages(include=["tpsim", "tpsim.*"]), "tpsim.builtin"],
     package_dir={"tpsim.builtin": "configs"},
-    package_data={"tpsim.builtin": ["*.yaml", "scenarios/*.yaml", "scenarios/*.json", "drafts/*.json"]},
+    package_data={"tpsim.builtin": ["*.yaml", "scenarios/*.yaml", "scenarios/*.json", "drafts/*.json"],
+                  "tpsim.cli": ["commands.toml"]},
 )

@@ -18,7 +18,7 @@ from tpsim.offline.align import (LABELS, ModelRun, Report, Slot, align, make_sid
 from tpsim.app.ranks import on_ranks
 from tpsim.cli.options import (EXECUTION_OPTIONS, add_execution_options, add_json, add_server_option, add_tp, emit_json,
                                load_source, one_tp, positive_int, run_spec)
-from tpsim.cli.parser import refuse_without
+from tpsim.cli.parser import add_command, refuse_without
 from tpsim.config.loader import DEFAULT_MODEL_TYPE
 from tpsim.base.errors import UsageError
 from tpsim.run.jobs import capture_job
@@ -211,14 +211,7 @@ def _row(s: Slot, run: bool) -> list[str]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("align", help="do trainer and server capture the same positions in the same slot order?",
-                       description="Compare what the trainer captured with what the server captures, "
-                                   "slot by slot: the same positions in the same order, or which slot"
-                                   " differs and the ids that fix it. With --model the target also "
-                                   "runs and each slot gets its cosine.",
-                       epilog="examples:\n  tpsim align --train specforge:1,29,57 --serve sglang:-1,2,30 --num-layers 61\n"
-                              "  tpsim align --draft-config config.json --server vllm@0.25.0 --num-layers 61\n"
-                              "  tpsim align --train specforge:1,3,5 --serve vllm:2,4,6 --model tiny --tp 2")
+    p = add_command(sub, "align")
     p.add_argument("--train", metavar="CONVENTION:IDS|PROFILE",
                    help="training side: specforge:1,29,57 or specforge:default; with --draft-config a profile "
                         "(default specforge), e.g. specforge@2026-07-01")

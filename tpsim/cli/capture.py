@@ -18,18 +18,11 @@ from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
 from tpsim.app.ranks import on_ranks
 from tpsim.run.spec import ModelSource
+from tpsim.cli.parser import add_command
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("capture", help="capture on real ranks and write a safetensors file",
-                       description="Capture the EAGLE-3 aux hidden states on real ranks and write "
-                                   "them, with the token ids and how they were made, to a "
-                                   ".safetensors file; with --points, each rank's local tensor of "
-                                   "each named point, one file per rank.",
-                       epilog="examples:\n  tpsim capture --layers -1,2,5 --out aux.safetensors\n"
-                              "  tpsim capture --model /path/to/hf_checkpoint --convention vllm --layers 2,30,58 --tp 8 "
-                              "--out aux.safetensors\n"
-                              "  tpsim capture --tp 2 --points layers.1.attn.o_proj.partial --out dump.safetensors")
+    p = add_command(sub, "capture")
     add_run_options(p)
     add_mode_options(p)
     add_tp(p)

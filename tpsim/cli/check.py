@@ -8,18 +8,11 @@ from tpsim.cli.pp_options import add_pp_options, pp_degree, pp_tp_degrees
 from tpsim.app.check import run_check, run_graphs
 from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text
 from tpsim.base.ui import say, table
+from tpsim.cli.parser import add_command
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("check", help="run the model at each TP degree on real ranks and check the capture",
-                       description="Run the model at each TP degree on real ranks (gloo on CPU, NCCL "
-                                   "on GPUs) and check the capture: identical on every rank, equal to"
-                                   " TP=1, and the shape the draft expects. Exit 0 PASS, 1 FAIL with "
-                                   "the reason.",
-                       epilog="examples:\n  tpsim check --layers -1,2,5 --tp 1,2\n"
-                              "  tpsim check --mode ar-fusion --strategy model-level --tp 1,2\n"
-                              "  tpsim check --server sglang@0.5.6 --layers 0,1,2\n"
-                              "  tpsim check --pp 2 --tp 1,2 --pp-capture last-stage")
+    p = add_command(sub, "check")
     add_run_options(p)
     add_mode_options(p)
     add_pp_options(p)

@@ -11,18 +11,11 @@ from tpsim.base.errors import UsageError
 from tpsim.offline.dumps import DumpKind
 from tpsim.offline.reference import parse_positions
 from tpsim.base.ui import say, table
+from tpsim.cli.parser import add_command
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("diagnose", help="infer what each rank captured (replicated, partial sums, token/hidden "
-                                        "shards, the wrong layer) against a reference",
-                       description="Read one run's per-rank hidden states (tpsim rank dumps, SGLang dumper files, "
-                                   "or a vLLM hidden-states file) and say, point by point, what each rank holds: "
-                                   "the asked tensor replicated, partial sums, token or hidden shards, or the wrong "
-                                   "layer, against a reference (a TP=1 capture or training features). "
-                                   "docs/dumps.md says how to get the files out of each engine.",
-                       epilog="examples:\n  tpsim diagnose run/d.rank*.safetensors --reference ref.safetensors\n"
-                              "  tpsim diagnose sglang_dump_1733000000/ --reference features.pt --step 0")
+    p = add_command(sub, "diagnose")
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="one run's per-rank files: tpsim rank dumps ({stem}.rank{r}.safetensors) or SGLang "
                         "dumper .pt files (or a directory of them), or one vLLM hidden-states file "

@@ -34,6 +34,7 @@ from tpsim.app.run_options import pipeline_for
 from tpsim.run.results import PointsResult
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.base.ui import human_bytes, say, table
+from tpsim.cli.parser import add_command
 
 
 
@@ -126,15 +127,7 @@ def steps(by_rank: list[list[Row]]) -> list[Step]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("explain", help="where every activation of one layer lives at a TP degree, "
-                                       "and which collectives move it",
-                       description="Run one decoder layer (and the embedding and head) on real ranks and show every "
-                                   "named point with its per-rank shape and placement, every collective with its "
-                                   "bytes, and which id of each convention captures each point. Also drawn as an SVG "
-                                   "with one lane per rank.",
-                       epilog="examples:\n  tpsim explain --model deepseek-v3 --tp 8 --layer 3\n"
-                              "  tpsim explain --tp 4 --mode ar-fusion --svg ar-fusion.svg\n"
-                              "  tpsim explain --pp 2 --tp 2")
+    p = add_command(sub, "explain")
     add_model_option(p)
     add_execution_options(p)
     add_mode_options(p, strategy=False)

@@ -15,17 +15,14 @@ from tpsim.cli.options import DTYPES, add_override, dtype_name, seed_value
 from tpsim.base.errors import UsageError
 from tpsim.run.spec import DEFAULT_MODEL, model_path
 from tpsim.base.ui import human_bytes, progress_bar
+from tpsim.cli.parser import add_command
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write the seeded model as an HF checkpoint (config.json + safetensors)",
-                       description="Write the seeded model as an HF checkpoint directory (config.json"
-                                   " and sharded safetensors with an index) that transformers, the "
-                                   "engines and tpsim --model load.",
-                       epilog="example:\n  tpsim export --model deepseek-v2-lite --override num_hidden_layers=2 --out ckpt")
+    p = add_command(sub, "export")
     p.add_argument("--model", default=DEFAULT_MODEL, help="YAML/JSON config or built-in name (default tiny)")
     p.add_argument("--seed", type=seed_value, default=0, help="weights seed (default 0)")
     p.add_argument("--out", required=True, help="output directory (created; must be empty unless --force)")

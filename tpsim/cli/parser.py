@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import re
 import sys
 import textwrap
+import tomllib
+from importlib import resources
 
 from tpsim.base.errors import UsageError
 
@@ -78,3 +81,16 @@ def refuse_without(args, needed: str, present: bool, options: dict[str, str]) ->
     used = [opt for dest, opt in options.items() if dest in getattr(args, "given", ())]
     if used:
         raise UsageError(f"{used[0]} applies only with {needed}; add {needed}, or leave {used[0]} out")
+
+
+@functools.cache
+def _texts() -> dict:
+    return tomllib.loads(resources.files("tpsim.cli").joinpath("commands.toml").read_text(encoding="utf-8"))
+
+
+def add_command(sub, name: str) -> argparse.ArgumentParser:
+    """The subcommand `name`, its help, description and examples read from commands.toml."""
+    text = _texts()[name]
+    examples = text["examples"]
+    epilog = ("example:" if len(examples) == 1 else "examples:") + "".join(f"\n  {e}" for e in examples)
+    return sub.add_parser(name, help=text["help"], description=text["description"], epilog=epilog)

@@ -8,14 +8,11 @@ from tpsim.cli.options import add_json, emit_json
 from tpsim.profiles.profile import Behaviour, Profile, describe, differences
 from tpsim.profiles.registry import LINES
 from tpsim.base.ui import say, table
+from tpsim.cli.parser import add_command
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("profiles", help="list the engine profiles --server and --train take, with their sources",
-                       description="List the engine and trainer profiles (ENGINE@VERSION:MODEL) that "
-                                   "--server and --train replay: what each captures, with the "
-                                   "release, commit or PR it was read at.",
-                       epilog="examples:\n  tpsim profiles\n  tpsim profiles --sources --json")
+    p = add_command(sub, "profiles")
     p.add_argument("--sources", action="store_true", help="print every behaviour with its source")
     add_json(p, cmd_profiles)
 

@@ -11,15 +11,11 @@ from tpsim.profiles.findings import findings
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.run.spec import model_path
+from tpsim.cli.parser import add_command
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("resolve", help="layer ids -> positions, without running a model",
-                       description="Say which residual-stream positions layer ids name in one "
-                                   "program's numbering, and the ids every other program needs for "
-                                   "the same positions.",
-                       epilog="examples:\n  tpsim resolve --convention sglang --layers -1,2,30 --num-layers 61\n"
-                              "  tpsim resolve --server vllm --layers 2,30,58 --model deepseek-v3")
+    p = add_command(sub, "resolve")
     p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}",
                    help="the numbering --layers is written in")
     add_server_option(p)

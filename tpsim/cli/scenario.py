@@ -9,15 +9,11 @@ from tpsim.cli.options import emit_json
 from tpsim.base.errors import UsageError
 from tpsim.app.scenarios import BUG_CLASSES, available, load, run
 from tpsim.base.ui import ProgressLine, say, table
+from tpsim.cli.parser import add_command
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("scenario", help="run ready-made cases that show known capture bugs being caught",
-                       description="Run a ready-made case: a real capture bug (its class and sources in the "
-                                   "file), the tpsim commands that show it, and whether tpsim catches it with the "
-                                   "expected finding. --all runs every case; exit 0 only if all are caught.",
-                       epilog="examples:\n  tpsim scenario --list\n  tpsim scenario align-vllm-top-level-copy\n"
-                              "  tpsim scenario --all --json")
+    p = add_command(sub, "scenario")
     p.add_argument("name", nargs="?", help="scenario name (see --list)")
     p.add_argument("--list", action="store_true", help="list the scenarios")
     p.add_argument("--all", action="store_true", help="run every scenario and report which were caught")

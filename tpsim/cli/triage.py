@@ -11,7 +11,7 @@ from __future__ import annotations
 from tpsim.offline.align import read_draft_config
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
     one_tp, positive_int, request_from
-from tpsim.cli.parser import refuse_without
+from tpsim.cli.parser import add_command, refuse_without
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.registry import lookup
@@ -28,15 +28,7 @@ SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("triage", help="low acceptance after a TP or engine change? find out why, with the fix",
-                       description="Start here when a draft's acceptance dropped after a TP or engine"
-                                   " change: reads the draft's config as the trainer and the server "
-                                   "each read it, works out the communication mode from the served "
-                                   "flags, runs check in that mode at TP 1 and the TP served, and "
-                                   "prints each finding with its fix.",
-                       epilog="examples:\n  tpsim triage --draft-config draft/config.json --server sglang@0.5.6 --tp 8\n"
-                              "  tpsim triage --draft-config draft/config.json --server vllm@0.25.0 --tp 4 "
-                              "--model /path/to/hf_checkpoint --override num_hidden_layers=4")
+    p = add_command(sub, "triage")
     p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
     add_server_option(p)
     p.add_argument("--train", default="specforge", metavar="PROFILE",

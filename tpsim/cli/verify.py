@@ -8,14 +8,11 @@ from pathlib import Path
 
 from tpsim.cli.options import add_json
 from tpsim.offline.verify import check_index, files_of, verify_file
+from tpsim.cli.parser import add_command
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="check the per-tensor checksums of files tpsim wrote",
-                       description="Check that files tpsim wrote (captures, rank dumps, exported "
-                                   "checkpoints) are whole and unchanged: every tensor's checksum and"
-                                   " every safetensors header.",
-                       epilog="example:\n  tpsim verify aux.safetensors ckpt/")
+    p = add_command(sub, "verify")
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
     add_json(p, cmd_verify)
 
