@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tpsim.parallel.deathsig import die_with_parent  # noqa: E402  (standard library only)
+from tpsim.base.deathsig import die_with_parent  # noqa: E402  (standard library only)
 
 
 def _runner(conn: socket.socket) -> None:

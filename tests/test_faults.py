@@ -176,7 +176,7 @@ def test_the_next_run_removes_a_killed_launchers_rendezvous(tmp_path):
 def test_a_launcher_killed_while_its_ranks_start_leaves_no_process(tmp_path, sig, start):
     """The launcher killed while its ranks start: spawned ranks still importing torch were re-parented
     to PID 1 and lived on, blocked on a pipe. A forked rank ties its life to its parent first thing;
-    the fork server does from its first instruction (`import tpsim`, before torch), and its ranks to it."""
+    the fork server does from its first preloaded module (tpsim.base.forkguard, before torch), and its ranks to it."""
     marker = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     env.update(TPSIM_TEST_MARKER=marker, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TPSIM_RANK_START=start)

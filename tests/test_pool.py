@@ -144,3 +144,29 @@ def test_the_start_method_is_fork_only_where_a_fork_is_safe(monkeypatch):
     monkeypatch.setenv(START_ENV, "spawn")
     with pytest.raises(UsageError, match=f"{START_ENV}='spawn' is not one of fork, forkserver"):
         start_method("cpu")
+
+
+GUARD_PROBE = ("import ctypes, signal, sys; import tpsim.base.forkguard; s = ctypes.c_int(); "
+               "ctypes.CDLL('libc.so.6').prctl(2, ctypes.byref(s)); "  # PR_GET_PDEATHSIG
+               "print(s.value, 'torch' in sys.modules, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
+
+
+@pytest.mark.parametrize("launcher", ["parent", "unset"])
+def test_the_fork_servers_guard_runs_before_torch_and_only_for_a_launcher(launcher):
+    """The fork server preloads tpsim.base.forkguard before the pool (which imports torch): it must tie the
+    server to its launcher without importing torch (it once imported it through tpsim.parallel), and do
+    nothing in a process no launcher started."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from tpsim.parallel.pool import rank_context
+    env = {k: v for k, v in os.environ.items() if k != "TPSIM_LAUNCHER_PID"}
+    if launcher == "parent":
+        env["TPSIM_LAUNCHER_PID"] = str(os.getpid())
+    out = subprocess.run([sys.executable, "-c", GUARD_PROBE], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == (["9", "False", "True"] if launcher == "parent" else ["0", "False", "False"])
+    from multiprocessing import forkserver
+    rank_context(StartMethod.FORKSERVER)
+    assert forkserver._forkserver._preload_modules[:2] == ["tpsim.base.forkguard", "tpsim.parallel.pool"]

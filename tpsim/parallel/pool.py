@@ -25,7 +25,8 @@ import torch.distributed as dist
 from tpsim.base.errors import RankError, UsageError
 from tpsim.base import faults
 from tpsim.base.procs import proc_stat
-from tpsim.parallel import deathsig
+from tpsim.base import deathsig
+from tpsim.base.forkguard import LAUNCHER_ENV
 from tpsim.parallel.launch import RankContext, build_groups
 
 
@@ -65,14 +66,14 @@ def start_method(device: str) -> StartMethod:
 def rank_context(start: StartMethod):
     mp = torch.multiprocessing.get_context(start.value)
     if start is StartMethod.FORKSERVER:
-        mp.set_forkserver_preload(["tpsim.parallel.pool"])  # takes effect when the server starts
+        mp.set_forkserver_preload(["tpsim.base.forkguard", "tpsim.parallel.pool"])  # in order, when the server starts
     return mp
 
 
 def _worker(rank, world, init_file, backend, device, timeout_s, tasks, results, slot, start, env):
     # First: a launcher gone before this line ends the rank here. A forked rank's parent is the
     # launcher; a fork server's child's is the fork server, which dies with the launcher.
-    launcher = int(env["TPSIM_LAUNCHER_PID"])
+    launcher = int(env[LAUNCHER_ENV])
     deathsig.die_with_parent(launcher if start is StartMethod.FORK else None)
     if not _alive(launcher):
         os._exit(1)
@@ -191,7 +192,7 @@ class RankPool:
         self._results = mp.Queue()
         self._tasks = [mp.SimpleQueue() for _ in range(world)]  # no feeder thread here: the next pool may fork
         self._slots = [mp.Array("c", faults.SLOT_BYTES) for _ in range(world)]  # what each rank is doing
-        child_env = {"OMP_NUM_THREADS": "1", "TPSIM_LAUNCHER_PID": str(os.getpid()), **(env or {})}
+        child_env = {"OMP_NUM_THREADS": "1", LAUNCHER_ENV: str(os.getpid()), **(env or {})}
         if sys.platform.startswith("linux"):
             child_env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
         rank_env = {**os.environ, **child_env}
