@@ -70,13 +70,26 @@ class CliServer:
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.dir = tempfile.mkdtemp(prefix="tpsim-cliserver-")
-                path = os.path.join(self.dir, "socket")
-                self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "cliserver.py"), path], cwd=ROOT,
-                                             env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                started = threading.Event()
+                # The server dies with its parent (PR_SET_PDEATHSIG), and Linux counts the parent as the
+                # thread that started it: started from run_clis' worker thread, it was killed when that
+                # thread ended, and the next run_cli met a dead socket. So a thread that lives as long as
+                # the session starts it.
+                threading.Thread(target=self._keep, args=(started,), daemon=True).start()
+                started.wait()
                 ready = self.proc.stdout.readline()
                 assert ready == b"ready\n", f"the CLI server did not start: {ready!r}"
                 atexit.register(self.stop)
-            return os.path.join(self.dir, "socket")
+            return self.socket_file()
+
+    def _keep(self, started: threading.Event) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "cliserver.py"), self.socket_file()],
+                                     cwd=ROOT, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        started.set()
+        self.proc.wait()
+
+    def socket_file(self) -> str:
+        return os.path.join(self.dir, "socket")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -99,3 +99,19 @@ def test_a_fork_is_refused_beside_another_thread():
     finally:
         stop.set()
         other.join()
+
+
+def test_the_cli_server_outlives_the_thread_that_first_asked_for_it():
+    """run_clis' worker thread started the session's CLI server, which dies with its parent thread
+    (PR_SET_PDEATHSIG): when the thread ended the server was killed and the next run met a reset
+    socket (test_pp failed after a run_clis whenever that call started the server)."""
+    from clirun import CliServer
+    server = CliServer()
+    try:
+        t = threading.Thread(target=server.socket_path)
+        t.start()
+        t.join()
+        time.sleep(0.5)  # a SIGKILL on the thread's exit lands within this
+        assert server.proc.poll() is None, "the CLI server died with the thread that started it"
+    finally:
+        server.stop()

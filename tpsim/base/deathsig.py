@@ -22,7 +22,8 @@ def _prctl(option: int, arg) -> bool:
 
 
 def die_with_parent(parent_pid: int | None = None) -> None:
-    """SIGKILL this process when its parent dies; if the parent is no longer `parent_pid` (it died
+    """SIGKILL this process when its parent dies (Linux: the parent *thread*, so a launcher must start
+    such a child from a thread that lives as long as it does); if the parent is no longer `parent_pid` (it died
     before the guard was in place, and the process was re-parented), exit now."""
     if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
