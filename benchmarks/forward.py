@@ -596,7 +596,7 @@ def main(argv=None) -> int:
     positions = list(res.positions)
 
     compiled = cuda if args.compile is None else args.compile
-    fused.use_compiled(compiled, min_tokens=1)  # every token count: the table shows where it pays
+    model.kernels = fused.KernelPolicy(compiled, min_tokens=1)  # every token count: the table shows where it pays
     result["settings"]["compiled"] = compiled
     for T in tokens:
         ids = torch.tensor(input_ids_for(cfg, args.seed, T), dtype=torch.long, device=device)
@@ -610,11 +610,11 @@ def main(argv=None) -> int:
         fns = {"tpsim+capture": with_capture, "tpsim": lambda: model(ids, logits=True)}
         if compiled:
             def eager_capture():
-                fused.use_compiled(False)
+                model.kernels = fused.EAGER_POLICY
                 try:
                     return with_capture()
                 finally:
-                    fused.use_compiled(True, min_tokens=1)
+                    model.kernels = fused.KernelPolicy(True, min_tokens=1)
             fns["tpsim+capture eager"] = eager_capture
             t1 = time.perf_counter()
             with torch.inference_mode():

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cuda else "float32")
     compiled = cuda if args.compile is None else args.compile
     model, _ = build_models(cfg, args.seed, dtype, device, transformers=False)
-    fused.use_compiled(compiled, min_tokens=1)
+    model.kernels = fused.KernelPolicy(compiled, min_tokens=1)
     ids = torch.tensor(input_ids_for(cfg, args.seed, args.tokens), dtype=torch.long, device=device)
 
     def forward():

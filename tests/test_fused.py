@@ -24,10 +24,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def compiled():
-    fused.use_compiled(True, min_tokens=1)
-    fused.select(1)
-    yield fused.kernels()
-    fused.use_compiled(False)
+    return fused.compiled_kernels()
 
 
 @settings(max_examples=12, deadline=None)
@@ -62,7 +59,7 @@ def test_a_compiled_forward_captures_what_the_eager_one_does_without_host_sync(c
     positions = resolve("sglang", None, 3).positions[:2]
     caps = []
     for on in (False, True, True):  # eager, compiled (compiles), compiled again
-        fused.use_compiled(on, min_tokens=1)
+        model.kernels = fused.KernelPolicy(on, min_tokens=1)
         r = Recorder(positions)
         with torch.inference_mode():
             if len(caps) == 2:
@@ -72,7 +69,6 @@ def test_a_compiled_forward_captures_what_the_eager_one_does_without_host_sync(c
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         caps.append(r.concat())
-    fused.use_compiled(False)
     assert rel(caps[1], caps[0]) <= 3e-2 and torch.equal(caps[1], caps[2])
     from tpsim.layers.attention import MLA
     from tpsim.layers.moe import MoE

@@ -35,14 +35,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def models():
     group = TPGroup(device=torch.device("cpu"))
-    yield {d: build_model(CFG, group, 0, d) for d in ("bfloat16", "float32")}
-    fused.use_compiled(False)
+    return {d: build_model(CFG, group, 0, d) for d in ("bfloat16", "float32")}
 
 
 def capture(model, ids, compiled: bool | None) -> torch.Tensor:
     """The sglang default capture; `compiled` None: with the kernels as they are."""
     if compiled is not None:
-        fused.use_compiled(compiled, min_tokens=1)
+        model.kernels = fused.KernelPolicy(compiled, min_tokens=1)
     rec = Recorder(resolve("sglang", None, CFG.num_hidden_layers).positions)
     with torch.inference_mode():
         model(ids, recorder=rec)
@@ -99,7 +98,7 @@ def test_a_listened_tap_runs_its_sublayer_eagerly_and_gets_its_point(models):
     wanted = {"layers.2.mlp.router_logits", "layers.2.attn.kv_latent"}
     got = {}
     for compiled in (False, True):
-        fused.use_compiled(compiled, min_tokens=1)
+        model.kernels = fused.KernelPolicy(compiled, min_tokens=1)
         taps = Taps(wanted=set(wanted))
         with torch.inference_mode(), model.probe.attach(taps):
             model(ids)
@@ -115,7 +114,7 @@ def test_past_the_recompile_limit_a_region_runs_eagerly(models):
     for T in (5, 6, 7):  # a new shape each: past the limit, fullgraph regions would raise
         ids = torch.arange(T) % CFG.vocab_size
         eager = capture(model, ids, compiled=False)
-        fused.use_compiled(True, min_tokens=1)
+        model.kernels = fused.KernelPolicy(True, min_tokens=1)
         with torch._dynamo.config.patch(recompile_limit=1):  # (monkeypatch would delete the option on undo)
             assert rel(capture(model, ids, compiled=None), eager) <= BF16_BOUND
 
@@ -130,10 +129,30 @@ def test_the_other_moe_families_trace_whole(name):
     positions = resolve("sglang", None, cfg.num_hidden_layers).positions
     caps = []
     for compiled in (False, True):
-        fused.use_compiled(compiled, min_tokens=1)
+        model.kernels = fused.KernelPolicy(compiled, min_tokens=1)
         rec = Recorder(positions)
         with torch.inference_mode():
             model(ids, recorder=rec)
         caps.append(rec.concat())
-    fused.use_compiled(False)
     assert rel(caps[1], caps[0]) <= BF16_BOUND and MoE._forward in fused._regions
+
+
+def test_each_model_picks_its_own_kernels_and_the_choice_ends_with_its_forward(models):
+    """Kernel selection was process-global (`use_compiled` + `select`): a compiled run left the next
+    forward in the same rank process, of any model, on the compiled kernels. Now each model holds its
+    policy and the choice lasts one forward."""
+    compiled_model, eager_model = models["bfloat16"], models["float32"]
+    compiled_model.kernels, eager_model.kernels = fused.KernelPolicy(True, min_tokens=1), fused.EAGER_POLICY
+    seen = []
+    hooks = [m.model.norm.register_forward_pre_hook(lambda mod, args: seen.append(fused.kernels()))
+             for m in (compiled_model, eager_model)]
+    ids = torch.arange(23) % CFG.vocab_size
+    try:
+        with torch.inference_mode():
+            compiled_model(ids)
+            eager_model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == [fused.compiled_kernels(), fused.EAGER]
+    assert fused.kernels() is fused.EAGER

@@ -195,10 +195,9 @@ def cuda_capture_job(ctx: RankContext, cfg: dict, seed: int, dtype: str, input_i
     if not ctx.participates(tp):
         return None
     strict_fp32()
-    fused.use_compiled(compiled, min_tokens=1)
     config = config_from_dict(cfg)
     group = ctx.groups[tp]
-    model = build_model(config, group, seed, dtype)
+    model = build_model(config, group, seed, dtype, kernels=fused.KernelPolicy(compiled, min_tokens=1))
     capture, logits = run_captured(model, input_ids, [Position.parse(p, config.num_hidden_layers) for p in positions])
     records = list(group.tracer.records)
     try:  # the experts each token picked per MoE layer, to leave routing near-ties out of comparisons

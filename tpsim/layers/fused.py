@@ -4,9 +4,9 @@ sublayers compiled as one region each.
 Eager, each function here is several kernels that each read and write the whole `[T, width]`
 tensor (casts to float32, the add, the norm, the weight; the rotation and the q/k concatenations;
 silu and the product; the weighted sum over a token's experts; the router's float32 copies). The
-eager functions are the reference and the CPU path. `use_compiled(True)` (`--compile`, on by
-default on CUDA) switches forwards of at least MIN_TOKENS tokens (`select`, at each forward's
-start) to the compiled path:
+eager functions are the reference and the CPU path. A model's `KernelPolicy` (`--compile`, on by
+default on CUDA) puts its forwards of at least MIN_TOKENS tokens on the compiled path, for the extent
+of that forward (`forward_kernels`):
 
 - `region`: MLA attention and the MoE block each run as one `torch.compile`d graph (`fullgraph`,
   shapes specialized), in which inductor fuses across what would be separate kernels (the gather
@@ -24,6 +24,7 @@ sublayers, outside every compiled function, so a capture never adds a guard or a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -204,35 +205,52 @@ MIN_TOKENS = 4096
 # regions specialize on shapes (dynamic kernels were slower: silu * up at 8192 tokens 0.20 vs 0.17 ms), so
 # each token count and dtype is a graph; beyond this many a region runs eagerly
 RECOMPILE_LIMIT = 64
-_compiled: Kernels | None = None
-_triton = None  # tpsim.layers.triton_kernels, once use_compiled(True) found CUDA and Triton
-_wanted, _min_tokens = False, MIN_TOKENS
-_active = EAGER
+_compiled: Kernels | None = None  # a cache: compiled on first use, shared by every model of the process
+_triton = None  # tpsim.layers.triton_kernels, once the compiled kernels found CUDA and Triton
+_active = EAGER  # the kernels of the forward running now (`forward_kernels`): eager outside every forward
 
 
-def use_compiled(on: bool, min_tokens: int = MIN_TOKENS) -> None:
-    """Ask for the compiled kernels (compiled on first use) in forwards of at least `min_tokens` tokens
-    (`select`), or for the eager ones everywhere."""
-    global _active, _compiled, _triton, _wanted, _min_tokens
-    if on:
+def compiled_kernels() -> Kernels:
+    """The compiled kernels (compiled on first use; the Triton ones where CUDA and Triton are there)."""
+    global _compiled, _triton
+    if _compiled is None:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    if on and _triton is None and torch.cuda.is_available():
-        try:
-            from tpsim.layers import triton_kernels as _triton
-        except ImportError:  # no Triton: the compiled regions fuse the reference forms
-            _triton = None
-    if on and _compiled is None:
+        if torch.cuda.is_available():
+            try:
+                from tpsim.layers import triton_kernels as _triton
+            except ImportError:  # no Triton: the compiled regions fuse the reference forms
+                _triton = None
         each = (torch.compile(f, dynamic=None) for f in (add_rms_norm, rms_norm, silu_mul, rope_pairs))
         _compiled = Kernels(*each, rope_assemble_qk_fast, torch.compile(weighted_sum_fused, dynamic=None),
                             router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast)
-    _wanted, _min_tokens = on, min_tokens
-    _active = EAGER
+    return _compiled
 
 
-def select(tokens: int) -> None:
-    """At the start of a forward of `tokens` tokens: the kernels its layers call."""
+@dataclass(frozen=True)
+class KernelPolicy:
+    """Which kernels one model's forwards use (`--compile`): the compiled ones in forwards of at least
+    `min_tokens` tokens, else the eager ones. A model holds its own; nothing outlives its forward."""
+
+    compiled: bool = False
+    min_tokens: int = MIN_TOKENS
+
+    def kernels(self, tokens: int) -> Kernels:
+        return compiled_kernels() if self.compiled and tokens >= self.min_tokens else EAGER
+
+
+EAGER_POLICY = KernelPolicy()
+
+
+@contextmanager
+def forward_kernels(policy: KernelPolicy, tokens: int):
+    """For the extent of one forward of `tokens` tokens: the kernels its layers call (`kernels()`,
+    `region`), the outer ones back after it."""
     global _active
-    _active = _compiled if _wanted and tokens >= _min_tokens else EAGER
+    outer, _active = _active, policy.kernels(tokens)
+    try:
+        yield
+    finally:
+        _active = outer
 
 
 def kernels() -> Kernels:

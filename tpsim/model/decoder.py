@@ -23,7 +23,7 @@ from torch import nn
 from tpsim.config.loader import ModelConfig
 from tpsim.layers import GQA, MLA, AttentionShape, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from tpsim.config.families import MoeBlock
-from tpsim.layers.fused import select as select_kernels
+from tpsim.layers.fused import EAGER_POLICY, KernelPolicy, forward_kernels
 from tpsim.layers.gptoss import GptOssMoE
 from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
@@ -185,7 +185,6 @@ class DecoderModel(Tapped, nn.Module):
         the last: None, after sending (hidden, residual) to the next stage. `stream`: the forward's
         token split when the caller made it (it runs a collective under dp-attention)."""
         T = input_ids.shape[0]
-        select_kernels(T)
         stream = stream or self.mode.stream(T, self.group)
         plan = self.mode.plan(self.config, self.group.size, T)
         st = self.stage
@@ -254,9 +253,10 @@ class CausalLM(nn.Module):
     point and the residual stream at every position."""
 
     def __init__(self, cfg: ModelConfig, group: TPGroup, dtype: torch.dtype = torch.float32, mode: Mode = TensorParallel(),
-                 stage: Stage | None = None):
+                 stage: Stage | None = None, kernels: KernelPolicy = EAGER_POLICY):
         super().__init__()
         mode.check(cfg, group.size)
+        self.kernels = kernels  # this model's: eager, or compiled from kernels.min_tokens tokens on
         self.stage = stage or whole_model(cfg, group)
         self.config, self.group, self.mode, self.probe = cfg, group, mode, Probe(group)
         self.model = DecoderModel(cfg, group, dtype, mode, self.probe, self.stage)
@@ -281,7 +281,8 @@ class CausalLM(nn.Module):
         than the last returns None (it sent its stream on)."""
         if positions is None:
             positions = torch.arange(input_ids.shape[0], device=input_ids.device)
-        with self.probe.attach(recorder) if recorder is not None else nullcontext():
+        with self.probe.attach(recorder) if recorder is not None else nullcontext(), \
+                forward_kernels(self.kernels, input_ids.shape[0]):
             stream = self.mode.stream(input_ids.shape[0], self.group)
             hidden = self.model(input_ids, positions, stream)
             if not logits or hidden is None:  # hidden None: a PP stage before the last sent its stream on

@@ -7,18 +7,16 @@ from __future__ import annotations
 import torch
 
 from tpsim.capture.graphs import CaptureSet, GraphRunner, RecordedGraph
-from tpsim.layers.fused import use_compiled
 from tpsim.modes import Strategy
 from tpsim.parallel.launch import RankContext
 from tpsim.run.graphs import GraphCheck, start
-from tpsim.run.jobs import bitwise_equal, build_model, rel_err, run_captured
+from tpsim.run.jobs import bitwise_equal, rel_err, run_captured, spec_model
 from tpsim.run.spec import RunSpec
 
 
 def graph_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[GraphCheck]:
     """For each degree in `tps` this rank takes part in: start the server in `spec.graphs.ids`'s order,
     run a graphed batch (the first `tokens` tokens) and an eager one (all of them)."""
-    use_compiled(spec.compiled)
     g, config, out = spec.graphs, list(spec.positions), []
     ids = torch.tensor(list(spec.tokens), dtype=torch.long)
     reference = None
@@ -26,7 +24,7 @@ def graph_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[GraphChec
         if not ctx.participates(tp):
             continue
         group = ctx.groups[tp]
-        model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, mode=spec.mode)
+        model = spec_model(spec, group, mode=spec.mode)
         if tp == 1:
             reference, _ = run_captured(model, list(spec.tokens[:g.tokens]), config)
         graph = RecordedGraph

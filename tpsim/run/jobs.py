@@ -16,7 +16,7 @@ from tpsim.weights.reader import Checkpoint, load_weights
 from tpsim.offline.diagnosis import diagnose_tensors
 from tpsim.config.loader import ModelConfig
 from tpsim.model.decoder import CausalLM
-from tpsim.layers.fused import use_compiled
+from tpsim.layers.fused import EAGER_POLICY, KernelPolicy
 from tpsim.layers.moe import MoE, Routing
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.parallel.group import CollectiveRecord, TPGroup
@@ -33,16 +33,25 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_model(cfg: ModelConfig, group: TPGroup, seed: int, dtype: str,
-                checkpoint: str | None = None, progress=None, mode: Mode = TensorParallel(), stage: Stage | None = None) -> CausalLM:
+                checkpoint: str | None = None, progress=None, mode: Mode = TensorParallel(), stage: Stage | None = None,
+                kernels: KernelPolicy = EAGER_POLICY) -> CausalLM:
     """This rank's shard of the model in `mode` (of its PP `stage`, when given): weights from the
-    checkpoint directory when given (read slice by slice), else seeded from `seed`."""
-    model = CausalLM(cfg, group, DTYPES[dtype], mode, stage)
+    checkpoint directory when given (read slice by slice), else seeded from `seed`; its forwards on
+    `kernels` (tpsim.layers.fused)."""
+    model = CausalLM(cfg, group, DTYPES[dtype], mode, stage, kernels)
     if checkpoint is None:
         init_random_weights(model, seed, progress)
     else:
         load_weights(model, Checkpoint(checkpoint), progress)
     group.wait_loaded()
     return model
+
+
+def spec_model(spec: RunSpec, group: TPGroup, progress=None, mode: Mode = TensorParallel(),
+               stage: Stage | None = None) -> CausalLM:
+    """build_model for a run: its model, weights, dtype and kernels."""
+    return build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, progress, mode, stage,
+                       KernelPolicy(spec.compiled))
 
 
 def run_captured(model: CausalLM, input_ids: list[int], positions: list[Position],
@@ -92,15 +101,13 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def agree_on_run(ctx: RankContext, spec: RunSpec, capture: dict, weights: bool = True) -> None:
     """Every rank checks that every other rank is about to run the same thing (under torchrun
-    each rank built its spec from its own arguments and files), then selects the kernels the run
-    asks for (tpsim.layers.fused: compiled or eager)."""
+    each rank built its spec from its own arguments and files)."""
     ckpt = spec.checkpoint if weights else None
     agree(ctx.world_size, {"config": spec.cfg.to_dict(),
                            "weights": {"checkpoint": Checkpoint(ckpt).fingerprint()} if ckpt else {"seed": spec.seed},
                            "fp8 blocks": spec.cfg.fp8_block, "compiled": spec.compiled,
                            "input ids": list(spec.tokens), "dtype": spec.dtype, "mode": spec.mode.to_dict(),
                            "pipeline": spec.pipeline and spec.pipeline.to_dict(), "capture spec": capture})
-    use_compiled(spec.compiled)
 
 
 def _progress(ctx: RankContext, tp: int):
@@ -129,7 +136,7 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
         ref = reference
         if m.runs_own_tokens(tp):  # this rank's own sequence through a TP=1 replica
             if replica is None:
-                replica = build_model(spec.cfg, TPGroup(device=group.device), spec.seed, spec.dtype, spec.checkpoint)
+                replica = spec_model(spec, TPGroup(device=group.device))
             c1, l1 = run_captured(replica, mine, pos)
             ref = Reference(c1, l1, routing_rows(replica), routing_margins(replica), {})
         rows.append(_rank_check(ctx, spec, group, run, ref, same_run))
@@ -167,8 +174,7 @@ def _checked_forward(ctx: RankContext, spec: RunSpec, group: TPGroup,
     """This rank's forward at its group's degree (TP=1: plain TP and the model-level capture, unless
     two-batch overlap), and with a naive strategy the right strategy's capture of the same run."""
     m, tp, pos, points = spec.mode, group.size, list(spec.positions), _residual_points(spec.positions)
-    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp),
-                        m if tp > 1 or m.tbo else TensorParallel())
+    model = spec_model(spec, group, _progress(ctx, tp), m if tp > 1 or m.tbo else TensorParallel())
     same_run = None
     # what the naive capture should have been, same run (two-batch overlap: pure TP, every strategy replicated)
     if tp > 1 and spec.strategy != m.right_strategy and not m.tbo:
@@ -223,7 +229,7 @@ def _rank_check(ctx: RankContext, spec: RunSpec, group: TPGroup, run: _Checked, 
 def tp1_reference(spec: RunSpec, group: TPGroup, mine: list[int]) -> Reference:
     """check's TP=1 reference, the whole batch in one piece (plain TP), when the TP=1 row itself runs
     another way (two-batch overlap)."""
-    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint)
+    model = spec_model(spec, group)
     points = _residual_points(spec.positions)
     with model.probe.attach(Taps(wanted=set(points.values()))) as taps:
         parts, logits = run_captured_parts(model, mine, list(spec.positions))
@@ -353,7 +359,7 @@ def capture_job(ctx: RankContext, spec: RunSpec, tp: int) -> CaptureResult | Non
     if not ctx.participates(tp):
         return None
     group = ctx.groups[tp]
-    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), m)
+    model = spec_model(spec, group, _progress(ctx, tp), m)
     ctx.progress(f"TP={tp}: forward")
     parts, _ = run_captured_parts(model, own_tokens(list(spec.tokens), m, group), pos, spec.strategy)
     identical, _ = _compare_ranks(group, parts, m, None, pos)
@@ -373,8 +379,8 @@ def points_job(ctx: RankContext, spec: RunSpec, tp: int, points: list[str], ever
     if not ctx.participates(tp):
         return None
     group = ctx.groups[tp]
-    model = build_model(spec.cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), m) if weights \
-        else CausalLM(spec.cfg, group, DTYPES[spec.dtype], m)
+    model = spec_model(spec, group, _progress(ctx, tp), m) if weights \
+        else CausalLM(spec.cfg, group, DTYPES[spec.dtype], m, kernels=KernelPolicy(spec.compiled))
     ctx.progress(f"TP={tp}: forward")
     group.tracer.clear()
     with model.probe.attach(Taps(wanted=set(points), everything=everything)) as taps:

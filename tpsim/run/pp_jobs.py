@@ -13,7 +13,7 @@ from tpsim.model.decoder import CausalLM
 from tpsim.modes import Strategy, TensorParallel
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.launch import RankContext
-from tpsim.run.jobs import DTYPES, _compare_ranks, _progress, agree_on_run, build_model, rel_err, run_captured_parts
+from tpsim.run.jobs import DTYPES, _compare_ranks, _progress, agree_on_run, rel_err, run_captured_parts, spec_model
 from tpsim.run.results import RankCheck
 from tpsim.run.spec import RunSpec
 from tpsim.parallel.ops import Op
@@ -48,7 +48,7 @@ def pp_check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCh
         group = ctx.groups[tp]
         group.p2p_pg = peers
         stage = pipe.stages(cfg.num_hidden_layers, tp)[ctx.rank // tp]
-        model = build_model(cfg, group, spec.seed, spec.dtype, spec.checkpoint, _progress(ctx, tp), TensorParallel(), stage)
+        model = spec_model(spec, group, _progress(ctx, tp), TensorParallel(), stage)
         ctx.progress(f"PP={pipe.size} x TP={tp}: forward")
         slots, logits = pp_forward(model, ids, pos, spec, spec.strategy)
         records = list(group.tracer.records)
@@ -63,7 +63,7 @@ def pp_check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCh
                                   logits_rel_err=None, **common))
             continue
         if reference is None:  # the whole model at TP=1, PP=1, on this rank alone
-            whole = build_model(cfg, TPGroup(device=group.device), spec.seed, spec.dtype, spec.checkpoint)
+            whole = spec_model(spec, TPGroup(device=group.device))
             parts, ref_logits = run_captured_parts(whole, ids, pos)
             reference = {"parts": dict(zip(pos, parts)), "logits": ref_logits}
             del whole
