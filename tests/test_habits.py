@@ -322,3 +322,30 @@ def test_every_help_example_is_a_valid_command_line(cmd):
     assert lines
     for line in lines:
         parse(shlex.split(line)[1:])  # a typo in an option or a value the parser refuses raises UsageError
+
+
+@settings(max_examples=40, deadline=None)
+@given(field=st.sampled_from(["dtype", "device", "tokens", "token", "timeout", "position", "pipeline", "graphs"]),
+       n=st.integers(-3, 10 ** 6))
+def test_a_runspec_refuses_what_cannot_run_however_it_was_built(field, n):
+    """RunRequest.spec() checks the CLI's runs; a RunSpec built or replaced in Python guards itself
+    (dataclasses.replace runs the same constructor): one UsageError naming the field's problem."""
+    import dataclasses
+    from tpsim.app.request import RunRequest
+    from tpsim.base.errors import UsageError
+    from tpsim.capture import Position
+    from tpsim.modes import ArFusion, TensorParallel
+    from tpsim.profiles.profile import GraphIds
+    from tpsim.run.graphs import CudaGraphs
+    from tpsim.run.pipeline import Pipeline
+    spec, _ = RunRequest(tps=(1,)).spec()
+    L, V = spec.cfg.num_hidden_layers, spec.cfg.vocab_size
+    bad = {"dtype": dict(dtype=f"float{n}"), "device": dict(device=f"tpu{n}"), "tokens": dict(tokens=()),
+           "token": dict(tokens=(V + abs(n),) if n % 2 else (-1 - abs(n),)), "timeout": dict(timeout_s=-abs(n)),
+           "position": dict(positions=(Position.at_boundary(L + 1 + abs(n) % 50),)),
+           "pipeline": dict(mode=ArFusion(), pipeline=Pipeline(2)),
+           "graphs": dict(mode=TensorParallel(tbo=True), graphs=CudaGraphs(GraphIds.CONFIG, 1, (), ""))}[field]
+    with pytest.raises(UsageError) as e:
+        dataclasses.replace(spec, **bad)
+    assert "\n" not in str(e.value)
+    dataclasses.replace(spec)  # the request's own spec passes its constructor

@@ -25,7 +25,7 @@ from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
-from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, input_ids_for
+from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, check_tokens, input_ids_for
 
 MAX_TOKENS = 2**20  # far beyond any real context here (V3: 163840); keeps a typo from allocating 8 TB of ids
 DEFAULT_SEQ_LEN = 16
@@ -126,13 +126,7 @@ def tokens_for(tokens: tuple[int, ...] | None, seq_len: int | None, seed: int, c
     if tokens is not None:
         if seq_len is not None:
             raise UsageError("--tokens and --seq-len both say which tokens to run; give one of them")
-        if len(tokens) > cfg.max_position_embeddings:
-            raise UsageError(f"--tokens gives {len(tokens)} tokens, more than max_position_embeddings="
-                             f"{cfg.max_position_embeddings}; pass at most {cfg.max_position_embeddings}")
-        bad = [t for t in tokens if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise UsageError(f"--tokens: id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1} "
-                             f"(vocab_size={cfg.vocab_size})")
+        check_tokens(tokens, cfg)
         return list(tokens)
     n = DEFAULT_SEQ_LEN if seq_len is None else seq_len
     if n > MAX_TOKENS:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from tpsim.base.errors import UsageError
 from tpsim.capture import Position
 from tpsim.weights.reader import Checkpoint, validate
 from tpsim.config.loader import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
@@ -18,6 +19,7 @@ from tpsim.run.pipeline import Pipeline
 
 DEFAULT_MODEL = "tiny"
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}  # ‖TP=t − TP=1‖ / ‖TP=1‖
+DEVICES = ("cpu", "cuda")
 
 
 def model_path(text: str) -> Path:
@@ -70,6 +72,17 @@ def input_ids_for(cfg: ModelConfig, seed: int, seq_len: int) -> list[int]:
     return torch.randint(0, cfg.vocab_size, (seq_len,), generator=g).tolist()
 
 
+def check_tokens(tokens, cfg: ModelConfig) -> None:
+    """Token ids a model can run: at most max_position_embeddings of them, each in the vocabulary."""
+    if len(tokens) > cfg.max_position_embeddings:
+        raise UsageError(f"--tokens gives {len(tokens)} tokens, more than max_position_embeddings="
+                         f"{cfg.max_position_embeddings}; pass at most {cfg.max_position_embeddings}")
+    bad = next((t for t in tokens if not 0 <= t < cfg.vocab_size), None)
+    if bad is not None:
+        raise UsageError(f"--tokens: id {bad} is outside the vocabulary 0..{cfg.vocab_size - 1} "
+                         f"(vocab_size={cfg.vocab_size})")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run: the model and its weights, the tokens, what to capture, the mode, where to run."""
@@ -87,6 +100,30 @@ class RunSpec:
     pipeline: Pipeline | None = None  # --pp > 1
     graphs: CudaGraphs | None = None  # --cuda-graph
     compiled: bool = False  # --compile: the layers call tpsim.layers.fused's compiled kernels
+
+    def __post_init__(self) -> None:
+        """A spec built in Python guards itself as `RunRequest.spec()` guards the CLI's (which checks
+        more first: memory, the world, the flags' combinations): the same one-line UsageErrors."""
+        if self.dtype not in TOLERANCE:
+            raise UsageError(f"dtype {self.dtype!r} is not one of {', '.join(TOLERANCE)}")
+        if self.device not in DEVICES:
+            raise UsageError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
+        if not self.tokens:
+            raise UsageError("a run needs at least one token")
+        check_tokens(self.tokens, self.cfg)
+        if not 0 < self.timeout_s < float("inf"):
+            raise UsageError(f"--timeout {self.timeout_s:g} must be a positive, finite number of seconds")
+        L = self.cfg.num_hidden_layers
+        outside = next((p for p in self.positions if p.layer is not None and not 0 <= p.layer < L), None)
+        if outside is not None:
+            raise UsageError(f"position {outside} is outside the model's {L} layers (out(0)..out({L - 1}))")
+        refusal = self.pipeline and self.mode.pipeline_refusal(self.pipeline.size)
+        if refusal:
+            raise UsageError(refusal)
+        what = self.graphs and (f"--pp {self.pipeline.size}" if self.pipeline else self.mode.graphs_refusal())
+        if what:
+            raise UsageError(f"--cuda-graph runs without {what} (a graphed batch of every rank's tokens); drop one "
+                             "of them")
 
     @property
     def cfg(self) -> ModelConfig:
