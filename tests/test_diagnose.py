@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import assume, example, given
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -891,3 +891,40 @@ def test_cli_capture_file_names_the_wrong_layer(layer_ids):
     assert r.returncode == 1, r
     assert "1 file (tpsim capture: gathered, one copy for every TP rank" in r.stdout, r
     assert "this is out(0), you asked for out(1)" in r.stdout and "FAIL: 4 of 4 points" in r.stdout, r
+
+
+@settings(max_examples=12, deadline=None)
+@given(layout=st.sampled_from(["tpsim", "old", "mid", "new", "vllm"]), rank=st.integers(0, 1),
+       value=st.sampled_from([float("nan"), float("inf"), float("-inf")]), count=st.integers(1, T * H),
+       seed=st.integers(0, 2 ** 16))
+@example(layout="new", rank=1, value=float("nan"), count=T * H, seed=0)  # the adversarial run's all-NaN rank: PASS
+def test_a_non_finite_value_in_any_dump_fails_naming_file_point_rank_and_count(tmp_path_factory, layout, rank, value,
+                                                                              count, seed):
+    """Any NaN or Inf in any rank's tensor fails that point, naming the file, the point, the rank and how
+    many; a reference with one is refused. (SGLang dumps with one all-NaN rank printed PASS.)"""
+    d, c = tmp_path_factory.mktemp("nonfinite"), chain()
+    rank = 0 if layout == "vllm" else rank  # one gathered "rank"
+    clean = [c["out(1)"].clone() for _ in range(2)]
+    bad = [t.clone() for t in clean]
+    where = torch.randperm(T * H, generator=torch.Generator().manual_seed(seed))[:count]
+    bad[rank].view(-1)[where] = value
+    ref = save(d / "cap.safetensors", {"aux_hidden_states": torch.cat([c["embed"], c["out(1)"], c["out(2)"]], 1),
+                                       "input_ids": torch.tensor(IDS)}, {"positions": "embed,out(1),out(2)"})
+    if layout == "tpsim":
+        files, point = rank_dump(d, "run", 2, {"layers.1.out": (bad, R)}), "layers.1.out"
+    elif layout == "vllm":
+        files = [vllm_file(d / "hs.safetensors", torch.stack([c["embed"], bad[0], c["out(2)"]], 1), torch.tensor(IDS))]
+        point = "slot1"
+    else:
+        sglang_files(d / "sgl", layout, 2, {2: bad})
+        files, point = [d / "sgl"], "layer_start__hidden_states[layer_id=2]"
+    report = diagnose_files([str(f) for f in files], str(ref))
+    row = next(r for r in report.points if r.point == point or point in r.point)
+    assert not report.ok and not row.correct and row.placement == UNEXPLAINED
+    n_nan = count if value != value else 0
+    assert f"rank {rank} (" in row.reason and f"holds {n_nan} NaN and {count - n_nan} Inf" in row.reason, row.reason
+    assert all("not finite" not in r.reason for r in report.points if r is not row)
+    poisoned = save(d / "ref_bad.safetensors", {"aux_hidden_states": torch.cat([c["embed"], bad[rank], c["out(2)"]], 1),
+                                                "input_ids": torch.tensor(IDS)}, {"positions": "embed,out(1),out(2)"})
+    with pytest.raises(UsageError, match=r"--reference .*holds \d+ NaN and \d+ Inf"):
+        read_reference(str(poisoned), None, None)

@@ -364,8 +364,9 @@ def diagnose_files(files: list[str], reference: str, points: list[str] | None = 
         check_consistent(rs, p)
     rows = []
     for p in names:
-        ts = rs.points[p]
-        v = diagnose_tensors(ts, ref.candidates, asked_name(rs, ref, p))
+        ts, nonfinite = rs.points[p], rs.nonfinite(p)
+        v = Verdict(asked_name(rs, ref, p), UNEXPLAINED, None, False, math.nan, f"not finite: {nonfinite}") \
+            if nonfinite else diagnose_tensors(ts, ref.candidates, asked_name(rs, ref, p))
         declared, cand = rs.declared.get(p), ref.candidates.get(v.matches or v.point)
         others = [cand] if cand is not None else list(ref.candidates.values())
         rows.append(PointRow(p, v.placement, v.matches, v.correct, v.diff if math.isfinite(v.diff) else None,

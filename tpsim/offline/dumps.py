@@ -90,6 +90,23 @@ class RankSet:
     notes: list[str] = field(default_factory=list)
     available: list[str] = field(default_factory=list)      # every point name, also those not read
     aliases: dict[str, str] = field(default_factory=dict)    # another name -> the point (vLLM: slot{i})
+    sources: dict[str, list[str]] = field(default_factory=dict)  # point -> each rank's file, where not `files`
+
+    def source(self, point: str, rank: int) -> str:
+        """The file rank `rank`'s tensor of `point` was read from."""
+        files = self.sources.get(point, self.files)
+        return files[rank] if rank < len(files) else files[0]
+
+    def nonfinite(self, point: str) -> str:
+        """'' when every rank's tensor of `point` is finite, else each rank that is not: its file and
+        how many NaN and Inf values it holds (a silent wrong answer otherwise: a NaN compares as no
+        difference in some similarity measures)."""
+        bad = []
+        for r, t in enumerate(self.points[point]):
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            if nan or inf:
+                bad.append(f"rank {r} ({self.source(point, r)}) holds {nan} NaN and {inf} Inf of {t.numel()} values")
+        return "; ".join(bad)
 
 
 def _short(e: BaseException) -> str:
@@ -321,6 +338,7 @@ def read_sglang(paths: list[Path], step: int | None, keep: set[str] | None = Non
         if items[0][1].dim() < 2:
             continue
         rs.points[name] = [v[1].reshape(-1, v[1].shape[-1]) for v in items]
+        rs.sources[name] = [str(v[0]) for v in items]
         pos = sglang_position(items[0][2])
         if pos:
             rs.position[name] = pos

@@ -28,6 +28,13 @@ class Reference:
     candidates: dict[str, torch.Tensor]
     input_ids: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        for name, t in self.candidates.items():
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            if nan or inf:
+                raise UsageError(f"--reference {self.path}: {name} holds {nan} NaN and {inf} Inf of {t.numel()} "
+                                 "values; nothing can be judged against it: pass a finite reference")
+
 
 def parse_positions(text: str) -> list[str]:
     try:
