@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import resource
 import subprocess
 import sys
@@ -118,6 +119,9 @@ def write_inputs(d: Path) -> dict[str, Path]:
     put("draft_ok.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}})
     put("draft_empty_ids.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": []}})
     put("draft_bool_ids.json", {"eagle_aux_hidden_state_layer_ids": [True, 2, 3]})
+    put("draft_off_string.json", {"eagle_config": {"use_aux_hidden_state": "false",
+                                                   "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}})
+    put("draft_many_ids.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2] * 1_000_000}})
     # diagnose: rank dumps, a capture as reference, SGLang dumper files
     f["good"] = rank_dumps(d / "dumps", "good", 2)
     f["hugetp"] = rank_dumps(d / "dumps", "hugetp", 1, {"tp": "99999999999"})
@@ -129,6 +133,8 @@ def write_inputs(d: Path) -> dict[str, Path]:
     torch.save(torch.zeros(5), f["ref_1d"])
     f["sgl_huge_rank"] = d / "step=0___rank=99999999999___name=x.pt"
     torch.save(torch.zeros(2, 3), f["sgl_huge_rank"])
+    f["sgl_pickle"] = d / "step=0___rank=0___name=y.pt"  # a plain pickle: torch warned in two lines, then refused
+    f["sgl_pickle"].write_bytes(pickle.dumps({"value": [1, 2]}, protocol=4))
     f["sgl_sup_rank"] = d / "step=0___rank=²___name=x.pt"  # "²".isdigit(), but int("²") fails
     torch.save(torch.zeros(2, 3), f["sgl_sup_rank"])
     f["sgl_png"] = put("step=0___rank=0___name=x.pt", noise(64))
@@ -250,6 +256,19 @@ CASES = [
     case("family-mla-rope-llama3", ["check", "--override", "rope_scaling={rope_type: llama3, factor: 8, "
          "low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 16}"],
          "rope_scaling type 'llama3' is not supported for deepseek_v2", "yarn"),
+    case("family-gpt-oss-rope-truncate-string", ["check", "--model", "tiny-gpt-oss", "--override",
+         "rope_scaling={rope_type: yarn, factor: 4, original_max_position_embeddings: 16, truncate: 'false'}"],
+         "rope_scaling truncate must be true or false, got 'false'"),
+    case("align-draft-off-flag-string", "align --draft-config {draft_off_string.json} " + DRAFT,
+         "eagle_config.use_aux_hidden_state must be true or false", "any non-empty string as true"),
+    case("align-draft-a-million-ids", "align --draft-config {draft_many_ids.json} " + DRAFT,
+         "1000000 layer ids is more than tpsim replays", "an EAGLE-3 draft takes three"),
+    case("resolve-more-ids-than-replayed", "resolve --convention sglang --layers " + ",".join(["2"] * 300) +
+         " --num-layers 8", "300 layer ids is more than tpsim replays (at most 256)"),
+    case("family-gpt-oss-field-as-spelled", "check --model tiny-gpt-oss --override num_local_experts=0",
+         "field num_local_experts must be positive, got 0"),
+    case("family-qwen3-moe-field-as-spelled", "check --model tiny-qwen3-moe --override num_experts=0",
+         "field num_experts must be positive, got 0"),
     case("family-qwen3-missing-head-dim", "check --model {qwen3_no_head_dim.json}",
          "missing required field head_dim", "Qwen3Config"),
     case("family-llama-mlp-bias", "check --model {llama_mlp_bias.json}", "mlp_bias=true", "not supported for llama"),
@@ -333,6 +352,8 @@ CASES = [
     case("diagnose-hidden-size-negative", "diagnose {good} --reference {ref} --hidden-size=-1",
          "--hidden-size -1 must be at least 1"),
     case("diagnose-reference-double-dash", "diagnose {good} --reference=--", "--reference needs a value"),
+    case("diagnose-sglang-plain-pickle", "diagnose {sgl_pickle} --reference {ref}",
+         "cannot be read with torch.load(weights_only=True)", "pass tensor dumps only"),
     case("diagnose-sglang-rank-1e11", "diagnose {sgl_huge_rank} --reference {ref}",
          "rank 0 of tp=100000000000 is missing"),
     case("diagnose-dump-tp-1e11", "diagnose {hugetp} --reference {ref}", "rank 1 of tp=99999999999 is missing"),

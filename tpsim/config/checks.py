@@ -14,6 +14,7 @@ SCORING_FUNCS = ("softmax", "sigmoid")
 # rope_scaling fields the YaRN maths reads (the first four must be positive)
 YARN_NUMBERS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                 "attn_factor")
+YARN_BOOLEANS = ("truncate",)  # GPT-OSS: false keeps the ramp's ends unrounded
 LLAMA3_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 ROPE_TYPES = {Attention.MLA: ("yarn",), Attention.GQA: ("llama3", "yarn")}  # besides none (rope_type default)
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -143,6 +144,9 @@ def _check_rope_scaling(cfg: ModelConfig, source: str) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
             raise UsageError(f"{source}: rope_scaling {key} must be a {'positive' if positive else 'finite'} "
                              f"number, got {v!r}")
+    for key in YARN_BOOLEANS if kind == "yarn" else ():  # "false" (a string) would read as true
+        if key in rs and not isinstance(rs[key], bool):
+            raise UsageError(f"{source}: rope_scaling {key} must be true or false, got {rs[key]!r}")
     if kind == "llama3" and rs["high_freq_factor"] <= rs["low_freq_factor"]:
         raise UsageError(f"{source}: rope_scaling high_freq_factor={rs['high_freq_factor']} must exceed "
                          f"low_freq_factor={rs['low_freq_factor']}")

@@ -31,41 +31,42 @@ def builtin_names() -> list[str]:
 _FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig) if f.name != "extra"}
 
 
-def _check_type(name: str, value: Any, source: str) -> Any:
-    ann = str(_FIELDS[name].type)
+def _check_type(name: str, value: Any, source: str, shown: str | None = None) -> Any:
+    """`value` of tpsim field `name`, checked for its type; errors name it as the config spells it (`shown`)."""
+    ann, field = str(_FIELDS[name].type), shown or name
     optional = "None" in ann
     if value is None:
         if optional:
             return None
-        raise UsageError(f"{source}: field {name} must not be null")
+        raise UsageError(f"{source}: field {field} must not be null")
     if ann.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(f"{source}: field {name} must be an integer, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be an integer, got {value!r}")
         if value < 0 or (value == 0 and name not in ("first_k_dense_replace",)):
-            raise UsageError(f"{source}: field {name} must be positive, got {value}")
+            raise UsageError(f"{source}: field {field} must be positive, got {value}")
     elif ann.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"{source}: field {name} must be a number, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a number, got {value!r}")
         if not math.isfinite(value):
-            raise UsageError(f"{source}: field {name} must be a finite number, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a finite number, got {value!r}")
         value = float(value)
     elif ann.startswith("bool"):
         if not isinstance(value, bool):
-            raise UsageError(f"{source}: field {name} must be true or false, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be true or false, got {value!r}")
     elif ann.startswith("str"):
         if not isinstance(value, str):
-            raise UsageError(f"{source}: field {name} must be a string, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a string, got {value!r}")
     elif ann.startswith("dict"):
         if not isinstance(value, dict):
-            raise UsageError(f"{source}: field {name} must be a mapping, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a mapping, got {value!r}")
     elif ann.startswith("tuple[int"):  # a list of layer indices
         if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
                                                        for v in value):
-            raise UsageError(f"{source}: field {name} must be a list of layer indices, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a list of layer indices, got {value!r}")
         value = tuple(value)
     elif ann.startswith("tuple[str"):
         if not isinstance(value, (list, tuple)) or any(v not in LAYER_TYPES for v in value):
-            raise UsageError(f"{source}: field {name} must be a list of {' or '.join(LAYER_TYPES)}, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a list of {' or '.join(LAYER_TYPES)}, got {value!r}")
         value = tuple(value)
     return value
 
@@ -86,7 +87,7 @@ def config_from_dict(raw: dict, source: str = "config") -> ModelConfig:
         raise UsageError(f"{source} is missing required field {missing[0]}; add it (HF {cls} name)")
     raw = _standardize_rope(raw, source)
     by_hf = {fam.hf_name(f): f for f in fam.fields}
-    known = {by_hf[k]: _check_type(by_hf[k], v, source) for k, v in raw.items() if k in by_hf}
+    known = {by_hf[k]: _check_type(by_hf[k], v, source, k) for k, v in raw.items() if k in by_hf}
     known = {**fam.implied.get(model_type, {}), **known}
     known.update({dst: known[src] for dst, src in fam.copies.items() if src in known})
     if fam.sinks and isinstance(known.get("num_hidden_layers"), int):

@@ -31,11 +31,6 @@ def tbo_split(T: int) -> tuple[int, int]:
     return T // 2, T - T // 2
 
 
-def tbo_region(cfg: ModelConfig) -> range:
-    """The layers SGLang runs as two micro-batches: first_k_dense_replace .. L-1."""
-    return range(cfg.first_k_dense_replace, cfg.num_hidden_layers)
-
-
 def not_in_mode(mode: str) -> UsageError:
     """`--tbo` given with a mode that has no two-batch overlap (tp is the one that has it)."""
     return UsageError(f"--tbo replays SGLang's two-batch overlap in pure TP only: use --mode tp, not --mode {mode}")

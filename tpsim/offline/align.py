@@ -15,11 +15,13 @@ Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 import json
+from textwrap import shorten
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpsim.capture import Position, PositionKind
 from tpsim.profiles.conventions import Convention, check_convention, default_ids, ids_for, resolve
+from tpsim.profiles.replay import check_id_count
 from tpsim.base.errors import UsageError, read_text
 
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -381,6 +383,10 @@ def read_draft_config(text: str) -> DraftConfig:
     if eagle is not None and not isinstance(eagle, dict):
         raise UsageError(f"--draft-config {p}: eagle_config is a {type(eagle).__name__}, not an object; "
                          f'write "eagle_config": {{"{KEY}": [1, 29, 57]}}')
+    off = (eagle or {}).get("use_aux_hidden_state")
+    if off is not None and not isinstance(off, bool):  # the engines read it by truthiness: "false" is on
+        raise UsageError(f"--draft-config {p}: eagle_config.use_aux_hidden_state must be true or false, got "
+                         f"{shorten(json.dumps(off), 40)} (SGLang and vLLM read any non-empty string as true)")
     nested = _ids_at(p, NESTED, (eagle or {}).get(KEY))
     dflash = raw.get("dflash_config")
     if isinstance(dflash, dict):
@@ -392,6 +398,10 @@ def _ids_at(p: Path, where: str, value) -> list[int] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(j, int) and not isinstance(j, bool) for j in value):
-        raise UsageError(f"--draft-config {p}: {where} is {json.dumps(value)}, not a list of integer "
+        raise UsageError(f"--draft-config {p}: {where} is {shorten(json.dumps(value), 80)}, not a list of integer "
                          "layer ids; write e.g. [1, 29, 57]")
+    try:
+        check_id_count(value)
+    except UsageError as e:
+        raise UsageError(f"--draft-config {p}: {where}: {e}") from None
     return value

@@ -41,6 +41,7 @@ position, in whatever convention the reference was captured.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -109,8 +110,11 @@ class RankSet:
         return "; ".join(bad)
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torch's weights-only error bolds a phrase
+
+
 def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+    text = ANSI.sub("", str(e)).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:160]
 
 
@@ -272,7 +276,9 @@ def sglang_position(tags: dict[str, str]) -> str | None:
 
 def load_pt(path: Path):
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns (two lines) about a pickle protocol before refusing it
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise UsageError(f"{path} cannot be read with torch.load(weights_only=True) ({_short(e)}); pass tensor "
                          f"dumps only") from None

@@ -35,6 +35,7 @@ ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
             "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 MXFP4 = "MXFP4"  # not a safetensors dtype: a {name}_blocks / {name}_scales pair read as one tensor
 WEIGHT_DTYPES = ("F32", "BF16", "F16", "F8_E4M3", MXFP4)
+FP8_SCALE_DTYPES = ("F32", "BF16")
 LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -141,7 +142,8 @@ class Checkpoint:
                 self.tensors[name] = (fname, info["dtype"], tuple(info["shape"]))
         for name in [n.removesuffix("_blocks") for n in self.tensors if n.endswith("_blocks")]:
             if name not in self.tensors and f"{name}_scales" in self.tensors:  # GPT-OSS MXFP4 experts
-                fname, _, (*lead, rows, groups, _) = self.tensors[f"{name}_blocks"]
+                fname, _, shape = self.tensors[f"{name}_blocks"]
+                *lead, rows, groups, _ = shape if len(shape) >= 3 else (0, 0, 0)  # validate names a bad one
                 self.tensors[name] = (fname, MXFP4, (*lead, groups * GROUP, rows))
         if self.index is not None:
             for name, fname in self.index.items():
@@ -252,6 +254,8 @@ def validate(ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
                              f"{', '.join(WEIGHT_DTYPES)} weights")
         if dtype == "F8_E4M3":
             _check_fp8(ckpt, name, shape)
+        if dtype == MXFP4:
+            _check_mxfp4(ckpt, name)
     used = set(expected) | {f"{n}{suffix}" for n in expected for suffix in ("_scale_inv", "_blocks", "_scales")}
     beyond, other = [], []
     for name in ckpt.tensors:
@@ -271,6 +275,23 @@ def validate(ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
     return notes
 
 
+def _check_mxfp4(ckpt: Checkpoint, name: str) -> None:
+    """GPT-OSS's MXFP4 pair, from the headers: uint8 blocks [..., rows, G, 16] and uint8 scales [..., rows, G]
+    (tpsim.weights.mxfp4); anything else would be cast or fail inside a rank."""
+    blocks, scales = f"{name}_blocks", f"{name}_scales"
+    (bfile, bdtype, bshape), (sfile, sdtype, sshape) = ckpt.tensors[blocks], ckpt.tensors[scales]
+    for t, f, dtype in ((blocks, bfile, bdtype), (scales, sfile, sdtype)):
+        if dtype != "U8":
+            raise UsageError(f"tensor {t} in {ckpt.path / f} is {dtype}; MXFP4 {t.rpartition('_')[2]} are U8 "
+                             "(uint8, as GPT-OSS publishes them): re-export it")
+    if len(bshape) < 3 or bshape[-1] != GROUP // 2:
+        raise UsageError(f"tensor {blocks} in {ckpt.path / bfile} has shape {list(bshape)}; MXFP4 blocks are "
+                         f"[..., rows, groups, {GROUP // 2}] (two FP4 codes a byte, {GROUP} values a group)")
+    if tuple(sshape) != tuple(bshape[:-1]):
+        raise UsageError(f"tensor {scales} in {ckpt.path / sfile} has shape {list(sshape)}; it must be "
+                         f"{list(bshape[:-1])}, one scale per group of {blocks}")
+
+
 def _check_fp8(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> None:
     fname = ckpt.tensors[name][0]
     if ckpt.block is None:
@@ -282,6 +303,9 @@ def _check_fp8(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> None:
     scale = f"{name}_scale_inv"
     if scale not in ckpt.tensors:
         raise UsageError(f"tensor {name} is float8 but {scale} is missing from {ckpt.path / ckpt.where(scale)}")
+    if ckpt.tensors[scale][1] not in FP8_SCALE_DTYPES:
+        raise UsageError(f"tensor {scale} in {ckpt.path / ckpt.where(scale)} is {ckpt.tensors[scale][1]}; a block "
+                         f"scale is {' or '.join(FP8_SCALE_DTYPES)} (DeepSeek-V3 stores F32): re-export it")
     want = scale_shape(shape, ckpt.block)
     if ckpt.tensors[scale][2] != want:
         raise UsageError(f"tensor {scale} has shape {list(ckpt.tensors[scale][2])}, expected {list(want)} for "
