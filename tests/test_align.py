@@ -311,7 +311,7 @@ BAD = {  # id -> (argv, substrings of the one error line); {draft:NAME} is a fil
                         ["unknown profile 'medusa'", "specforge", "tpsim profiles"]),
     "unknown-server": (["--draft-config", "{draft:ok}", "--server", "tgi", *V3], ["unknown profile 'tgi'", "vllm"]),
     "server-version-outside": (["--draft-config", "{draft:ok}", "--server", "vllm@0.99.0", *V3],
-                               ["vllm 0.99.0 is outside the known range", "0.8.0 .. 0.33.0"]),
+                               ["vllm 0.99.0 is outside the known range", "0.8.0 .. 0.34.0"]),
     "server-version-too-old": (["--draft-config", "{draft:ok}", "--server", "sglang@0.5.2", *V3],
                                ["profiled from 0.5.6", "give 0.5.6 or later"]),
     "server-model-not-covered": (["--draft-config", "{draft:ok}", "--server", "sglang:mamba", *V3],
