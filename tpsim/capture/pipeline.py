@@ -27,7 +27,7 @@ class Handoff(Enum):
 
     LAST_STAGE_ONLY = "dropped: a stage other than the last returns early with hidden and residual only"
     HANDOFF = "sent to the last stage, which concatenates them in capture order"
-    REFUSED = "refused at start-up: the engine raises before it serves (its error is the profile's)"
+    REFUSED = "refused at start-up: the engine raises before it serves"
     STAGE_LOCAL = ("dropped, and each stage numbers its layers from 0: on the last stage an id meant for boundary b "
                    "captures boundary start + b")
 

@@ -387,7 +387,7 @@ def describe(c: Cited | None) -> str:
         return "-"
     v = c.value
     if isinstance(v, Enum):
-        return v.value
+        return v.value + (f": {c.refusal.error}" if c.refusal else "")
     if isinstance(v, ConfigRead):
         if v.hard_coded:
             return "hard-coded layers: no ids are read"
