@@ -64,8 +64,9 @@ _SGLANG_DS = Source("sgl-project/sglang", "python/sglang/srt/models/deepseek_v2.
 _SGLANG_LOOP = Source("sgl-project/sglang", "python/sglang/srt/models/llama.py", "v0.5.14",
                       "[val + 1 for val in layer_ids], captured before layer i in loop order",
                       "LlamaForCausalLM.set_eagle3_layers_to_capture",
-                      "self.capture_aux_hidden_states = True self.model.layers_to_capture = [val + 1 for val in "
-                      "layer_ids]")
+                      "self.capture_aux_hidden_states = True # we plus 1 here because in sglang, for the ith "
+                      "layer, it takes the output # of the (i-1)th layer as aux hidden state "
+                      "self.model.layers_to_capture = [val + 1 for val in layer_ids]")
 _V010 = sf("specforge/core/eagle3.py", "v0.1.0", "OnlineEagle3Model._prepare_data",
            "low_aux_layer = 1 + offset mid_aux_layer = num_layers // 2 - 1 + offset last_aux_layer = num_layers - 4 "
            "+ offset",
