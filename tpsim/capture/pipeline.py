@@ -8,6 +8,9 @@ earlier stages hand their captures on.
   the draft gets only the last stage's slots, a narrower capture.
 - `HANDOFF`: each earlier stage sends its captures to its peer on the last stage (real
   send/recv), which concatenates every slot in capture order (vLLM PR #50514).
+- `STAGE_LOCAL`: dropped as LAST_STAGE_ONLY, and every stage numbers its layers from 0, so the
+  last stage captures other boundaries (`numbered_on`; vLLM's llama.py up to 0.29.0).
+- `REFUSED`: the engine raises at start-up; nothing runs (the profile carries its error).
 """
 
 from __future__ import annotations
