@@ -210,17 +210,17 @@ LAYOUTS = {"nested": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": N}},
            "neither": {"eagle_config": {"use_aux_hidden_state": True}}}
 # (layout, server) -> aligned, the draft trained by SpecForge's HF-hook backend (out(j), nested key).
 # SGLang reads only the nested key (+1 always in 0.5.12; from 0.5.13 only when the first id is 1, so
-# nested [10, ...] is off by one); vLLM runner v2 (DeepSeek-V2) reads only the top-level key, runner
-# v1 (DeepSeek-V3) the top-level key, then the nested one as before-layer ids.
+# nested [10, ...] is off by one); vLLM runner v2 (DeepSeek-V2; every model from 0.29.0) reads only the
+# top-level key, runner v1 (DeepSeek-V3 up to 0.28.0) the top-level key, then the nested one as before-layer ids.
 TRAIN = "specforge@2026-07-01"
 ALIGNED = {("nested", "sglang@0.5.12"): True, ("nested", "sglang"): False, ("nested", "vllm:deepseek_v2"): False,
-           ("nested", "vllm:deepseek_v3"): False,
+           ("nested", "vllm@0.28.0:deepseek_v3"): False,
            ("top", "sglang@0.5.12"): True, ("top", "sglang"): True, ("top", "vllm:deepseek_v2"): False,
-           ("top", "vllm:deepseek_v3"): False,
+           ("top", "vllm@0.28.0:deepseek_v3"): False,
            ("both", "sglang@0.5.12"): True, ("both", "sglang"): False, ("both", "vllm:deepseek_v2"): True,
-           ("both", "vllm:deepseek_v3"): True,
+           ("both", "vllm@0.28.0:deepseek_v3"): True,
            ("neither", "sglang@0.5.12"): True, ("neither", "sglang"): True, ("neither", "vllm:deepseek_v2"): True,
-           ("neither", "vllm:deepseek_v3"): True}
+           ("neither", "vllm@0.28.0:deepseek_v3"): True}
 
 
 def write_draft(tmp_path: Path, raw) -> Path:
@@ -237,7 +237,8 @@ def test_draft_config_is_read_as_each_program_reads_it(tmp_path, layout, server)
     serve, _ = side_from_config("serve", serve_p, draft, 61)
     nested, top = layout in ("nested", "both"), layout in ("top", "both")
     assert train.ids == (N if nested else [1, 29, 57]) and train.default == (not nested)
-    reads = {"sglang@0.5.12": nested, "sglang": nested, "vllm:deepseek_v2": top, "vllm:deepseek_v3": top or nested}[server]
+    reads = {"sglang@0.5.12": nested, "sglang": nested, "vllm:deepseek_v2": top,
+             "vllm@0.28.0:deepseek_v3": top or nested}[server]
     assert serve.default == (not reads)
     if top and "vllm" in server:
         assert serve.ids == T
@@ -310,7 +311,7 @@ BAD = {  # id -> (argv, substrings of the one error line); {draft:NAME} is a fil
                         ["unknown profile 'medusa'", "specforge", "tpsim profiles"]),
     "unknown-server": (["--draft-config", "{draft:ok}", "--server", "tgi", *V3], ["unknown profile 'tgi'", "vllm"]),
     "server-version-outside": (["--draft-config", "{draft:ok}", "--server", "vllm@0.99.0", *V3],
-                               ["vllm 0.99.0 is outside the known range", "0.8.0 .. 0.33.0"]),
+                               ["vllm 0.99.0 is outside the known range", "0.8.0 .. 0.34.0"]),
     "server-version-too-old": (["--draft-config", "{draft:ok}", "--server", "sglang@0.5.2", *V3],
                                ["profiled from 0.5.6", "give 0.5.6 or later"]),
     "server-model-not-covered": (["--draft-config", "{draft:ok}", "--server", "sglang:mamba", *V3],

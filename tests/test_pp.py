@@ -15,7 +15,7 @@ from clirun import assert_one_line_error, cli_env, run_cli, run_clis
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position, PositionKind
-from tpsim.capture.pipeline import Handoff, stage_of
+from tpsim.capture.pipeline import PP_CAPTURES, Handoff, stage_of
 from tpsim.config.loader import config_from_dict
 from tpsim.parallel.pipeline import Split, stages
 from tpsim.run.pipeline import Pipeline, stage_collectives
@@ -65,7 +65,7 @@ def pp_cases(draw):
     T = draw(st.integers(1, 9), label="T")
     positions = draw(boundary_positions(L), label="positions") + draw(st.sampled_from([[], [Position(PositionKind.FINAL)]]))
     split = draw(st.sampled_from(list(Split)), label="split")
-    handoff = draw(st.sampled_from(list(Handoff)), label="handoff")
+    handoff = draw(st.sampled_from(list(PP_CAPTURES.values())), label="handoff")  # what a stage does at runtime
     ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return cfg, tp, pp, split, handoff, positions, draw(st.integers(0, 2**31 - 1), label="seed"), ids
 
@@ -134,7 +134,7 @@ def test_check_pp_passes_with_handoff_and_fails_with_the_early_return():
     runs = run_clis({"handoff": ["check", "--pp", "2", "--tp", "1,2", "--seq-len", "5"],
                      "early": ["check", "--pp", "2", "--tp", "1,2", "--seq-len", "5", "--pp-capture", "last-stage"],
                      "sglang": ["check", "--pp", "2", "--tp", "2", "--seq-len", "5", "--server", "sglang"],
-                     "vllm": ["check", "--pp", "3", "--tp", "1", "--seq-len", "5", "--server", "vllm",
+                     "vllm": ["check", "--pp", "3", "--tp", "1", "--seq-len", "5", "--server", "vllm:llama",
                               "--layers", "2,4,7"]})
     ok, early, sglang, vllm = runs["handoff"], runs["early"], runs["sglang"], runs["vllm"]
     assert ok.returncode == 0 and ok.stdout.splitlines()[-1].startswith("PASS: "), ok
@@ -145,7 +145,7 @@ def test_check_pp_passes_with_handoff_and_fails_with_the_early_return():
                 "returns early (not the last PP rank): the slot never reaches the draft") in early.stdout, early
     assert sglang.returncode == 1 and "sglang@0.5.14:deepseek_v2: dropped" in sglang.stdout, sglang
     assert "llama.py @00239548" in sglang.stdout, sglang
-    # vLLM's latest deepseek_v2 profile hands the aux states on (PR #50514); its split gives stage 2 two layers
+    # vLLM's latest llama profile hands the aux states on (llama.py v0.30.0); its split gives stage 2 two layers
     assert vllm.returncode == 0, vllm
     assert "stage 0 (layers 0..2), stage 1 (layers 3..5), stage 2 (layers 6..7)" in vllm.stdout, vllm
 

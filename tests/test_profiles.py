@@ -177,7 +177,8 @@ CONFIGS = {  # (profile, model, config) -> (ids read, fell back with a reason, f
     ("sglang", "deepseek_v3", "both"): ([1, 29, 57], False, None),
     ("sglang", "deepseek_v3", "off"): (None, False, "use_aux_hidden_state is false"),
     ("sglang", "deepseek_v3", "nested-empty"): (None, False, "unpack fails"),
-    ("vllm", "deepseek_v3", "nested"): ([1, 29, 57], False, None),  # runner v1 reads the nested key
+    ("vllm@0.28.0", "deepseek_v3", "nested"): ([1, 29, 57], False, None),  # runner v1 reads the nested key
+    ("vllm", "deepseek_v3", "nested"): (None, True, None),  # runner v2 serves every model from 0.29.0: not read
     ("vllm", "deepseek_v3", "both"): ([2, 30, 58], False, None),  # the top-level key first
     ("vllm", "deepseek_v2", "nested"): (None, True, None),  # runner v2 does not
     ("vllm@0.18.0", "deepseek_v2", "nested"): ([1, 29, 57], False, None),
@@ -213,7 +214,9 @@ def test_draft_config_is_read_as_the_engine_reads_it(case):
     ("sglang", "deepseek_v3", "sglang@0.5.14:deepseek_v2"),
     ("sglang@latest:gpt_oss", "deepseek_v3", "sglang@0.5.17:gpt_oss"),
     ("vllm@0.24.0", "deepseek_v3", "vllm@0.18.0:deepseek_v3"),
-    ("specforge@2026-07-13", "llama", "specforge@oldest:any"),
+    ("specforge@2026-07-13", "llama", "specforge@2025-09-01:any"),  # #198 on: the HF-hook backend
+    ("specforge@0.1.0", "llama", "specforge@0.1.0:any"),  # the PyPI release: hard-coded layers
+    ("specforge@0.2.0", "deepseek_v3", "specforge@2026-07-14:deepseek_v2"),  # the SGLang backend
     ("specforge@2026-07-14", "llama", "specforge@2026-07-14:any"),
     ("hf", "llama", "transformers:any"),
 ])
@@ -232,7 +235,8 @@ def test_every_profile_name_looks_up_itself(name):
     ("sglang@0.5.2", ["profiled from 0.5.6"]),
     ("vllm:mamba", ["no profile for model 'mamba'", "qwen3_moe"]),
     ("sglang@yesterday", ["neither a release", "YYYY-MM-DD"]),
-    ("specforge@1.0", ["no numbered releases", "specforge@2026-07-01"]),
+    ("specforge@1.0", ["outside the known range", "0.1.0 .. 0.2.0"]),
+    ("eagle@1.0", ["no numbered releases", "eagle@2026-07-01"]),
 ])
 def test_bad_profiles_say_what_exists(text, words):
     with pytest.raises(UsageError) as e:

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tpsim.app.preflight import check_memory, check_timeout, check_world
-from tpsim.app.run_options import GraphsAsk, PipelineAsk, graphs_for, pipeline_for
+from tpsim.app.run_options import GraphsAsk, PipelineAsk, graphs_for, pipeline_for, pp_refusal, pp_replay
 from tpsim.base.errors import UsageError
 from tpsim.capture import Position
 from tpsim.profiles.conventions import Convention, resolve
@@ -90,7 +90,12 @@ class RunRequest:
         mode, strategy = decided or (self.mode, self.mode.strategy(self.strategy))
         for t in self.tps:
             mode.check(src.cfg, t, len(tokens))
+        refused = pp_refusal(self.pipeline, self.ids.server, src.cfg)
+        if refused is not None and res is not None:  # the engine stops at start-up: nothing runs
+            res.findings, res.failed = [str(refused)], True
         pipe = pipeline_for(self.pipeline, self.ids.server, src.cfg, list(self.tps), mode)
+        if res is not None:
+            pp_replay(pipe, self.ids.server, res, src.cfg)
         graphs = graphs_for(self.graphs, self.ids.server, src.cfg, mode, len(tokens), pipe.size if pipe else 1)
         tps = list(self.tps)
         if pipe is None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tpsim.app.preflight import torchrun_world
 from tpsim.base.errors import UsageError
-from tpsim.capture.pipeline import PP_CAPTURES, Handoff
+from tpsim.capture.pipeline import PP_CAPTURES, Handoff, numbered_on
 from tpsim.config.loader import ModelConfig
 from tpsim.modes import Mode
 from tpsim.parallel.pipeline import SPLITS, Split, check_pp
@@ -16,6 +16,7 @@ from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.profile import GraphIds
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
+from tpsim.profiles.resolution import Resolution
 from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline
 
@@ -69,13 +70,64 @@ def pipeline_for(ask: PipelineAsk, server: str | None, cfg: ModelConfig, tps: li
                              "(sglang, vllm) or --pp-capture")
         engine = Split(profile.engine) if profile.engine in SPLITS else Split.SGLANG
         cited = profile.behaviour.pp
-        return Pipeline(pp, engine, cited.value, f"{profile.name}: {cited.value.value}; {cited.source}")
+        handoff = Handoff.LAST_STAGE_ONLY if cited.value is Handoff.STAGE_LOCAL else cited.value  # numbering: pp_replay
+        return Pipeline(pp, engine, handoff, f"{profile.name}: {cited.value.value}; {cited.source}")
     if split is not None and split not in SPLITS:
         raise UsageError(f"unknown --pp-split {split!r}; use one of {', '.join(SPLITS)}")
     if capture is not None and capture not in PP_CAPTURES:
         raise UsageError(f"unknown --pp-capture {capture!r}; use one of {', '.join(PP_CAPTURES)}")
     handoff = PP_CAPTURES[capture] if capture else Handoff.HANDOFF
     return Pipeline(pp, Split(split or "sglang"), handoff, f"--pp-capture {capture}" if capture else "")
+
+
+@dataclass(frozen=True)
+class PpRefusal:
+    """An engine's refusal of --pp at start-up: what it raises (with the profile and version), its source, the fix."""
+
+    cause: str
+    source: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.cause}; fix: {self.fix}"
+
+
+def pp_refusal(ask: PipelineAsk, server: str | None, cfg: ModelConfig) -> PpRefusal | None:
+    """The engine's own refusal of this --pp at start-up (None: it serves it)."""
+    if ask.size == 1 or server is None:
+        return None
+    profile = lookup(server, cfg.model_type)
+    cited = profile.behaviour.pp
+    if cited is None or cited.value is not Handoff.REFUSED or cited.refusal is None:
+        return None
+    architecture = cfg.family.model_types.get(cfg.model_type, cfg.model_type)
+    return PpRefusal(f"pipeline parallel: {profile.name} ({profile.versions.text()}) refuses --pp {ask.size} at "
+                     f"start-up: {cited.refusal.text(architecture)} ({cited.source})", str(cited.source),
+                     cited.refusal.fix or "serve it without pipeline parallelism")
+
+
+def pp_replay(pipe: Pipeline | None, server: str | None, res: Resolution, cfg: ModelConfig) -> None:
+    """Under a profile whose stages number their layers from 0, what the last stage captures instead (each
+    moved slot a finding in `res`; the stages before the last return early)."""
+    if pipe is None or server is None:
+        return
+    cited = lookup(server, cfg.model_type).behaviour.pp
+    if cited is None or cited.value is not Handoff.STAGE_LOCAL:
+        return
+    last = pipe.stages(cfg.num_hidden_layers, 1)[-1]
+    got = []
+    for p in res.positions:
+        q = numbered_on(p, last)
+        if q is not None and q not in got:
+            got.append(q)
+        if q != p:
+            now = f"captures {q}" if q is not None else "matches no layer of it (dropped)"
+            res.findings.append(
+                f"pipeline parallel: {p} is tested on the last stage (layers {last.start}..{last.end - 1}), which "
+                f"numbers its layers from 0, and {now}; the stages before it return early ({res.convention}: "
+                f"{cited.source}); fix: serve with --pp 1, or a version that numbers layers from start_layer "
+                "(vLLM 0.30.0)")
+    res.positions = got
 
 
 def graphs_for(ask: GraphsAsk, server: str | None, cfg: ModelConfig, mode: Mode, tokens: int, pp: int) -> CudaGraphs | None:

@@ -50,6 +50,8 @@ BUG_CLASSES = {
     "capture-off": "capture switched off or given no layers",
     "ep-gather-threshold": "a capture all-gathered only after a hard-coded layer: shapes mixed",
     "list-order": "a trainer concatenating in list order where the engine captures ascending",
+    "pp-refused": "the engine refuses pipeline parallelism with EAGLE-3 at start-up",
+    "pp-stage-local": "a pipeline stage numbering its layers from 0: a later stage captures other boundaries",
 }
 
 

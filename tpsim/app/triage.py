@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from tpsim.app.check import run_check
 from tpsim.app.request import RunRequest
+from tpsim.app.run_options import pipeline_for, pp_refusal, pp_replay
 from tpsim.offline.align import DraftConfig, Report
 from tpsim.profiles.draft import ConfigIds, write_ids_hint
 from tpsim.profiles.findings import Finding, Kind, replay_findings
@@ -51,13 +52,20 @@ def triage(train: Profile, serve: Profile, served: Served, draft: DraftConfig, r
     report = align_profiles(train_side, serve_side, serve)
     rep = replay(serve, got.ids, L)
     mode = served_mode(serve, served)
-    check = None
-    if rep.positions and not got.off and rep.failure is None:
-        spec, _ = request.spec(source, tuple(rep.positions), (mode.mode, mode.strategy))
-        check = run_check(spec, resolution(rep, got.ids), list(request.tps))
+    check, refused = None, pp_refusal(request.pipeline, request.ids.server, source.cfg)
+    if rep.positions and not got.off and rep.failure is None and refused is None:
+        res = resolution(rep, got.ids)
+        if request.pipeline.size > 1:  # what reaches the draft under the engine's pipeline
+            pp_replay(pipeline_for(request.pipeline, request.ids.server, source.cfg, list(request.tps), mode.mode),
+                      request.ids.server, res, source.cfg)
+        spec, _ = request.spec(source, tuple(res.positions), (mode.mode, mode.strategy))
+        check = run_check(spec, res, list(request.tps))
         if check is None:
             return None
     t = Triage(train, serve, served, mode, report, got, rep, check)
+    if refused is not None:
+        t.findings.append(Finding(Kind.ENGINE_REFUSES, refused.cause, [refused.source], refused.fix))
+        return t
     assess(t, source.cfg.hidden_size)
     return t
 
@@ -74,7 +82,14 @@ def assess(t: Triage, hidden: int) -> None:
     t.findings += _fallbacks(t)
     t.findings += _misaligned(t)
     t.findings += _served_mode(t)
+    t.findings += [Finding(Kind.PIPELINE, *_cause_fix(f, t.serve))
+                   for f in (t.check.resolution.findings if t.check is not None else []) if f.startswith("pipeline")]
     t.findings += _graphs(t)
+
+
+def _cause_fix(finding: str, serve: Profile) -> tuple[str, list[str], str]:
+    cause, _, fix = finding.partition("; fix: ")
+    return cause, [str(serve.behaviour.pp.source)], fix
 
 
 def _fallbacks(t: Triage) -> list[Finding]:

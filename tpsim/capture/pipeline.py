@@ -8,6 +8,9 @@ earlier stages hand their captures on.
   the draft gets only the last stage's slots, a narrower capture.
 - `HANDOFF`: each earlier stage sends its captures to its peer on the last stage (real
   send/recv), which concatenates every slot in capture order (vLLM PR #50514).
+- `STAGE_LOCAL`: dropped as LAST_STAGE_ONLY, and every stage numbers its layers from 0, so the
+  last stage captures other boundaries (`numbered_on`; vLLM's llama.py up to 0.29.0).
+- `REFUSED`: the engine raises at start-up; nothing runs (the profile carries its error).
 """
 
 from __future__ import annotations
@@ -27,14 +30,26 @@ class Handoff(Enum):
 
     LAST_STAGE_ONLY = "dropped: a stage other than the last returns early with hidden and residual only"
     HANDOFF = "sent to the last stage, which concatenates them in capture order"
+    REFUSED = "refused at start-up: the engine raises before it serves"
+    STAGE_LOCAL = ("dropped, and each stage numbers its layers from 0: on the last stage an id meant for boundary b "
+                   "captures boundary start + b")
 
     @property
     def option(self) -> str:
         """Its --pp-capture name."""
-        return "last-stage" if self is Handoff.LAST_STAGE_ONLY else "handoff"
+        return {Handoff.LAST_STAGE_ONLY: "last-stage", Handoff.HANDOFF: "handoff"}.get(self, self.name.lower())
 
 
-PP_CAPTURES = {h.option: h for h in Handoff}
+PP_CAPTURES = {h.option: h for h in (Handoff.LAST_STAGE_ONLY, Handoff.HANDOFF)}  # what --pp-capture may choose
+
+
+def numbered_on(p: Position, last: Stage) -> Position | None:
+    """What the last stage captures for `p` when it numbers its layers from 0 (STAGE_LOCAL): boundary b tested as
+    start + b (None: past the stage's end, never matched)."""
+    if p.kind is PositionKind.FINAL:
+        return p
+    b = p.boundary + last.start
+    return Position.at_boundary(b) if b <= last.end else None
 
 
 def stage_of(p: Position, stages: list[Stage]) -> Stage:

@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
     p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "
                                                 "OUT.rank0.safetensors ...)")
+    p.add_argument("--pp", help="pipeline-parallel stages the --server engine is launched with: where it refuses them "
+                                "at start-up nothing is written (tpsim check --pp replays a pipeline)")
     p.add_argument("--points", help="named points to capture per rank instead of --layers, e.g. "
                                     "layers.3.attn.o_proj.partial,layers.3.mlp.in (tpsim explain lists them)")
     add_force(p)
@@ -59,6 +61,9 @@ def cmd_capture(args) -> int:
         for f in res.findings:
             print(f"tpsim: error: {f}; nothing written", file=sys.stderr)
         return 1
+    if spec.pipeline is not None:
+        raise UsageError(f"capture runs no pipeline: --pp {spec.pipeline.size} only replays an engine that refuses it "
+                         f"at start-up; tpsim check --pp {spec.pipeline.size} replays the stages")
     results = on_ranks(capture_job, spec, tp, tp=tp)
     if results is None:
         return 0
@@ -98,6 +103,8 @@ def capture_points(args, tp: int, out: Path) -> int:
     """`capture --points`: each rank's local tensor of each named point, one file per rank."""
     if args.layers is not None:
         raise UsageError("--points and --layers both name what to capture; give one of them")
+    if args.pp is not None:
+        raise UsageError("--points dumps each rank's tensors without a pipeline; drop --pp")
     src = load_source(args, [tp])
     for r in range(tp):
         check_output(rank_dump_path(out, r), "--out", "capture.safetensors", args.force)

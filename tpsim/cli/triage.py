@@ -47,6 +47,7 @@ def add_parser(sub) -> None:
                         help="the all-reduce fused into the next norm was asked for (the profile says when it is "
                              "on anyway)")
     served.add_argument("--disable-cuda-graph", action="store_true", help="served without CUDA graphs")
+    served.add_argument("--pp", help="pipeline-parallel stages served (vLLM --pipeline-parallel-size, SGLang --pp-size)")
     add_execution_options(p)
     add_json(p, cmd_triage)
 

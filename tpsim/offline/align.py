@@ -21,8 +21,12 @@ from pathlib import Path
 
 from tpsim.capture import Position, PositionKind
 from tpsim.profiles.conventions import Convention, check_convention, default_ids, ids_for, resolve
+from tpsim.profiles.draft import value_at
 from tpsim.profiles.replay import check_id_count
+from tpsim.profiles.vllm import V2_DSPARK, V2_LAYER_IDS
 from tpsim.base.errors import UsageError, read_text
+
+MORE_ID_KEYS = tuple(k.path for k in (*V2_DSPARK, *V2_LAYER_IDS))
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED = f"eagle_config.{KEY}"
@@ -391,6 +395,8 @@ def read_draft_config(text: str) -> DraftConfig:
     dflash = raw.get("dflash_config")
     if isinstance(dflash, dict):
         _ids_at(p, "dflash_config.target_layer_ids", dflash.get("target_layer_ids"))
+    for path in MORE_ID_KEYS:  # read by vLLM's runner v2 (tpsim/profiles/vllm.py)
+        _ids_at(p, ".".join(path), value_at(raw, path))
     return DraftConfig(p, nested, _ids_at(p, TOP, raw.get(KEY)), raw)
 
 

@@ -22,6 +22,8 @@ class Kind(Enum):
     MISALIGNED = "train and serve capture different tensors"
     SERVED_MODE = "the served mode breaks the capture"
     GRAPH_IDS = "CUDA-graphed batches capture other ids"
+    ENGINE_REFUSES = "the engine refuses this launch at start-up"
+    PIPELINE = "pipeline parallelism moves or drops slots"
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,24 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """An engine's refusal at start-up, in its own words (`{architecture}`: where the engine formats in the served
+    model's class), and what serves instead."""
+
+    error: str
+    fix: str = ""
+
+    def text(self, architecture: str) -> str:
+        return self.error.replace("{architecture}", architecture)
+
+
+@dataclass(frozen=True)
 class Cited(Generic[T]):
-    """A behaviour and the source it was read from."""
+    """A behaviour and the source it was read from (`refusal`: the engine's words where the value refuses)."""
 
     value: T
     source: Source
+    refusal: Refusal | None = None
 
 
 class Numbering(Enum):
@@ -222,6 +235,7 @@ class Gather(Enum):
 
     LOCAL = "this rank's token shard only"
     GATHERED = "all tokens: the capture all-gathers the scattered stream"
+    WHOLE = "all tokens: the stream between layers is never token-short (the MoE block gathers its own output)"
 
     @property
     def strategy(self) -> Strategy:
@@ -373,7 +387,7 @@ def describe(c: Cited | None) -> str:
         return "-"
     v = c.value
     if isinstance(v, Enum):
-        return v.value
+        return v.value + (f": {c.refusal.error}" if c.refusal else "")
     if isinstance(v, ConfigRead):
         if v.hard_coded:
             return "hard-coded layers: no ids are read"
@@ -388,7 +402,7 @@ def describe(c: Cited | None) -> str:
 
 __all__ = ["Behaviour", "Change", "Cited", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty",
            "FusionAuto", "Gather", "Gpu", "Handoff", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
-           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "TboCapture", "Versions", "differences", "describe",
+           "Order", "OutOfRange", "Profile", "Refusal", "Served", "Site", "Source", "TboCapture", "Versions", "differences", "describe",
            "releases"]
 
 

@@ -16,7 +16,8 @@ from tpsim.profiles import sglang, trainers, vllm
 from tpsim.profiles.profile import Change, Line, Profile
 
 LINES: tuple[Line, ...] = (*sglang.LINES, *vllm.LINES, *trainers.LINES)
-RELEASES: dict[str, dict[str, date]] = {"sglang": sglang.RELEASES, "vllm": vllm.RELEASES}
+RELEASES: dict[str, dict[str, date]] = {"sglang": sglang.RELEASES, "vllm": vllm.RELEASES,
+                                        "specforge": trainers.RELEASES}
 ENGINES = tuple(dict.fromkeys(line.engine for line in LINES))
 ALIASES = {"hf": "transformers", "sglang-boundary": "sglang"}
 

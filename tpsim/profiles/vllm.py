@@ -1,13 +1,16 @@
 """vLLM's profiles: the DeepSeek-V2/V3 model file (its own capture loop) and the models built on
-`EagleModelMixin` (Llama, Qwen, GPT-OSS, ...), from 0.18.0 on, read from the released source
-(the PyPI sdist of the version named in each source) and the PRs that changed them.
+`EagleModelMixin` (Llama, Qwen, GPT-OSS, MiniMax-M2, ...), from 0.18.0 on, read from the released
+source (the PyPI sdist of the version named in each source: 0.18.0, 0.24.0 .. 0.34.0).
+
+Which model runner serves decides which config keys are read: runner v1 (`gpu_model_runner.py`)
+reads the nested eagle_config key, runner v2 (`gpu/spec_decode/eagle/eagle3_utils.py`) does not.
 """
 
 from __future__ import annotations
 
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
                                     Duplicates, EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange,
-                                    Site, Source, releases)
+                                    Refusal, Site, Source, releases)
 
 REPO = "vllm-project/vllm"
 RELEASES = releases(
@@ -20,105 +23,241 @@ RELEASES = releases(
     "0.19.1 2026-04-18, 0.20.0 2026-04-27, 0.20.1 2026-05-03, 0.20.2 2026-05-10, 0.21.0 2026-05-15, "
     "0.22.0 2026-05-29, 0.22.1 2026-06-05, 0.23.0 2026-06-13, 0.24.0 2026-06-30, 0.25.0 2026-07-11, "
     "0.25.1 2026-07-14, 0.26.0 2026-07-25, 0.27.0 2026-08-10, 0.27.1 2026-08-11, 0.28.0 2026-08-26, "
-    "0.29.0 2026-09-09, 0.30.0 2026-09-22, 0.31.0 2026-10-05, 0.32.0 2026-10-18, 0.33.0 2026-11-02")
+    "0.29.0 2026-09-09, 0.30.0 2026-09-22, 0.31.0 2026-10-05, 0.32.0 2026-10-18, 0.33.0 2026-11-02, "
+    "0.34.0 2026-11-16")  # 0.34.0: its sdist's file dates (no release between 0.33.0 and 0.34.0 on PyPI)
 
 DS = "vllm/model_executor/models/deepseek_v2.py"
 INTERFACES = "vllm/model_executor/models/interfaces.py"
-_DEFAULTS = Cited(Defaults.BEFORE_2_MID_LAST3, Source(REPO, INTERFACES, "v0.33.0",
-                  "get_eagle3_default_aux_hidden_state_layers() returns (2, num_layers // 2, num_layers - 3)"))
-_MRV1 = Source(REPO, "vllm/v1/worker/gpu_model_runner.py", "v0.25.0",
-               "_get_eagle3_aux_layers_from_config: top-level eagle_aux_hidden_state_layer_ids, else dflash_config"
-               ".target_layer_ids + 1, overridden by eagle_config.eagle_aux_hidden_state_layer_ids when eagle_config "
-               "is present; an empty list is falsy: the model default; eagle_config.use_aux_hidden_state false turns "
-               "capture off (llm_base_proposer.py)")
-_V2_DEFAULT = Source(REPO, "vllm/config/vllm.py", "v0.24.0",
-                     "use_v2_model_runner: runner v2 by default for DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES "
-                     "(Qwen3ForCausalLM, DeepseekV2ForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, "
-                     "LlamaForCausalLM, MistralForCausalLM); 0.25.0 adds every non-MoE model; DeepseekV3ForCausalLM "
-                     "(V3, Kimi-K2) is MoE and not listed: runner v1")
-CONFIG_V1 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(NESTED), ConfigKey(("dflash_config", "target_layer_ids"), 1)),
-                             Empty.DEFAULT, OFF_FLAG), _MRV1)
-CONFIG_V2 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(("dflash_config", "target_layer_ids"), 1)), Empty.DEFAULT,
-                             OFF_FLAG),
-                  Source(REPO, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "v0.24.0",
-                         "get_eagle3_aux_layers_from_config (model runner v2): top-level key, then dflash target "
-                         "ids + 1; the nested eagle_config key is not read"))
-RUNNER_V2 = Change((), "model runner v2 the default for this architecture", None, "0.24.0",
-                   {"config": CONFIG_V2})
+LLAMA = "vllm/model_executor/models/llama.py"
+CONFIG = "vllm/config/vllm.py"
+EAGLE3_UTILS = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"
+MRV1 = "vllm/v1/worker/gpu_model_runner.py"
 
-# --pipeline-parallel-size: before the PP aux handoff, a stage other than the last returns IntermediateTensors with
-# hidden_states and residual only (#45985, open, describes it); #50514 (merged) carries the aux states to the last
-# stage, on model runner v2 only. Its merge date and first release are not known here: the change is in `latest` only.
-PP_DROPPED = Cited(Handoff.LAST_STAGE_ONLY, Source(
-    REPO, "", "#45985", "(open) 'auxiliary hidden states ... residing on non-last PP ranks are silently discarded "
-    "-- the drafter receives fewer aux states than expected and combine_hidden_states fails with a k-axis shape "
-    "mismatch': every EAGLE-3 model's forward returns IntermediateTensors({hidden_states, residual}) on non-last "
-    "ranks (llama.py, deepseek_v2.py)"))
-PP_HANDOFF = Change(("#50514",), "EAGLE-3 aux hidden states handed to the last PP stage (model runner v2)", None,
-                    None, {"pp": Cited(Handoff.HANDOFF, Source(
-                        REPO, "", "#50514", "(merged) '[Core][MRV2] Support eagle3 spec decode with pipeline "
-                        "parallel': the stage before the last sends its aux taps with its IntermediateTensors, stages "
-                        "further back isend them straight to the last rank, which receives them into buffers shaped "
-                        "like its hidden states; model runner v2 only; merge date and first release unknown here"))})
 
-_loop = Source(REPO, DS, "v0.24.0",
-               "before layer idx, `if idx in self.aux_hidden_state_layers: aux_hidden_states.append(hidden_states + "
-               "residual)`, no `residual is not None` guard (residual is None before layer 0); states in layer order")
+def src(path: str, release: str, symbol: str, quote: str, note: str) -> Source:
+    return Source(REPO, path, f"v{release}", note, symbol, quote)
+
+
+_DEFAULTS = Cited(Defaults.BEFORE_2_MID_LAST3, src(
+    INTERFACES, "0.34.0", "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers",
+    "num_layers = len(holder.layers) return (2, num_layers // 2, num_layers - 3)",
+    "(2, num_layers // 2, num_layers - 3) in every release read (0.18.0, 0.24.0 .. 0.34.0)"))
+
+# --- the config keys each runner reads --------------------------------------------------------------
+
+DFLASH_TARGET = ConfigKey(("dflash_config", "target_layer_ids"), 1)
+V2_DSPARK = (ConfigKey(("dspark_target_layer_ids",), 1), ConfigKey(("target_layer_ids",), 1))
+V2_LAYER_IDS = (ConfigKey(("dflash_config", "layer_ids")), ConfigKey(("eagle_config", "layer_ids")))
+CONFIG_V1 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(NESTED), DFLASH_TARGET), Empty.DEFAULT, OFF_FLAG), src(
+    MRV1, "0.24.0", "GPUModelRunner._get_eagle3_aux_layers_from_config",
+    'if eagle_config and isinstance(eagle_config, dict): layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")',
+    "runner v1: the top-level key, else eagle_config's nested key (when eagle_config is a dict it wins over "
+    "dflash_config.target_layer_ids + 1); an empty list is falsy: the model default; unchanged to 0.33.0, gone in "
+    "0.34.0"))
+
+
+def _v2(keys: tuple[ConfigKey, ...], release: str, quote: str, note: str) -> Cited:
+    return Cited(ConfigRead(keys, Empty.DEFAULT, OFF_FLAG),
+                 src(EAGLE3_UTILS, release, "get_eagle3_aux_layers_from_config", quote, note))
+
+
+CONFIG_V2_24 = _v2((ConfigKey(TOP), DFLASH_TARGET), "0.24.0",
+                   'layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None) if not layer_ids: '
+                   'dflash_config = getattr(hf_config, "dflash_config", None)',
+                   "runner v2: the top-level key, then dflash target ids + 1; the nested eagle_config key is not read")
+CONFIG_V2_25 = _v2((ConfigKey(TOP), DFLASH_TARGET, *V2_DSPARK), "0.25.0",
+                   'dspark_layer_ids = getattr(hf_config, "dspark_target_layer_ids", None) if dspark_layer_ids: '
+                   'layer_ids = [i + 1 for i in dspark_layer_ids]',
+                   "runner v2 adds dspark_target_layer_ids + 1, then top-level target_layer_ids + 1")
+CONFIG_V2_27 = _v2((ConfigKey(TOP), DFLASH_TARGET, *V2_DSPARK, *V2_LAYER_IDS), "0.27.0",
+                   'for config_name in ("dflash_config", "eagle_config"): drafter_config = getattr(hf_config, '
+                   'config_name, None) if drafter_config and isinstance(drafter_config, dict): layer_ids = '
+                   'drafter_config.get("layer_ids")',
+                   "runner v2 adds dflash_config.layer_ids, then eagle_config.layer_ids, as written (no +1); still "
+                   "not eagle_config.eagle_aux_hidden_state_layer_ids; unchanged to 0.34.0 but for a deepseek_v41 "
+                   "draft (0.30.0: its dspark ids without +1)")
+CONFIG_V2_ALL = Cited(CONFIG_V2_27.value, src(
+    CONFIG, "0.29.0", "VllmConfig.use_v2_model_runner",
+    'unsupported = self._get_v2_model_runner_unsupported_features() if unsupported: logger.warning_once( "Model '
+    'Runner V2 does not yet support %s; using the V1 model " "runner instead.",',
+    "0.29.0 drops DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: runner v2 serves every model (MoE included) unless a "
+    "feature it lacks is asked for; it reads the keys of get_eagle3_aux_layers_from_config (eagle3_utils.py "
+    "v0.27.0 .. v0.34.0), not the nested key"))
+
+
+def _keys(release: str, config: Cited) -> Change:
+    return Change((), f"runner v2 reads more config keys ({release})", None, release, {"config": config})
+
+
+# --- pipeline parallelism ------------------------------------------------------------------------------
+# Up to 0.29.0 runner v2 lists "EAGLE3 with pipeline parallelism" as unsupported: under --pp runner v1 serves and every
+# model file returns early on a stage other than the last. 0.30.0 serves it on runner v2: the models that set
+# supports_aux_hidden_states_over_pp hand their states on, every other model is refused at start-up.
+
+PP_DROPPED_DS = Cited(Handoff.LAST_STAGE_ONLY, src(
+    DS, "0.18.0", "DeepseekV2Model.forward",
+    'if not get_pp_group().is_last_rank: return IntermediateTensors( {"hidden_states": hidden_states, "residual": '
+    'residual} )', "a stage other than the last returns hidden_states and residual only: its aux states are lost "
+    "(PR #45985 describes it); unchanged to 0.34.0, where runner v2 refuses PP for this model first"))
+STAGE_LOCAL = Cited(Handoff.STAGE_LOCAL, src(
+    LLAMA, "0.18.0", "LlamaModel.forward",
+    "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual) for idx, layer in enumerate( "
+    "islice(self.layers, self.start_layer, self.end_layer) ):",
+    "enumerate without start=: every stage tests its own layers as 0, 1, ... (a later stage's id k is boundary "
+    "start_layer + k), and a stage other than the last returns hidden_states and residual only; the same in "
+    "0.24.0 .. 0.29.0 (qwen2.py and minimax_m2.py alike)"))
+PP_REFUSED = Cited(Handoff.REFUSED, src(
+    EAGLE3_UTILS, "0.30.0", "verify_supports_aux_hidden_states_over_pp",
+    'if not getattr(inner, "supports_aux_hidden_states_over_pp", False): raise ValueError( f"{type(model).__name__} '
+    'does not support {method} with " "pipeline parallelism" )',
+    "runner v2 serves EAGLE-3 under PP from 0.30.0 and raises at start-up for a model whose decoder does not set "
+    "supports_aux_hidden_states_over_pp (EagleModelMixin: False; only llama.py, qwen2.py, sarvam.py set True); "
+    "unchanged to 0.34.0"),
+    Refusal("ValueError: {architecture} does not support eagle3 with pipeline parallelism",
+            "serve it with --pipeline-parallel-size 1 (vLLM 0.29.0 and older return early instead: the earlier "
+            "stages' slots are lost)"))
+PP_HANDOFF = Cited(Handoff.HANDOFF, src(
+    LLAMA, "0.30.0", "LlamaModel.forward",
+    "**self.pack_local_aux_hidden_states(aux_hidden_states),",
+    "LlamaModel sets supports_aux_hidden_states_over_pp = True: a stage other than the last packs its aux states "
+    "into its IntermediateTensors, the last stage prepends them (remote_aux + aux_hidden_states); layers numbered "
+    "from start_layer (enumerate(..., start=self.start_layer)); unchanged to 0.34.0"))
+SORTED = src(INTERFACES, "0.30.0", "EagleModelMixin._set_aux_hidden_state_layers",
+             "def _set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None: self.aux_hidden_state_layers = "
+             "tuple(sorted(set(layers)))", "the ids are sorted and de-duplicated when set (0.30.0 .. 0.34.0); before "
+             "they were kept as given and the loop's `in` test matched each layer once")
+PP_030 = "0.30.0"
+
+
+def _pp(value: Cited, mixin: bool) -> Change:
+    extra = {"order": Cited(Order.ASCENDING, SORTED), "duplicates": Cited(Duplicates.CAPTURED_ONCE, SORTED)} \
+        if mixin else {}
+    return Change((), "runner v2 serves EAGLE-3 under pipeline parallelism", None, PP_030, {"pp": value, **extra})
+
+
+# --- DeepSeek-V2/V3: deepseek_v2.py's own capture loop ------------------------------------------------------
+
+_loop = src(DS, "0.18.0", "DeepseekV2Model.forward",
+            "if idx in self.aux_hidden_state_layers: aux_hidden_states.append(hidden_states + residual)",
+            "before layer idx, no `residual is not None` guard (residual is None before layer 0); states in layer "
+            "order; the same code in 0.24.0; 0.25.0 .. 0.34.0 keep the test and the sum")
+_range = src(DS, "0.18.0", "DeepseekV2Model.forward",
+             "for idx, layer in enumerate( islice(self.layers, self.start_layer, self.end_layer), "
+             "start=self.start_layer, ): if idx in self.aux_hidden_state_layers:",
+             "only ids inside the loop's range are tested: id num_hidden_layers matches no iteration (dropped)")
+_whole = src(DS, "0.24.0", "DeepseekV2MoE.forward",
+             "final_hidden_states = tensor_model_parallel_all_gather( final_hidden_states, 0 ) final_hidden_states = "
+             "final_hidden_states[:num_tokens]",
+             "sequence-parallel MoE gathers its own output: the stream between layers keeps every token, and the "
+             "capture loop has no gather of its own")
+FINAL_AND_GATHER = Change(
+    ("#46973",), "capture the final layer's output (id L); the loop gathers a token-short stream", None, "0.25.0",
+    {"last_boundary": Cited(True, src(DS, "0.25.0", "DeepseekV2Model.forward",
+                                      "if self.end_layer in self.aux_hidden_state_layers: "
+                                      "aux_hidden_states.append(hidden_states + residual)",
+                                      "after the loop: hidden_states + residual, before the final norm")),
+     "scattered": Cited(Gather.GATHERED, src(DS, "0.25.0", "DeepseekV2Model.forward",
+                                             "if aux_hidden_state.shape[0] != positions.shape[0]: aux_hidden_state = "
+                                             "tensor_model_parallel_all_gather( aux_hidden_state, 0 ) "
+                                             "aux_hidden_state = aux_hidden_state[: positions.shape[0]]",
+                                             "a token-short capture is all-gathered to every token"))})
+
+
 def _deepseek(family: str, models: tuple[str, ...], changes: tuple[Change, ...], note: str) -> Line:
     return Line(
         "vllm", family, models,
         Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _loop), defaults=_DEFAULTS,
-                  embed=Cited(EmbedId.CRASHES, _loop), out_of_range=Cited(OutOfRange.DROPPED, _loop),
+                  embed=Cited(EmbedId.CRASHES, _loop), out_of_range=Cited(OutOfRange.DROPPED, _range),
                   order=Cited(Order.ASCENDING, _loop), duplicates=Cited(Duplicates.CAPTURED_ONCE, _loop),
-                  config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop), pp=PP_DROPPED,
-                  last_boundary=Cited(False, Source(REPO, "", "#46973", "before it, an id of num_hidden_layers "
-                                                    "matched no iteration and was silently dropped")),
-                  scattered=Cited(Gather.GATHERED, Source(REPO, DS, "002d6073",
-                                  "with sequence-parallel MoE the capture all-gathers when hidden_states.shape[0] "
-                                  "!= positions.shape[0]"))),
+                  config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop),
+                  pp=PP_DROPPED_DS, last_boundary=Cited(False, _range), scattered=Cited(Gather.WHOLE, _whole)),
         starts=Change((), "EAGLE-3 capture in deepseek_v2.py", None, "0.18.0", {}),
         changes=changes,
-        notes=("id 0 still adds residual=None in every version read (0.18.0 .. 0.33.0); PR #46788, which would "
-               "have moved DeepSeek onto EagleModelMixin, was closed unmerged",
-               "0.24.0 was published two days after #46973 was reviewed and does not contain it", note),
+        notes=("id 0 still adds residual=None in every version read (0.18.0, 0.24.0 .. 0.34.0); PR #46788, which "
+               "would have moved DeepSeek onto EagleModelMixin, was closed unmerged",
+               "0.24.0 was published two days after #46973 was reviewed and does not contain it",
+               "the token-short stream: before 0.24.0 not read (0.24.0's MoE block gathers its own output)",
+               "under --pp up to 0.29.0 runner v1 serves (runner v2 lists EAGLE3 with pipeline parallelism as "
+               "unsupported): the nested eagle_config key is read there", note),
     )
 
 
-FINAL_LAYER = Change(("#46973",), "capture the final layer's output (id L)", None, "0.25.0",
-                     {"last_boundary": Cited(True, Source(REPO, DS, "v0.25.0",
-                                             "after the loop, `if self.end_layer in self.aux_hidden_state_layers`: "
-                                             "hidden_states + residual, before the final norm"))})
-DEEPSEEK_V2 = _deepseek("deepseek_v2", ("deepseek_v2",), (RUNNER_V2, FINAL_LAYER, PP_HANDOFF),
-                        "DeepseekV2ForCausalLM (V2, V2-Lite) runs on model runner v2 by default from 0.24.0 (the "
-                        "first release read; it may be earlier), which reads only the top-level key")
-DEEPSEEK_V3 = _deepseek("deepseek_v3", ("deepseek_v3", "kimi_k2"), (FINAL_LAYER,),
-                        "DeepseekV3ForCausalLM (V3, Kimi-K2) is MoE and not on runner v2's default list: runner v1 "
-                        "reads the nested eagle_config key when there is no top-level one")
+DEEPSEEK_V2 = _deepseek(
+    "deepseek_v2", ("deepseek_v2",),
+    (Change((), "model runner v2 the default for DeepseekV2ForCausalLM", None, "0.24.0", {"config": Cited(
+        CONFIG_V2_24.value, src(CONFIG, "0.24.0", "VllmConfig._is_default_v2_model_runner_model",
+                                "return any( arch in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES for arch in architectures )",
+                                "DeepseekV2ForCausalLM is on DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES (the first "
+                                "release read with the list; not established before): runner v2 reads the top-level "
+                                "key, then dflash target ids + 1 (eagle3_utils.py), not the nested key"))}),
+     Change(FINAL_AND_GATHER.prs, FINAL_AND_GATHER.title + "; runner v2 reads dspark/target_layer_ids", None, "0.25.0",
+            {**FINAL_AND_GATHER.changes, "config": CONFIG_V2_25}),
+     _keys("0.27.0", CONFIG_V2_27), _pp(PP_REFUSED, False)),
+    "DeepseekV2ForCausalLM (V2, V2-Lite) runs on model runner v2 by default from 0.24.0, which reads only the "
+    "top-level key (and, from 0.27.0, eagle_config.layer_ids)")
+DEEPSEEK_V3 = _deepseek(
+    "deepseek_v3", ("deepseek_v3", "kimi_k2"),
+    (FINAL_AND_GATHER, Change((), "model runner v2 the default for every model", None, "0.29.0",
+                              {"config": CONFIG_V2_ALL}), _pp(PP_REFUSED, False)),
+    "DeepseekV3ForCausalLM (V3, Kimi-K2) is MoE and not on runner v2's default list up to 0.28.0: runner v1 reads "
+    "the nested eagle_config key when there is no top-level one; from 0.29.0 runner v2 serves it and the nested key "
+    "is not read")
 
 
-_MIXIN = Source(REPO, INTERFACES, "v0.25.0",
-                "EagleModelMixin._maybe_add_hidden_state: `hidden_states + residual if residual is not None else "
-                "hidden_states`, called with 0 before the loop and idx + 1 after each layer (id L: the last layer's "
-                "output, before the final norm)")
-MIXIN_BASE = Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _MIXIN), defaults=_DEFAULTS,
-                       embed=Cited(EmbedId.CAPTURED, _MIXIN), out_of_range=Cited(OutOfRange.DROPPED, _MIXIN),
-                       order=Cited(Order.ASCENDING, _MIXIN), duplicates=Cited(Duplicates.CAPTURED_ONCE, _MIXIN),
-                       config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _MIXIN), cloned=Cited(False, _MIXIN), pp=PP_DROPPED,
-                       last_boundary=Cited(True, _MIXIN))
+# --- EagleModelMixin models --------------------------------------------------------------------------------
+
+_MIXIN = src(INTERFACES, "0.18.0", "EagleModelMixin._maybe_add_hidden_state",
+             "if layer_idx in self.aux_hidden_state_layers: value = hidden_states + residual if residual is not None "
+             "else hidden_states aux_hidden_states.append(value)",
+             "called with 0 before the loop and idx + 1 after each layer (id L: the last layer's output, before the "
+             "final norm); the same test in 0.24.0 .. 0.34.0")
+_GLOBAL = src("vllm/model_executor/models/qwen3_moe.py", "0.29.0", "Qwen3MoeModel.forward",
+              "for layer_idx, layer in enumerate( islice(self.layers, self.start_layer, self.end_layer), "
+              "start=self.start_layer,",
+              "layers numbered from start_layer (gpt_oss.py: range(self.start_layer, self.end_layer)); a stage other "
+              "than the last returns hidden_states and residual only")
+
+
+def _mixin(pp: Cited) -> Behaviour:
+    return Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _MIXIN), defaults=_DEFAULTS,
+                     embed=Cited(EmbedId.CAPTURED, _MIXIN), out_of_range=Cited(OutOfRange.DROPPED, _MIXIN),
+                     order=Cited(Order.ASCENDING, _MIXIN), duplicates=Cited(Duplicates.CAPTURED_ONCE, _MIXIN),
+                     config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _MIXIN), cloned=Cited(False, _MIXIN), pp=pp,
+                     last_boundary=Cited(True, _MIXIN))
+
+
 MIXIN_STARTS = Change(("#36063",), "EagleModelMixin (capture the last layer's output too)", None, "0.18.0", {})
+_RUNNER_NOTES = ("runner v2 falls back to runner v1 (which reads the nested key) for a speculative method other than "
+                 "eagle/eagle3/mtp/dflash (extract_hidden_states: 0.24.0) and for sequence parallelism at TP > 1 "
+                 "(0.24.0 .. 0.31.0, not 0.32.0); tpsim replays the runner the plain launch gets",
+                 "VLLM_USE_V2_MODEL_RUNNER=0 brings back runner v1 up to 0.33.0; 0.34.0 ships no gpu_model_runner.py")
 
 MIXIN_DENSE = Line(
-    "vllm", "llama", ("llama", "qwen2", "qwen3", "mistral"), MIXIN_BASE, starts=MIXIN_STARTS,
-    changes=(RUNNER_V2, PP_HANDOFF),
-    notes=("runner v2 is the default for Llama, Qwen3 and Mistral from 0.24.0 (the first release read; it may be "
-           "earlier) and for Qwen2 from 0.25.0; VLLM_USE_V2_MODEL_RUNNER=0 brings back runner v1, which reads the "
-           "nested key",),
+    "vllm", "llama", ("llama", "qwen2", "qwen3", "mistral"), _mixin(STAGE_LOCAL), starts=MIXIN_STARTS,
+    changes=(Change((), "model runner v2 the default for this architecture", None, "0.24.0", {"config": CONFIG_V2_24}),
+             _keys("0.25.0", CONFIG_V2_25), _keys("0.27.0", CONFIG_V2_27), _pp(PP_HANDOFF, True)),
+    notes=("runner v2 is the default for Llama, Qwen3 and Mistral from 0.24.0 (the first release read with the list; "
+           "not established before) and for Qwen2 from 0.25.0 (every non-MoE model)", *_RUNNER_NOTES),
 )
 
+_MOE_CHANGES = (Change((), "model runner v2 the default for every model", None, "0.29.0", {"config": CONFIG_V2_ALL}),
+                _pp(PP_REFUSED, True))
 MIXIN_MOE = Line(
-    "vllm", "qwen3_moe", ("qwen3_moe", "gpt_oss", "minimax_m2"), MIXIN_BASE, starts=MIXIN_STARTS,
-    notes=("MoE models not on DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES run on runner v1, which reads the nested key",
-           "MiniMax-M2: PR #43671 (open) says its ids are off by one against SGLang-trained heads"),
+    "vllm", "qwen3_moe", ("qwen3_moe", "gpt_oss"), _mixin(Cited(Handoff.LAST_STAGE_ONLY, _GLOBAL)),
+    starts=MIXIN_STARTS, changes=_MOE_CHANGES,
+    notes=("MoE models run on runner v1 up to 0.28.0 (not on DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES), which reads "
+           "the nested key; runner v2 from 0.29.0", "under --pp a later stage also captures its own first boundary "
+           "(start_layer): not modelled", *_RUNNER_NOTES),
+)
+MINIMAX_M2 = Line(
+    "vllm", "minimax_m2", ("minimax_m2",), _mixin(Cited(Handoff.STAGE_LOCAL, src(
+        "vllm/model_executor/models/minimax_m2.py", "0.24.0", "MiniMaxM2Model.forward",
+        "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual) for idx, layer in "
+        "enumerate( islice(self.layers, self.start_layer, self.end_layer) ):",
+        "numbered per stage as llama.py was before 0.30.0; still so in 0.34.0, where runner v2 refuses PP for it"))),
+    starts=MIXIN_STARTS, changes=_MOE_CHANGES,
+    notes=("MiniMax-M2: PR #43671 (open) says its ids are off by one against SGLang-trained heads",
+           "runner v1 up to 0.28.0 (MoE), runner v2 from 0.29.0", *_RUNNER_NOTES),
 )
 
-LINES = (DEEPSEEK_V2, DEEPSEEK_V3, MIXIN_DENSE, MIXIN_MOE)
+LINES = (DEEPSEEK_V2, DEEPSEEK_V3, MIXIN_DENSE, MIXIN_MOE, MINIMAX_M2)
