@@ -1,0 +1,276 @@
+"""Fingerprint the code tpsim's engine profiles cite, in every released wheel or sdist of each line's range,
+and write the table tpsim reads (configs/fingerprints.tsv; docs/profiles.md, "How to add a release").
+
+    python tools/fingerprint.py --cache ~/.cache/tpsim-releases
+    python tools/fingerprint.py --cache DIR --package sglang --from 0.5.18 --to 0.5.23
+    python tools/fingerprint.py --cache DIR --symbol python/sglang/srt/models/llama.py::LlamaModel.forward
+
+Which symbols: every profile Source with a `path` and a `symbol` (tpsim/profiles/sglang.py, vllm.py,
+trainers.py) whose repository publishes releases on PyPI, plus `--symbol PATH::SYMBOL` and, with `--extra`,
+the EXTRA list below. Which releases: every release in the range of each line that cites the symbol
+(tpsim.profiles.fingerprints.line_releases), and the release each source was read at.
+
+Archives go to DIR/PACKAGE-VERSION/: wheels from `pip download --no-deps --only-binary :all:`; vLLM's sdist
+(its wheels are CUDA builds of hundreds of MB) from the file PyPI lists for the release, its sha256 checked
+(pip would build the sdist's metadata first, which for vLLM needs torch and CUDA); an archive already there is used as it is, so a run that stopped resumes where it
+was. The table is rewritten after every release; rows of releases and symbols not asked for are kept.
+Not run by CI: it downloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tpsim.profiles import registry  # noqa: E402  (the checkout's tpsim, run from anywhere)
+from tpsim.profiles.fingerprints import (ABSENT, TABLE_PATH, Key, Table, line_releases, load, plain,  # noqa: E402
+                                         read_release, symbol_hash)
+from tpsim.profiles.profile import Behaviour, Line, Source  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Package:
+    """How a repository's releases are published: the PyPI name, what a Source path has before the
+    package's own path (`python/` in SGLang's repository), whether to take the sdist, and the releases
+    when tpsim's registry lists none."""
+
+    name: str
+    strip: str = ""
+    sdist: bool = False
+    releases: tuple[str, ...] = ()
+
+
+PACKAGES = {
+    "sgl-project/sglang": Package("sglang", strip="python/"),
+    "vllm-project/vllm": Package("vllm", sdist=True),  # its wheels are CUDA builds of several hundred MB
+    "sgl-project/SpecForge": Package("specforge", releases=("0.1.0", "0.2.0")),
+}
+ENGINE_OF = {"sgl-project/sglang": "sglang", "vllm-project/vllm": "vllm", "sgl-project/SpecForge": "specforge"}
+
+# Symbols fingerprinted before the profile data named them (issue 34): the code the SGLang profiles cite.
+_SG = "python/sglang/srt/"
+EXTRA = tuple(Key("sgl-project/sglang", _SG + path, symbol) for path, symbol in (
+    ("models/deepseek_v2.py", "DeepseekV2Model.forward"),
+    ("models/deepseek_v2.py", "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"),
+    ("models/deepseek_v2.py", "DeepseekV2DecoderLayer.forward"),
+    ("models/llama.py", "LlamaModel.forward"),
+    ("models/llama.py", "LlamaForCausalLM.set_eagle3_layers_to_capture"),
+    ("models/qwen2.py", "Qwen2Model.forward"),
+    ("models/qwen2.py", "Qwen2ForCausalLM.set_eagle3_layers_to_capture"),
+    ("models/qwen3_moe.py", "Qwen3MoeForCausalLM.set_eagle3_layers_to_capture"),
+    ("models/gpt_oss.py", "GptOssModel.forward"),
+    ("models/gpt_oss.py", "GptOssForCausalLM.set_eagle3_layers_to_capture"),
+    ("server_args.py", "ServerArgs._handle_model_specific_adjustments"),
+    ("server_args.py", "ServerArgs.check_server_args"),
+    ("model_executor/model_runner.py", "ModelRunner.initialize"),
+    ("layers/communicator.py", "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs"),
+    ("layers/aux_hidden_states.py", "AuxHiddenStatePacker"),
+))
+
+
+def cited_sources(lines) -> list[tuple[Line, Source]]:
+    """(line, source) for every source of every behaviour a line ever has, base and changes."""
+    out = []
+    for line in lines:
+        cited = [getattr(line.base, f) for f in Behaviour.FIELDS]
+        for change in (line.starts, *line.changes):
+            cited += list(change.changes.values()) if change is not None else []
+        out += [(line, c.source) for c in cited if c is not None]
+    return out
+
+
+def releases_of(line: Line) -> list[str]:
+    package = PACKAGES.get(next((r for r, e in ENGINE_OF.items() if e == line.engine), ""))
+    return line_releases(line) or list(package.releases if package else ())
+
+
+def targets(extra: list[Key]) -> dict[Key, set[str]]:
+    """Each symbol to fingerprint and the releases to fingerprint it at."""
+    out: dict[Key, set[str]] = {}
+    for line, s in cited_sources(registry.LINES):
+        if not (s.path and s.symbol and s.repo in PACKAGES):
+            continue
+        want = out.setdefault(Key.of(s), set())
+        if ENGINE_OF[s.repo] == line.engine:
+            want.update(releases_of(line))
+        if read_release(s) is not None:
+            want.add(read_release(s))
+    for key in extra:
+        lines = [ln for ln in registry.LINES if ln.engine == ENGINE_OF.get(key.repo)]
+        out.setdefault(key, set()).update(r for ln in lines for r in releases_of(ln))
+    return out
+
+
+def parse_symbol(text: str) -> Key:
+    """`REPO_PATH::SYMBOL` (the repository is the one whose paths start that way) -> a Key."""
+    path, sep, symbol = text.partition("::")
+    repo = next((r for r, p in PACKAGES.items() if path.startswith(p.strip or p.name + "/")), None)
+    if not sep or not symbol or repo is None:
+        raise SystemExit(f"fingerprint: error: --symbol {text!r}: want PATH::SYMBOL with PATH as a profile Source "
+                         f"writes it, e.g. python/sglang/srt/models/llama.py::LlamaModel.forward or "
+                         f"vllm/model_executor/models/llama.py::LlamaModel.forward")
+    return Key(repo, path, symbol)
+
+
+ARCHIVES = (".whl", ".gz", ".zip")
+
+
+def archive(cache: Path, package: Package, version: str) -> Path | None:
+    """The release's wheel or sdist in DIR/PACKAGE-VERSION/, downloaded when not there yet; None (and a
+    line saying why) when it cannot be had."""
+    folder = cache / f"{package.name}-{version}"
+    found = sorted(p for p in folder.glob("*") if p.suffix in ARCHIVES) if folder.is_dir() else []
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    why = download_sdist(package.name, version, folder) if package.sdist else pip_wheel(package.name, version, folder)
+    found = sorted(p for p in folder.glob("*") if p.suffix in ARCHIVES)
+    if not found:
+        print(f"  {package.name} {version}: download failed ({why}); its rows stay unknown", flush=True)
+        return None
+    return found[0]
+
+
+def pip_wheel(name: str, version: str, folder: Path) -> str:
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary", ":all:",
+                        f"{name}=={version}", "-d", str(folder)], capture_output=True, text=True)
+    return (r.stderr.strip().splitlines() or ["no wheel"])[-1]
+
+
+def download_sdist(name: str, version: str, folder: Path) -> str:
+    """The sdist as PyPI lists it for this release, its sha256 checked. Not `pip download --no-binary`:
+    pip builds an sdist's metadata before it keeps the file, and vLLM's build needs torch and CUDA."""
+    try:
+        with urllib.request.urlopen(f"https://pypi.org/pypi/{name}/{version}/json", timeout=60) as r:
+            files = json.load(r)["urls"]
+        sdist = next(f for f in files if f["packagetype"] == "sdist")
+        data = urllib.request.urlopen(sdist["url"], timeout=600).read()
+    except (OSError, StopIteration, KeyError, ValueError) as e:
+        return f"no sdist from PyPI: {e or type(e).__name__}"
+    if hashlib.sha256(data).hexdigest() != sdist["digests"]["sha256"]:
+        return "the sdist's sha256 differs from PyPI's"
+    (folder / sdist["filename"]).write_bytes(data)
+    return ""
+
+
+def member_text(path: Path, inner: str) -> str | None:
+    """The text of `inner` (a path inside the package, e.g. sglang/srt/server_args.py) in a wheel or an
+    sdist (whose files sit under one top folder); None when the archive has no such file."""
+    if path.suffix == ".whl" or path.suffix == ".zip":
+        with zipfile.ZipFile(path) as z:
+            name = next((n for n in z.namelist() if inner in (n, n.split("/", 1)[-1])), None)
+            return None if name is None else z.read(name).decode()
+    with tarfile.open(path) as t:
+        member = next((m for m in t.getmembers() if m.name.split("/", 1)[-1] == inner), None)
+        return None if member is None else t.extractfile(member).read().decode()
+
+
+def fingerprint_release(path: Path, package: Package, keys: list[Key]) -> dict[Key, str]:
+    """Each key's hash in one release's archive (ABSENT where the file or the symbol is missing); a key
+    whose module this Python cannot parse is left out, with a line saying so."""
+    modules: dict[str, ast.Module | None] = {}
+    out = {}
+    for key in keys:
+        inner = key.path[len(package.strip):] if key.path.startswith(package.strip) else key.path
+        if inner not in modules:
+            modules[inner] = parse_member(path, inner)
+        tree = modules[inner]
+        if tree is not UNPARSED:
+            out[key] = (symbol_hash(tree, key.symbol) if tree is not None else None) or ABSENT
+    return out
+
+
+UNPARSED = ast.Module(body=[], type_ignores=[])  # a module this Python cannot parse: no rows for it
+
+
+def parse_member(path: Path, inner: str) -> ast.Module | None:
+    text = member_text(path, inner)
+    if text is None:
+        return None
+    try:
+        return ast.parse(text)
+    except SyntaxError as e:
+        print(f"  {path.name}: {inner} does not parse on this Python ({e.msg}, line {e.lineno}); run the tool on "
+              "a newer Python", flush=True)
+        return UNPARSED
+
+
+def version(text: str | None, option: str, parser: argparse.ArgumentParser) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return registry.version_key(text)
+    except ValueError:
+        parser.error(f"{option} {text!r} is not a version; give one like 0.5.12")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python tools/fingerprint.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="examples:\n" + __doc__.split("\n\n")[1])
+    p.add_argument("--cache", required=True, type=Path, metavar="DIR",
+                   help="where the wheels and sdists go (DIR/PACKAGE-VERSION/); kept between runs")
+    p.add_argument("--package", choices=sorted(p.name for p in PACKAGES.values()), help="only this package")
+    p.add_argument("--from", dest="first", metavar="VERSION", help="only releases from this one on")
+    p.add_argument("--to", dest="last", metavar="VERSION", help="only releases up to this one")
+    p.add_argument("--symbol", action="append", default=[], metavar="PATH::SYMBOL",
+                   help="also this symbol (PATH as a profile Source writes it); repeatable")
+    p.add_argument("--extra", action="store_true", help="also the symbols in the tool's EXTRA list")
+    p.add_argument("--missing-only", action="store_true", help="skip (symbol, release) pairs the table has")
+    p.add_argument("--out", type=Path, default=TABLE_PATH, help=f"the table to update (default {TABLE_PATH})")
+    args = p.parse_args(argv)
+    args.range = (version(args.first, "--from", p), version(args.last, "--to", p))
+    args.keys = [parse_symbol(s) for s in args.symbol] + (list(EXTRA) if args.extra else [])
+    return args
+
+
+def plan(args, have: Table) -> dict[tuple[str, str], list[Key]]:
+    """(repository, release) -> the keys to fingerprint in that release's archive, oldest release first."""
+    lo, hi = args.range
+    out: dict[tuple[str, str], list[Key]] = {}
+    for key, releases in targets(args.keys).items():
+        if args.package and PACKAGES[key.repo].name != args.package:
+            continue
+        for r in releases:
+            k = registry.version_key(r)
+            if (lo and k < lo) or (hi and k > hi) or (args.missing_only and have.at(key, r) is not None):
+                continue
+            out.setdefault((key.repo, r), []).append(key)
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], registry.version_key(kv[0][1]))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    have = Table.parse(args.out.read_text(), str(args.out)) if args.out.is_file() else Table({})
+    hashes = {k: dict(v) for k, v in have.hashes.items()}
+    todo = plan(args, have)
+    print(f"fingerprint: {sum(map(len, todo.values()))} (symbol, release) pairs in {len(todo)} archives; "
+          f"cache {args.cache}; table {args.out}", flush=True)
+    for i, ((repo, release), keys) in enumerate(todo.items(), 1):
+        package = PACKAGES[repo]
+        path = archive(args.cache, package, release)
+        if path is None:
+            continue
+        got = fingerprint_release(path, package, keys)
+        for key, digest in got.items():
+            hashes.setdefault(key, {})[plain(release)] = digest
+        args.out.write_text(Table(hashes).dump())  # after every release: a stopped run keeps what it did
+        absent = sum(d == ABSENT for d in got.values())
+        print(f"[{i}/{len(todo)}] {package.name} {release}: {len(got)} symbols, {absent} absent ({path.name})",
+              flush=True)
+    print(f"fingerprint: wrote {args.out} ({len(Table(hashes).rows())} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
