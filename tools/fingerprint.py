@@ -111,15 +111,12 @@ def targets(extra: list[Key]) -> dict[Key, set[str]]:
     return out
 
 
-def parse_symbol(text: str) -> Key:
-    """`REPO_PATH::SYMBOL` (the repository is the one whose paths start that way) -> a Key."""
+def parse_symbol(text: str) -> Key | None:
+    """`REPO_PATH::SYMBOL` (the repository is the one whose paths start that way) -> a Key; None when
+    it is not that."""
     path, sep, symbol = text.partition("::")
     repo = next((r for r, p in PACKAGES.items() if path.startswith(p.strip or p.name + "/")), None)
-    if not sep or not symbol or repo is None:
-        raise SystemExit(f"fingerprint: error: --symbol {text!r}: want PATH::SYMBOL with PATH as a profile Source "
-                         f"writes it, e.g. python/sglang/srt/models/llama.py::LlamaModel.forward or "
-                         f"vllm/model_executor/models/llama.py::LlamaModel.forward")
-    return Key(repo, path, symbol)
+    return Key(repo, path, symbol) if sep and symbol and repo else None
 
 
 ARCHIVES = (".whl", ".gz", ".zip")
@@ -214,8 +211,15 @@ def version(text: str | None, option: str, parser: argparse.ArgumentParser) -> t
         parser.error(f"{option} {text!r} is not a version; give one like 0.5.12")
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """Bad input: one line naming the problem and the fix, exit 2."""
+        print(f"fingerprint: error: {message}; see python tools/fingerprint.py --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python tools/fingerprint.py", description=__doc__.split("\n\n")[0],
+    p = Parser(prog="python tools/fingerprint.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="examples:\n" + __doc__.split("\n\n")[1])
     p.add_argument("--cache", required=True, type=Path, metavar="DIR",
@@ -230,7 +234,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=TABLE_PATH, help=f"the table to update (default {TABLE_PATH})")
     args = p.parse_args(argv)
     args.range = (version(args.first, "--from", p), version(args.last, "--to", p))
-    args.keys = [parse_symbol(s) for s in args.symbol] + (list(EXTRA) if args.extra else [])
+    keys = [parse_symbol(s) for s in args.symbol]
+    if None in keys:
+        p.error(f"--symbol {args.symbol[keys.index(None)]!r}: want PATH::SYMBOL, PATH as a profile Source writes it "
+                "(e.g. python/sglang/srt/models/llama.py::LlamaModel.forward)")
+    args.keys = keys + (list(EXTRA) if args.extra else [])
     return args
 
 

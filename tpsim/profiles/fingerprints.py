@@ -291,8 +291,11 @@ class Unverified:
     @property
     def line(self) -> str:
         at = f"{self.engine}@{self.release}" + (f" ({self.version})" if plain(self.version) != self.release else "")
+        newest: dict[tuple[Key, Status], Verdict] = {}  # per symbol, the newest release read says it
+        for v in sorted(self.verdicts, key=lambda v: registry.version_key(v.read)):
+            newest[(v.key, v.status)] = v
         parts = []
-        for v in self.verdicts:
+        for v in newest.values():
             if v.status is Status.ABSENT:
                 parts.append(f"has no {v.key.short} (read at {v.read})")
                 continue
