@@ -5,6 +5,7 @@ a replay at a changed release says UNVERIFIED through the real CLI (text and --j
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -23,9 +24,12 @@ from tpsim.profiles.fingerprints import (ABSENT, Key, Status, Table, builtin_tab
 from tpsim.profiles.profile import Source
 
 
+@functools.lru_cache(maxsize=None)
 def tool():
+    """tools/fingerprint.py as a module (tools/ is not a package)."""
     spec = importlib.util.spec_from_file_location("fingerprint_tool", ROOT / "tools" / "fingerprint.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -252,7 +256,7 @@ def test_profiles_json_carries_the_classes_and_the_quotes(changed_at_0520):
     assert by_release["0.5.14"] == "read" and by_release["0.5.20"] == "changed" and by_release["0.5.15"] == "same"
     assert any(b["quote"] and "layers_to_capture" in b["quote"] for p in ds for b in p["behaviour"].values())
     r = patched_cli(changed_at_0520, "profiles", "--sources")
-    assert "      | if i in self.layers_to_capture:" in r.stdout
+    assert "      |     if i in self.layers_to_capture:" in r.stdout
     assert "changed 0.5.20..0.5.23 (deepseek_v2.DeepseekV2Model.forward)" in r.stdout
 
 

@@ -83,6 +83,9 @@ def line_summary(items: list[Classified]) -> str:
         parts.append(f"{status.name.lower()} {text}{detail}")
     if not any(c.verdicts for c in items):
         parts.append("no cited source names a symbol to fingerprint")
+    unread = sorted({v.key.short for c in items for v in c.verdicts if v.read is None})
+    if unread:
+        parts.append(f"read at a commit or a PR, not compared: {', '.join(unread)}")
     return "; ".join(parts)
 
 

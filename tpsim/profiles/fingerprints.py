@@ -168,7 +168,7 @@ def builtin_table() -> Table:
 # --- classifying a release ------------------------------------------------------------------
 
 class Status(Enum):
-    """What the fingerprints say of a cited symbol at one release (WORST_FIRST orders them)."""
+    """What the fingerprints say of a cited symbol at one release."""
 
     READ = "read: the release the source was read at"
     SAME = "same: the cited code is unchanged from the release read"
@@ -177,7 +177,8 @@ class Status(Enum):
     UNKNOWN = "unknown: no fingerprint for this release, or the source was not read at a release"
 
 
-WORST_FIRST = (Status.CHANGED, Status.ABSENT, Status.UNKNOWN, Status.SAME, Status.READ)
+# a release's status: the first of these any of its sources has (READ before SAME: read there, the rest unchanged)
+WORST_FIRST = (Status.CHANGED, Status.ABSENT, Status.UNKNOWN, Status.READ, Status.SAME)
 
 
 def read_release(s: Source) -> str | None:
@@ -253,7 +254,8 @@ def profile_at(line: Line, release: str) -> Profile:
 @dataclass(frozen=True)
 class Classified:
     """One release of a line: the profile in force there, each of its sources with a symbol, and the
-    worst of them (UNKNOWN when none names a symbol)."""
+    worst of those read at a release (a source read at a commit or a PR has no release to compare with: it
+    stays UNKNOWN in `verdicts` and is left out of `status`; UNKNOWN when no source counts)."""
 
     release: str
     profile: Profile
@@ -261,7 +263,7 @@ class Classified:
 
     @property
     def status(self) -> Status:
-        found = {v.status for v in self.verdicts}
+        found = {v.status for v in self.verdicts if v.read is not None}
         return next((s for s in WORST_FIRST if s in found), Status.UNKNOWN)
 
     def to_dict(self) -> dict:
