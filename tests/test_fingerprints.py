@@ -182,6 +182,19 @@ def test_every_cited_symbol_has_its_fingerprint_at_the_release_read():
             assert t.at(key, "0.5.6") != ABSENT, key
 
 
+def test_the_unverified_line_names_each_symbol_once_with_the_newest_release_read():
+    def v(ref: str, status: Status, symbol: str = SYM) -> fingerprints.Verdict:
+        s = Source(REPO, PATH, ref, symbol=symbol)
+        return fingerprints.Verdict(s, "0.5.20", status, read_release(s))
+    u = fingerprints.Unverified("sglang", "latest", "0.5.20", (
+        v("v0.5.17", Status.CHANGED), v("v0.5.6", Status.CHANGED), v("v0.5.23", Status.CHANGED, "DeepseekV2Model"),
+        v("3e4a39ee", Status.ABSENT, "DeepseekV2Model.tbo")))
+    assert u.line == ("UNVERIFIED: sglang@0.5.20 (latest) has no deepseek_v2.DeepseekV2Model.tbo (read at 3e4a39ee); "
+                      "changed deepseek_v2.DeepseekV2Model.forward after 0.5.17, the release read; "
+                      "changed deepseek_v2.DeepseekV2Model before 0.5.23, the release read")
+    assert u.to_dict()["line"] == u.line and len(u.to_dict()["sources"]) == 4
+
+
 def test_a_server_version_names_a_release():
     newest = max(registry.RELEASES["sglang"], key=registry.version_key)
     assert release_named("sglang", "latest") == newest and release_named("sglang", "0.5.20") == "0.5.20"

@@ -294,12 +294,12 @@ class Unverified:
     def line(self) -> str:
         at = f"{self.engine}@{self.release}" + (f" ({self.version})" if plain(self.version) != self.release else "")
         newest: dict[tuple[Key, Status], Verdict] = {}  # per symbol, the newest release read says it
-        for v in sorted(self.verdicts, key=lambda v: registry.version_key(v.read)):
+        for v in sorted(self.verdicts, key=lambda v: registry.version_key(v.read) if v.read else ()):
             newest[(v.key, v.status)] = v
         parts = []
         for v in newest.values():
             if v.status is Status.ABSENT:
-                parts.append(f"has no {v.key.short} (read at {v.read})")
+                parts.append(f"has no {v.key.short} (read at {v.read or v.source.ref})")
                 continue
             edge = "after" if registry.version_key(self.release) > registry.version_key(v.read) else "before"
             parts.append(f"changed {v.key.short} {edge} {v.read}, the release read")
