@@ -167,19 +167,20 @@ def test_every_release_in_every_line_is_classified(line):
 def test_every_cited_symbol_has_its_fingerprint_at_the_release_read():
     """Every source that names a symbol and was read at a release of a package the tool fetches has a hash
     there (not `absent`: the symbol cited must exist in the code read). Not vacuous: the symbols the tool's
-    EXTRA list names are in the table for every SGLang release from 0.5.6 to 0.5.23."""
+    EXTRA list names are in the table at every release of their engine's lines (SGLang 0.5.6 .. 0.5.23,
+    vLLM 0.18.0 .. 0.33.0), and exist at the newest."""
     t, fp = builtin_table(), tool()
     missing = [f"{s} {s.symbol}" for _, s in fp.cited_sources(registry.LINES)
                if s.symbol and s.repo in fp.PACKAGES and read_release(s)
                and t.at(Key.of(s), read_release(s)) in (None, ABSENT)]
     assert not missing, f"run tools/fingerprint.py (docs/profiles.md) for: {missing}"
-    sglang = [r for r in registry.RELEASES["sglang"]
-              if registry.version_key("0.5.6") <= registry.version_key(r) <= registry.version_key("0.5.23")]
+    want = fp.targets(list(fp.EXTRA))
+    assert {k.repo for k in fp.EXTRA} == {"sgl-project/sglang", "vllm-project/vllm"}
     for key in fp.EXTRA:
-        gaps = [r for r in sglang if t.at(key, r) is None]
-        assert not gaps, f"{key.short} has no fingerprint at {gaps}"
-        if "AuxHiddenStatePacker" not in key.symbol:
-            assert t.at(key, "0.5.6") != ABSENT, key
+        assert {"0.5.6", "0.5.23"} <= want[key] or {"0.18.0", "0.33.0"} <= want[key], key
+        gaps = sorted(r for r in want[key] if t.at(key, r) is None)
+        assert not gaps, f"{key.short} has no fingerprint at {gaps}: run tools/fingerprint.py --extra"
+    assert t.at(Key(REPO, PATH, SYM), "0.5.20") not in (None, ABSENT)
 
 
 def test_the_unverified_line_names_each_symbol_once_with_the_newest_release_read():

@@ -57,7 +57,7 @@ PACKAGES = {
 }
 ENGINE_OF = {"sgl-project/sglang": "sglang", "vllm-project/vllm": "vllm", "sgl-project/SpecForge": "specforge"}
 
-# Symbols fingerprinted before the profile data named them (issue 34): the code the SGLang profiles cite.
+# Symbols fingerprinted before the profile data named them (issue 34): the code the profiles cite.
 _SG = "python/sglang/srt/"
 EXTRA = tuple(Key("sgl-project/sglang", _SG + path, symbol) for path, symbol in (
     ("models/deepseek_v2.py", "DeepseekV2Model.forward"),
@@ -75,6 +75,14 @@ EXTRA = tuple(Key("sgl-project/sglang", _SG + path, symbol) for path, symbol in 
     ("model_executor/model_runner.py", "ModelRunner.initialize"),
     ("layers/communicator.py", "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs"),
     ("layers/aux_hidden_states.py", "AuxHiddenStatePacker"),
+)) + tuple(Key("vllm-project/vllm", path, symbol) for path, symbol in (
+    ("vllm/model_executor/models/deepseek_v2.py", "DeepseekV2Model.forward"),
+    ("vllm/model_executor/models/llama.py", "LlamaModel.forward"),
+    ("vllm/model_executor/models/interfaces.py", "EagleModelMixin._maybe_add_hidden_state"),
+    ("vllm/model_executor/models/interfaces.py", "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers"),
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner._get_eagle3_aux_layers_from_config"),
+    ("vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "get_eagle3_aux_layers_from_config"),
+    ("vllm/config/vllm.py", "VllmConfig.use_v2_model_runner"),
 ))
 
 
@@ -133,6 +141,8 @@ def archive(cache: Path, package: Package, version: str) -> Path | None:
     why = download_sdist(package.name, version, folder) if package.sdist else pip_wheel(package.name, version, folder)
     found = sorted(p for p in folder.glob("*") if p.suffix in ARCHIVES)
     if not found:
+        if not any(folder.iterdir()):
+            folder.rmdir()
         print(f"  {package.name} {version}: download failed ({why}); its rows stay unknown", flush=True)
         return None
     return found[0]
@@ -145,61 +155,73 @@ def pip_wheel(name: str, version: str, folder: Path) -> str:
 
 
 def download_sdist(name: str, version: str, folder: Path) -> str:
-    """The sdist as PyPI lists it for this release, its sha256 checked. Not `pip download --no-binary`:
-    pip builds an sdist's metadata before it keeps the file, and vLLM's build needs torch and CUDA."""
+    """The release's sdist as the package index lists it (the simple API pip reads, PEP 691), its sha256
+    checked. Not `pip download --no-binary`: pip builds an sdist's metadata before it keeps the file, and
+    vLLM's build needs torch and CUDA."""
+    want = f"{name}-{version}.tar.gz"
+    request = urllib.request.Request(f"https://pypi.org/simple/{name}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(f"https://pypi.org/pypi/{name}/{version}/json", timeout=60) as r:
-            files = json.load(r)["urls"]
-        sdist = next(f for f in files if f["packagetype"] == "sdist")
+        with urllib.request.urlopen(request, timeout=60) as r:
+            sdist = next(f for f in json.load(r)["files"] if f["filename"] == want)
         data = urllib.request.urlopen(sdist["url"], timeout=600).read()
-    except (OSError, StopIteration, KeyError, ValueError) as e:
-        return f"no sdist from PyPI: {e or type(e).__name__}"
-    if hashlib.sha256(data).hexdigest() != sdist["digests"]["sha256"]:
-        return "the sdist's sha256 differs from PyPI's"
-    (folder / sdist["filename"]).write_bytes(data)
+    except StopIteration:
+        return f"the index lists no {want}"
+    except (OSError, KeyError, ValueError) as e:
+        return f"{want}: {e or type(e).__name__}"
+    if hashlib.sha256(data).hexdigest() != sdist["hashes"].get("sha256"):
+        return f"{want}: its sha256 differs from the index's"
+    part = folder / (want + ".part")  # renamed when whole: a half-written file is never taken
+    part.write_bytes(data)
+    part.rename(folder / want)
     return ""
 
 
-def member_text(path: Path, inner: str) -> str | None:
-    """The text of `inner` (a path inside the package, e.g. sglang/srt/server_args.py) in a wheel or an
-    sdist (whose files sit under one top folder); None when the archive has no such file."""
-    if path.suffix == ".whl" or path.suffix == ".zip":
-        with zipfile.ZipFile(path) as z:
-            name = next((n for n in z.namelist() if inner in (n, n.split("/", 1)[-1])), None)
-            return None if name is None else z.read(name).decode()
-    with tarfile.open(path) as t:
-        member = next((m for m in t.getmembers() if m.name.split("/", 1)[-1] == inner), None)
-        return None if member is None else t.extractfile(member).read().decode()
-
-
-def fingerprint_release(path: Path, package: Package, keys: list[Key]) -> dict[Key, str]:
-    """Each key's hash in one release's archive (ABSENT where the file or the symbol is missing); a key
-    whose module this Python cannot parse is left out, with a line saying so."""
-    modules: dict[str, ast.Module | None] = {}
+def member_texts(path: Path, inners: set[str]) -> dict[str, str]:
+    """The text of each of `inners` (paths inside the package, e.g. sglang/srt/server_args.py) that a wheel
+    or an sdist (whose files sit under one top folder) holds, read in one pass over the archive."""
     out = {}
-    for key in keys:
-        inner = key.path[len(package.strip):] if key.path.startswith(package.strip) else key.path
-        if inner not in modules:
-            modules[inner] = parse_member(path, inner)
-        tree = modules[inner]
-        if tree is not UNPARSED:
-            out[key] = (symbol_hash(tree, key.symbol) if tree is not None else None) or ABSENT
+    if path.suffix in (".whl", ".zip"):
+        with zipfile.ZipFile(path) as z:
+            for name in z.namelist():
+                inner = name if name in inners else name.split("/", 1)[-1]
+                if inner in inners and inner not in out:
+                    out[inner] = z.read(name).decode()
+        return out
+    with tarfile.open(path) as t:
+        for member in t:
+            inner = member.name.split("/", 1)[-1]
+            if inner in inners and member.isfile():
+                out[inner] = t.extractfile(member).read().decode()
     return out
 
 
 UNPARSED = ast.Module(body=[], type_ignores=[])  # a module this Python cannot parse: no rows for it
 
 
-def parse_member(path: Path, inner: str) -> ast.Module | None:
-    text = member_text(path, inner)
+def parse(name: str, text: str | None) -> ast.Module | None:
     if text is None:
         return None
     try:
         return ast.parse(text)
     except SyntaxError as e:
-        print(f"  {path.name}: {inner} does not parse on this Python ({e.msg}, line {e.lineno}); run the tool on "
-              "a newer Python", flush=True)
+        print(f"  {name} does not parse on this Python ({e.msg}, line {e.lineno}); run the tool on a newer Python",
+              flush=True)
         return UNPARSED
+
+
+def fingerprint_release(path: Path, package: Package, keys: list[Key]) -> dict[Key, str]:
+    """Each key's hash in one release's archive (ABSENT where the file or the symbol is missing); a key
+    whose module this Python cannot parse is left out, with a line saying so."""
+    inner = {k: k.path[len(package.strip):] if k.path.startswith(package.strip) else k.path for k in keys}
+    texts = member_texts(path, set(inner.values()))
+    trees = {i: parse(f"{path.name}: {i}", texts.get(i)) for i in set(inner.values())}
+    out = {}
+    for key in keys:
+        tree = trees[inner[key]]
+        if tree is not UNPARSED:
+            out[key] = (symbol_hash(tree, key.symbol) if tree is not None else None) or ABSENT
+    return out
 
 
 def version(text: str | None, option: str, parser: argparse.ArgumentParser) -> tuple[int, ...] | None:
