@@ -11,10 +11,12 @@ the EXTRA list below. Which releases: every release in the range of each line th
 (tpsim.profiles.fingerprints.line_releases), and the release each source was read at.
 
 Archives go to DIR/PACKAGE-VERSION/: wheels from `pip download --no-deps --only-binary :all:`; vLLM's sdist
-(its wheels are CUDA builds of hundreds of MB) from the file PyPI lists for the release, its sha256 checked
-(pip would build the sdist's metadata first, which for vLLM needs torch and CUDA); an archive already there is used as it is, so a run that stopped resumes where it
-was. The table is rewritten after every release; rows of releases and symbols not asked for are kept.
-Not run by CI: it downloads.
+(its wheels are CUDA builds of hundreds of MB) as the package index's simple API lists it, its sha256
+checked (pip would build the sdist's metadata first, which for vLLM needs torch and CUDA). An archive
+already there is used as it is, so a run that stopped resumes where it was; `--missing-only` also skips
+the rows the table has. The table is rewritten after every release; rows not asked for are kept.
+Not run by CI: it downloads. Run it on the newest Python tpsim supports: a module it cannot parse gets
+no rows (and a line saying so).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tpsim.profiles import registry  # noqa: E402  (the checkout's tpsim, run from anywhere)
-from tpsim.profiles.fingerprints import (ABSENT, TABLE_PATH, Key, Table, line_releases, load, plain,  # noqa: E402
+from tpsim.profiles.fingerprints import (ABSENT, TABLE_PATH, Key, Table, line_releases, plain,  # noqa: E402
                                          read_release, symbol_hash)
 from tpsim.profiles.profile import Behaviour, Line, Source  # noqa: E402
 
