@@ -84,3 +84,12 @@ def test_built_in_models_by_name(installed):
     tpsim, cwd = installed
     r = sh([tpsim, "resolve", "--convention", "sglang", "--layers", "-1,2,30", "--model", "deepseek-v3"], cwd)
     assert r.returncode == 0 and "61" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_source_fingerprints_come_with_the_wheel(installed):
+    """configs/fingerprints.tsv is read from tpsim/builtin: the installed tpsim classifies releases."""
+    tpsim, cwd = installed
+    r = sh([tpsim.parent / "python", "-c", "from tpsim.profiles.fingerprints import TABLE_PATH, builtin_table; "
+            "print(TABLE_PATH, len(builtin_table().rows()))"], cwd)
+    path, rows = r.stdout.split()
+    assert r.returncode == 0 and "/tpsim/builtin/" in path and str(ROOT) not in path and int(rows) > 0, r

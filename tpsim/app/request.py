@@ -23,6 +23,7 @@ from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
+from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, check_tokens, input_ids_for
@@ -151,6 +152,7 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
     if ids.convention is not None:
         raise UsageError("--server and --convention both say how ids are numbered; give one of them")
     profile = lookup(ids.server, cfg.model_type)
+    stale = unverified(ids.server, cfg.model_type)
     notes = [f"--server {ids.server}: profile {profile.name} ({profile.versions.text()})"]
     if tbo:
         notes.append(tbo_note(profile))
@@ -159,7 +161,7 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
             raise UsageError("--layers and --draft-config both give the ids; give one of them")
         got = read_ids(profile, read_draft_config(ids.draft_config).raw)
         if got.failure:
-            return Resolution(profile.name, L, None, [], "internal_ids", [], notes, [got.failure], True)
+            return Resolution(profile.name, L, None, [], "internal_ids", [], notes, [got.failure], True, stale)
         layers = got.ids
         notes.append(f"{ids.draft_config}: falls back to the default: {got.fallback}" if got.fallback else
                      f"{ids.draft_config}: ids {layers} from {got.where}" if layers is not None else
@@ -168,6 +170,7 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
     res = resolution(rep, layers)
     res.notes[:0] = notes
     res.findings, res.failed = findings(rep, cfg.hidden_size), rep.crashed or rep.refused
+    res.unverified = stale
     return res
 
 

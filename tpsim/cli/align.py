@@ -26,6 +26,7 @@ from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.app.ranks import is_reporting_process
 from tpsim.profiles.draft import write_ids_hint
 from tpsim.profiles.profile import Profile
+from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import lookup
 from tpsim.offline.sides import align_profiles, side_from_config
 from tpsim.run.spec import ModelSource
@@ -128,10 +129,13 @@ def cmd_align(args) -> int:
             return 0
     if report.fix is not None and report.fix.ids is not None:
         report.fix.text += f" ({fix_hint(report, serve_p)})"
+    stale = None if serve_p is None else unverified(args.server, model_type(args, src))
     if args.json:
-        emit_json(report.to_dict())
+        emit_json({**report.to_dict(), "unverified": stale and stale.to_dict()})
     else:
         print_report(report, args)
+        if stale:
+            say(stale.line)
     return 0 if report.aligned else 1
 
 

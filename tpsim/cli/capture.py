@@ -58,6 +58,8 @@ def cmd_capture(args) -> int:
                          "tpsim check --tbo replays the engine's narrower capture and names the missing slots")
     check_not_an_input([out], spec.source)
     if res.failed:  # the engine fails before it captures anything
+        if res.unverified:
+            print(res.unverified.line, file=sys.stderr)
         for f in res.findings:
             print(f"tpsim: error: {f}; nothing written", file=sys.stderr)
         return 1
@@ -88,9 +90,13 @@ def cmd_capture(args) -> int:
         meta["checkpoint_fingerprint"] = spec.source.fingerprint
     if args.server is not None:
         meta["server"] = args.server
+    if res.unverified:
+        meta["unverified"] = res.unverified.line
     write_capture(out, cap, list(spec.tokens), meta)
     for n in spec.source.notes:
         print(f"note: {n}")
+    if res.unverified:
+        print(res.unverified.line)
     where = placement if placement != R else f"identical on all {tp} rank{'s' if tp > 1 else ''}"
     print(f"wrote {out}: aux_hidden_states {list(cap.shape)} ({res.positions_text}), input_ids "
           f"[{len(spec.tokens)}], TP={tp}, mode {mode.name}, {where}")

@@ -46,6 +46,8 @@ def engine_failure(args, res) -> int:
     else:
         say(f"tpsim check: {res.convention} on {res.num_layers} layers, ids "
             f"{'default' if res.ids is None else res.ids}")
+        if res.unverified:
+            say(res.unverified.line)
         for f in res.findings:
             say(f"FAIL: {f}")
     return 1
@@ -62,6 +64,8 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     for note in spec.source.notes:
         say(f"note: {note}")
     say(f"capture: {res.convention} ids {ids} -> {res.positions_text} (width {n} x {H} = {n * H})")
+    if res.unverified:
+        say(res.unverified.line)
     for note in res.notes:
         say(f"note: {note}")
     note = mode.note(spec.strategy, len(spec.tokens), L)

@@ -8,6 +8,7 @@ from tpsim.cli.options import add_json, add_server_option, emit_json, layer_ids,
 from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
 from tpsim.base.errors import UsageError
 from tpsim.profiles.findings import findings
+from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.run.spec import model_path
@@ -64,15 +65,19 @@ def resolve_server(args, L: int, model_type: str, hidden: int | None) -> int:
     profile = lookup(args.server, model_type)
     rep = replay(profile, layer_ids(args), L)
     found = findings(rep, hidden)
+    stale = unverified(args.server, model_type)
     if args.json:
         emit_json({"server": args.server, "profile": profile.name, "versions": profile.versions.text(),
                    "num_layers": L, "ids": rep.ids, "used_default": rep.used_default,
                    "slots": [{"slot": s.index, "id": s.id, "internal": s.internal, "fate": s.fate.name.lower(),
                               "position": None if s.position is None else str(s.position)} for s in rep.slots],
                    "positions": [str(p) for p in rep.positions], "failure": rep.failure, "findings": found,
-                   "notes": rep.notes + list(profile.notes), "ok": not found})
+                   "notes": rep.notes + list(profile.notes), "unverified": stale and stale.to_dict(),
+                   "ok": not found})
         return 1 if found else 0
     print(f"{args.server}: profile {profile.name} ({profile.versions.text()}), {L} layers")
+    if stale:
+        print(stale.line)
     print(f"ids {'default ' if rep.used_default else ''}{rep.ids} -> "
           f"{', '.join(map(str, rep.positions)) or 'nothing'}")
     for s in rep.slots:

@@ -14,6 +14,7 @@ from tpsim.cli.options import add_execution_options, add_json, add_server_option
 from tpsim.cli.parser import add_command, refuse_without
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Gpu, Served
+from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import lookup
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.run.spec import DEFAULT_MODEL
@@ -71,10 +72,13 @@ def cmd_triage(args) -> int:
     t = triage(train_p, serve_p, served, draft, request_from(args, tps), src)
     if t is None:  # a torchrun rank other than 0
         return 0
+    stale = unverified(args.server, cfg.model_type)
     if args.json:
-        emit_json(to_dict(t, args))
+        emit_json({**to_dict(t, args), "unverified": stale and stale.to_dict()})
     else:
         print_triage(t, args)
+        if stale:
+            say(stale.line)
     return 0 if t.ok else 1
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpsim.capture.positions import Position
+from tpsim.profiles.fingerprints import Unverified
 from tpsim.profiles.replay import Replay
 
 
@@ -22,6 +23,7 @@ class Resolution:
     notes: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)  # what the engine's handling breaks (with --server)
     failed: bool = False  # the engine crashes or refuses: nothing is captured
+    unverified: Unverified | None = None  # a --server release where the cited code changed since it was read
 
     @property
     def positions_text(self) -> str:
@@ -31,7 +33,7 @@ class Resolution:
         return {"convention": self.convention, "num_layers": self.num_layers, "ids": self.ids,
                 "used_default": self.ids is None, self.internal_name: self.internal,
                 "positions": [str(p) for p in self.positions], "notes": self.notes, "findings": self.findings,
-                "failed": self.failed}
+                "failed": self.failed, "unverified": self.unverified and self.unverified.to_dict()}
 
 
 def resolution(rep: Replay, given: list[int] | None, name: str | None = None, internal: list[int] | None = None,
