@@ -928,3 +928,18 @@ def test_a_non_finite_value_in_any_dump_fails_naming_file_point_rank_and_count(t
                                                 "input_ids": torch.tensor(IDS)}, {"positions": "embed,out(1),out(2)"})
     with pytest.raises(UsageError, match=r"--reference .*holds \d+ NaN and \d+ Inf"):
         read_reference(str(poisoned), None, None)
+
+
+def test_integer_dumps_are_not_compared_as_hidden_states(tmp_path):
+    """A point of integers (positions, ids) was diffed as numbers and got a verdict: it is skipped with a
+    note when listed by the files, and refused in one line when named."""
+    c = chain()
+    ref = save(tmp_path / "cap.safetensors", {"aux_hidden_states": torch.cat([c["embed"], c["out(1)"], c["out(2)"]], 1),
+                                              "input_ids": torch.tensor(IDS)}, {"positions": "embed,out(1),out(2)"})
+    ints = [torch.arange(T * H).reshape(T, H) for _ in range(2)]
+    files = rank_dump(tmp_path, "run", 2, {"layers.1.out": ([c["out(1)"]] * 2, R), "positions": (ints, R)})
+    report = diagnose_files([str(f) for f in files], str(ref))
+    assert [r.point for r in report.points] == ["layers.1.out"] and report.ok
+    assert any("skipped points holding integers" in n and "positions" in n for n in report.notes)
+    with pytest.raises(UsageError, match="point positions holds int64 values, not hidden states"):
+        diagnose_files([str(f) for f in files], str(ref), points=["positions"])

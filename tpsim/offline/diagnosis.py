@@ -357,7 +357,13 @@ def diagnose_files(files: list[str], reference: str, points: list[str] | None = 
         for p in points:
             if p not in rs.points:
                 raise unknown_point(p, rs.available)
-    names = points or list(rs.points)
+    names = points or [p for p in rs.points if rs.points[p][0].is_floating_point()]
+    integer = [p for p in (points or rs.points) if not rs.points[p][0].is_floating_point()]
+    if points and integer:  # ids or positions are not hidden states: a diff of them means nothing
+        raise UsageError(f"point {integer[0]} holds {str(rs.points[integer[0]][0].dtype).removeprefix('torch.')} "
+                         "values, not hidden states; name a floating-point point")
+    if integer:
+        rs.notes.append(f"skipped points holding integers, not hidden states: {', '.join(integer)}")
     if not names:
         raise UsageError("the rank files hold no point present on every rank")
     for p in names:
