@@ -4,6 +4,8 @@ the source fingerprints (read, unchanged since a release read, changed and unrea
 
 from __future__ import annotations
 
+import textwrap
+
 from tpsim.cli.options import add_json, emit_json
 from tpsim.profiles import fingerprints, registry
 from tpsim.profiles.fingerprints import Classified, Status
@@ -85,12 +87,17 @@ def line_summary(items: list[Classified]) -> str:
     return "; ".join(parts)
 
 
+def wrapped(text: str, indent: int = 6) -> str:
+    """`text` in lines of at most 100 columns, the later ones indented."""
+    return "\n".join(textwrap.wrap(text, 100, subsequent_indent=" " * indent, break_on_hyphens=False))
+
+
 def print_sources(rows: list[tuple[Profile, Profile]], by_line: dict) -> None:
     for p, _ in rows:
         say(f"\n{p.name}")
         mine = [c for c in by_line.get((p.engine, p.family), []) if c.profile.name == p.name]
         if mine:
-            say(f"  releases: {line_summary(mine)}")
+            say(wrapped(f"  releases: {line_summary(mine)}"))
         for f in Behaviour.FIELDS:
             c = getattr(p.behaviour, f)
             if c is None:
@@ -112,10 +119,10 @@ def cmd_profiles(args) -> int:
           [[p.name, p.versions.span(), ", ".join(p.models) or "any",
             "(latest)" if p is latest else ", ".join(d.split(":")[0] for d in differences(p, latest)),
             str(len(p.sources()))] for p, latest in rows], notes=("differs from the latest",))
-    say("\nsource fingerprints, each release of a line against the code its profile cites (read: the release "
-        "read; same: unchanged since; changed: unread code; docs/profiles.md):")
+    say("\n" + wrapped("source fingerprints, each release of a line against the code its profile cites (read: "
+                       "the release read; same: unchanged since; changed: unread code; docs/profiles.md):", 0))
     for line in registry.LINES:
-        say(f"  {line.engine}:{line.family}: {line_summary(by_line[(line.engine, line.family)])}")
+        say(wrapped(f"  {line.engine}:{line.family}: {line_summary(by_line[(line.engine, line.family)])}"))
     if args.sources:
         print_sources(rows, by_line)
     return 0

@@ -13,7 +13,7 @@ from tpsim.base.errors import UsageError
 from tpsim.capture import Position
 from tpsim.weights.reader import Checkpoint, validate
 from tpsim.config.loader import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
-from tpsim.modes import Mode, Strategy
+from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline
 
@@ -92,7 +92,7 @@ class RunSpec:
     dtype: str
     tokens: tuple[int, ...]
     positions: tuple[Position, ...] = ()
-    mode: Mode = field(default_factory=Mode)
+    mode: Mode = field(default_factory=TensorParallel)
     strategy: Strategy = Strategy.MODEL_LEVEL
     device: str = "cpu"
     backend: str | None = None
