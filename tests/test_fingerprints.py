@@ -271,7 +271,7 @@ def test_profiles_json_carries_the_classes_and_the_quotes(changed_at_0520):
     assert any(b["quote"] and "layers_to_capture" in b["quote"] for p in ds for b in p["behaviour"].values())
     r = patched_cli(changed_at_0520, "profiles", "--sources")
     assert "      |     if i in self.layers_to_capture:" in r.stdout
-    assert "changed 0.5.20..0.5.23 (deepseek_v2.DeepseekV2Model.forward)" in r.stdout
+    assert "changed 0.5.20..0.5.23 (deepseek_v2.DeepseekV2Model.forward)" in " ".join(r.stdout.split())  # wrapped at 100 columns
 
 
 def test_profiles_lists_every_line_with_its_releases_classified():
