@@ -143,6 +143,22 @@ def test_a_release_is_classified_against_the_release_read(release, ref, want):
     assert v.read == (None if "." not in ref else ref[1:])
 
 
+@pytest.mark.parametrize("release, reviewed, want", [
+    ("0.5.13", ("v0.5.13",), Status.READ),  # the changed code was read there too
+    ("0.5.13", (), Status.CHANGED),
+    ("0.5.12", ("0.5.13",), Status.UNKNOWN),
+])
+def test_a_changed_release_that_was_read_counts_as_read(release, reviewed, want):
+    """`Source.reviewed`: releases whose changed code was read too (the behaviour holds there); a later
+    release with the same code as one of them is SAME, not CHANGED."""
+    v = classify(Source(REPO, PATH, "v0.5.6", symbol=SYM, reviewed=reviewed), release, SMALL)
+    assert v.status is want
+    later = Table({KEY: {**SMALL.hashes[KEY], "0.5.15": "bbbb"}})
+    assert classify(Source(REPO, PATH, "v0.5.6", symbol=SYM, reviewed=("0.5.13",)), "0.5.15", later).status \
+        is Status.SAME
+    assert classify(Source(REPO, PATH, "v0.5.6", symbol=SYM), "0.5.15", later).status is Status.CHANGED
+
+
 def test_the_table_round_trips_and_refuses_a_bad_file():
     assert Table.parse(SMALL.dump(), "t").hashes == SMALL.hashes
     with pytest.raises(ValueError, match="header"):

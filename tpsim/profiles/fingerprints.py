@@ -217,17 +217,18 @@ def classify(s: Source, release: str, table: Table) -> Verdict:
 
     def verdict(status: Status) -> Verdict:
         return Verdict(s, plain(release), status, read)
-    if read is not None and registry.version_key(read) == registry.version_key(plain(release)):
+    seen = [r for r in (read, *map(plain, s.reviewed)) if r is not None]  # the releases whose code was read
+    if any(registry.version_key(r) == registry.version_key(plain(release)) for r in seen):
         return verdict(Status.READ)
     here = table.at(key, release)
     if here is None:
         return verdict(Status.UNKNOWN)
     if here == ABSENT:
         return verdict(Status.ABSENT)
-    there = None if read is None else table.at(key, read)
-    if there is None or there == ABSENT:
+    known = {table.at(key, r) for r in seen} - {None, ABSENT}
+    if not known:
         return verdict(Status.UNKNOWN)
-    return verdict(Status.SAME if here == there else Status.CHANGED)
+    return verdict(Status.SAME if here in known else Status.CHANGED)
 
 
 # --- a line's releases, a replay's release --------------------------------------------------

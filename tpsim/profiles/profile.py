@@ -22,7 +22,8 @@ T = TypeVar("T")
 class Source:
     """Where a behaviour is shown: `ref` is a commit (hex), a release tag (`v0.5.12`) or a PR (`#123`); `note`
     paraphrases it; `symbol` is the qualified name of the function or class read in `path` (what the source
-    fingerprints hash, docs/profiles.md); `quote` is a few lines of that code as it was read."""
+    fingerprints hash, docs/profiles.md); `quote` is a few lines of that code as it was read; `reviewed`: the
+    releases where the symbol's code differs from `ref`'s and was read too, the behaviour unchanged."""
 
     repo: str
     path: str
@@ -30,6 +31,7 @@ class Source:
     note: str = ""
     symbol: str = ""
     quote: str = ""
+    reviewed: tuple[str, ...] = ()  # later releases whose changed `symbol` was read: the behaviour holds there
 
     def __str__(self) -> str:
         where = f"{self.repo} {self.path}" if self.path else self.repo
