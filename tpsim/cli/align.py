@@ -27,7 +27,7 @@ from tpsim.app.ranks import is_reporting_process
 from tpsim.profiles.draft import write_ids_hint
 from tpsim.profiles.profile import Profile
 from tpsim.profiles.fingerprints import unverified
-from tpsim.profiles.registry import lookup
+from tpsim.profiles.registry import lookup, serving
 from tpsim.offline.sides import align_profiles, side_from_config
 from tpsim.run.spec import ModelSource
 from tpsim.base.ui import say, table
@@ -96,7 +96,7 @@ def align_sides(args, L: int, kind: str) -> tuple[Report, Profile | None]:
             out.append(make_side(role, conv, ids, L, f"--{role} {text}"))
         return align(out[0], out[1]), None
     draft = read_draft_config(args.draft_config)
-    serve_p = lookup(args.server, kind)
+    serve_p = serving(args.server, kind)
     if ":" in args.server:  # the server names the model: the trainer trained for the same one
         kind = args.server.partition(":")[2].strip()
     train_p = lookup(args.train or args.trainer or "specforge", kind)

@@ -9,7 +9,7 @@ from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
 from tpsim.base.errors import UsageError
 from tpsim.profiles.findings import findings
 from tpsim.profiles.fingerprints import unverified
-from tpsim.profiles.registry import lookup
+from tpsim.profiles.registry import serving
 from tpsim.profiles.replay import replay
 from tpsim.run.spec import model_path
 from tpsim.cli.parser import add_command
@@ -62,7 +62,7 @@ def cmd_resolve(args) -> int:
 def resolve_server(args, L: int, model_type: str, hidden: int | None) -> int:
     """What the profiled engine does with the ids: each slot's fate, the capture, and what breaks.
     Exit 0 when the capture has every slot, 1 when the engine drops, refuses or crashes."""
-    profile = lookup(args.server, model_type)
+    profile = serving(args.server, model_type)
     rep = replay(profile, layer_ids(args), L)
     found = findings(rep, hidden)
     stale = unverified(args.server, model_type)

@@ -19,7 +19,9 @@ LINES: tuple[Line, ...] = (*sglang.LINES, *vllm.LINES, *trainers.LINES)
 RELEASES: dict[str, dict[str, date]] = {"sglang": sglang.RELEASES, "vllm": vllm.RELEASES,
                                         "specforge": trainers.RELEASES}
 ENGINES = tuple(dict.fromkeys(line.engine for line in LINES))
+TRAINERS = tuple(dict.fromkeys(line.engine for line in trainers.LINES))  # --train only: they serve nothing
 ALIASES = {"hf": "transformers", "sglang-boundary": "sglang"}
+RELEASE = re.compile(r"v?(0|[1-9][0-9]*)((?:\.(?:0|[1-9][0-9]*))*)(?:\.?(post|rc)([0-9]+))?", re.ASCII)
 
 
 def all_profiles() -> list[Profile]:
@@ -47,15 +49,15 @@ class When:
 
 def version_key(text: str) -> tuple[int, ...]:
     """`0.5.12.post1` -> (0, 5, 12, 1); `v0.11.0rc1` -> (0, 11, 0, -1) (an rc before its release)."""
-    m = re.fullmatch(r"v?(\d+(?:\.\d+)*)(?:\.?(post|rc)(\d+))?", text.strip())
+    m = RELEASE.fullmatch(text)  # ASCII digits, no leading zeros, no spaces: 0.05.12 is not 0.5.12
     if not m:
         raise ValueError(text)
-    parts = tuple(int(x) for x in m.group(1).split("."))
+    parts = (int(m.group(1)), *(int(x) for x in m.group(2).split(".")[1:]))
     parts = parts + (0,) * (3 - len(parts))
-    if m.group(2) == "post":
-        return parts + (int(m.group(3)) + 1,)
-    if m.group(2) == "rc":
-        return parts + (-100 + int(m.group(3)),)
+    if m.group(3) == "post":
+        return parts + (int(m.group(4)) + 1,)
+    if m.group(3) == "rc":
+        return parts + (-100 + int(m.group(4)),)
     return parts + (0,)
 
 
@@ -66,9 +68,15 @@ def _when(engine: str, text: str) -> When:
         return When(text, date.min)
     releases = RELEASES.get(engine, {})
     try:
-        return When(text, date.fromisoformat(text))
+        day = date.fromisoformat(text)
     except ValueError:
         pass
+    else:
+        if releases and day < min(releases.values()):  # it once became `oldest`, silently
+            first = min(releases, key=releases.get)
+            raise UsageError(f"{engine}@{text} is before {engine}'s first release tpsim knows ({first}, "
+                             f"{releases[first]}); give a later date, a release, or 'latest'")
+        return When(text, day)
     try:
         key = version_key(text)
     except ValueError:
@@ -90,8 +98,13 @@ def _when(engine: str, text: str) -> When:
 
 def lookup(text: str, model_type: str) -> Profile:
     """`ENGINE[@VERSION][:MODEL]` -> its profile; MODEL defaults to `model_type` (the target's)."""
-    spec, _, model = text.strip().partition(":")
-    engine, _, version = spec.partition("@")
+    if text != text.strip() or " " in text:  # a quoting slip: say so rather than guess
+        raise UsageError(f"profile {text!r} holds a space; write ENGINE[@VERSION][:MODEL], e.g. sglang@0.5.12")
+    spec, _, model = text.partition(":")
+    engine, at, version = spec.partition("@")
+    if at and not version:
+        raise UsageError(f"profile {text!r} has an @ and no version; give one (e.g. {engine}@0.5.12, "
+                         f"{engine}@latest) or drop the @")
     engine = ALIASES.get(engine, engine)
     if engine not in ENGINES:
         raise UsageError(f"unknown profile {text!r}: no engine {engine!r}; use one of {', '.join(ENGINES)} "
@@ -114,6 +127,16 @@ def lookup(text: str, model_type: str) -> Profile:
         if p.versions.since is None or when.has(p.versions.since, releases):
             return p
     raise AssertionError("the oldest profile has no opening change")
+
+
+def serving(text: str, model_type: str) -> Profile:
+    """`lookup` for --server: an engine that serves the draft, not a trainer."""
+    engine = ALIASES.get(text.partition(":")[0].partition("@")[0], text.partition(":")[0].partition("@")[0])
+    if engine in TRAINERS:
+        raise UsageError(f"--server {text}: {engine} trains drafts, it serves none; give the serving engine "
+                         f"(--server {' or '.join(e for e in ENGINES if e not in TRAINERS)}) and pass "
+                         f"{engine} with --train")
+    return lookup(text, model_type)
 
 
 def names() -> list[str]:
