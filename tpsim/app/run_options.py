@@ -13,8 +13,8 @@ from tpsim.config.loader import ModelConfig
 from tpsim.modes import Mode
 from tpsim.parallel.pipeline import SPLITS, Split, check_pp
 from tpsim.parallel.torchrun import under_torchrun
-from tpsim.profiles.profile import GraphIds
-from tpsim.profiles.registry import lookup
+from tpsim.profiles.profile import GraphIds, Profile
+from tpsim.profiles.registry import all_profiles, later_profiles, lookup
 from tpsim.profiles.replay import replay
 from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline
@@ -64,6 +64,9 @@ def pipeline_for(ask: PipelineAsk, server: str | None, cfg: ModelConfig, tps: li
             if value is not None:
                 raise UsageError(f"--server {server} decides {option[5:]} (its engine's behaviour); drop {option}")
         profile = lookup(server, cfg.model_type)
+        refused = startup_refusal(profile, pp)
+        if refused is not None:
+            raise UsageError(refused)
         if profile.behaviour.pp is None:
             raise UsageError(f"profile {profile.name} has no pipeline-parallel behaviour; use an engine profile "
                              "(sglang, vllm) or --pp-capture")
@@ -76,6 +79,24 @@ def pipeline_for(ask: PipelineAsk, server: str | None, cfg: ModelConfig, tps: li
         raise UsageError(f"unknown --pp-capture {capture!r}; use one of {', '.join(PP_CAPTURES)}")
     handoff = PP_CAPTURES[capture] if capture else Handoff.HANDOFF
     return Pipeline(pp, Split(split or "sglang"), handoff, f"--pp-capture {capture}" if capture else "")
+
+
+def startup_refusal(profile: Profile, pp: int) -> str | None:
+    """What the engine says when it will not launch at --pp `pp` with an EAGLE-3 draft (None: it launches),
+    with the release whose check says it and what a later release says instead."""
+    cited = profile.behaviour.pp
+    if pp < 2 or cited is None or cited.value is not Handoff.REFUSED:
+        return None
+    line = [q for q in all_profiles() if (q.engine, q.family) == (profile.engine, profile.family)]
+    first = next(q for q in line if q.behaviour.pp is not None and q.behaviour.pp.error == cited.error)
+    later = [q for q in later_profiles(profile) if q.behaviour.pp is not None and q.behaviour.pp.error != cited.error]
+    since = first.versions.since.release if first.versions.since else "the oldest release"
+    launches = next((q for q in later if q.behaviour.pp.value is not Handoff.REFUSED), None)
+    then = (f"; {later[0].versions.since.release} refuses it in other words: {later[0].behaviour.pp.error}"
+            if later and later[0].behaviour.pp.value is Handoff.REFUSED else "")
+    after = f"{launches.name} launches it" if launches else "no later release tpsim knows launches it"
+    return (f"{profile.name} refuses --pp {pp} with an EAGLE-3 draft at start-up, so nothing runs: {cited.error} "
+            f"({cited.source}, {cited.source.symbol}; said so from {since}{then}; {after})")
 
 
 def graphs_for(ask: GraphsAsk, server: str | None, cfg: ModelConfig, mode: Mode, tokens: int, pp: int) -> CudaGraphs | None:

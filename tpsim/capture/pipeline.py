@@ -8,6 +8,8 @@ earlier stages hand their captures on.
   the draft gets only the last stage's slots, a narrower capture.
 - `HANDOFF`: each earlier stage sends its captures to its peer on the last stage (real
   send/recv), which concatenates every slot in capture order (vLLM PR #50514).
+- `REFUSED`: the engine refuses the launch at start-up (SGLang's server-args check: no EAGLE-3 under
+  pipeline parallelism); nothing runs, the profile carries the engine's error text.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ class Handoff(Enum):
 
     LAST_STAGE_ONLY = "dropped: a stage other than the last returns early with hidden and residual only"
     HANDOFF = "sent to the last stage, which concatenates them in capture order"
+    REFUSED = "refused at start-up: the engine does not launch EAGLE-3 under pipeline parallelism"
 
     @property
-    def option(self) -> str:
-        """Its --pp-capture name."""
-        return "last-stage" if self is Handoff.LAST_STAGE_ONLY else "handoff"
+    def option(self) -> str | None:
+        """Its --pp-capture name (None: not a capture a run can replay)."""
+        return {Handoff.LAST_STAGE_ONLY: "last-stage", Handoff.HANDOFF: "handoff"}.get(self)
 
 
-PP_CAPTURES = {h.option: h for h in Handoff}
+PP_CAPTURES = {h.option: h for h in Handoff if h.option is not None}
 
 
 def stage_of(p: Position, stages: list[Stage]) -> Stage:

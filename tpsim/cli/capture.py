@@ -12,6 +12,7 @@ from tpsim import __version__
 from tpsim.capture.points import check_points
 from tpsim.cli.options import add_mode_options, add_run_options, add_tp, load_source, one_tp, run_spec
 from tpsim.cli.outputs import add_force, check_output
+from tpsim.cli.pp_options import add_pp_served
 from tpsim.base.errors import UsageError
 from tpsim.capture.files import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
     add_run_options(p)
     add_mode_options(p)
     add_tp(p)
+    add_pp_served(p)
     p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
     p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "
                                                 "OUT.rank0.safetensors ...)")
@@ -57,7 +59,9 @@ def cmd_capture(args) -> int:
     check_output(out, "--out", "capture.safetensors", args.force or args.points is not None)  # --points: per rank below
     if args.points is not None:
         return capture_points(args, tp, out)
-    spec, res = run_spec(args, [tp])
+    spec, res = run_spec(args, [tp])  # an engine that refuses --pp at start-up: refused here
+    if spec.pipeline is not None:
+        raise UsageError(f"capture runs no pipeline stages; tpsim check --pp {spec.pipeline.size} replays them")
     if spec.mode.tbo and not spec.strategy.micro_batches:  # the engine's capture misses the split layers' slots
         raise UsageError("capture --tbo writes the micro-batch capture only (--strategy micro-batches); "
                          "tpsim check --tbo replays the engine's narrower capture and names the missing slots")

@@ -24,6 +24,13 @@ def add_pp_options(p: argparse.ArgumentParser) -> None:
                         "PR #50514); with --server the profile decides")
 
 
+def add_pp_served(p: argparse.ArgumentParser) -> None:
+    """--pp for a command that runs no pipeline: with --server, the engine's start-up answer to it."""
+    p.add_argument("--pp", help="pipeline-parallel stages served (SGLang --pp-size): with --server, an engine "
+                                "that refuses them at start-up is replayed as that refusal; tpsim check --pp runs "
+                                "the stages")
+
+
 def pp_degree(args) -> int:
     text = getattr(args, "pp", None)
     if text is None:

@@ -12,6 +12,8 @@ from tpsim.offline.align import read_draft_config
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
     one_tp, positive_int, request_from
 from tpsim.cli.parser import refuse_without
+from tpsim.cli.pp_options import add_pp_served, pp_degree
+from tpsim.app.run_options import startup_refusal
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.registry import lookup
@@ -42,6 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--train", default="specforge", metavar="PROFILE",
                    help="what trained the draft (default specforge: the current code)")
     add_tp(p, "TP degree served")
+    add_pp_served(p)
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="the target: a checkpoint directory, a config, or a built-in (tiny, deepseek-v2-lite, "
                         "deepseek-v3); --override num_hidden_layers=K runs a truncation")
@@ -71,6 +74,10 @@ def cmd_triage(args) -> int:
     src = load_source(args, tps)
     cfg = src.cfg
     serve_p, train_p = lookup(args.server, cfg.model_type), lookup(args.train, cfg.model_type)
+    pp = pp_degree(args)
+    if pp > 1:
+        raise UsageError(startup_refusal(serve_p, pp) or f"triage replays one pipeline stage; {serve_p.name} "
+                         f"launches at --pp {pp}: tpsim check --pp {pp} --server {args.server} replays its stages")
     refuse_without(args, "an SGLang --server", serve_p.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
     served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,

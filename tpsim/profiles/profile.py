@@ -43,6 +43,7 @@ class Cited(Generic[T]):
 
     value: T
     source: Source
+    error: str = ""  # where the value is a refusal or a failure: the engine's own words ({i} of {n}: filled in)
 
 
 class Numbering(Enum):
@@ -91,6 +92,7 @@ class OutOfRange(Enum):
 
     REFUSED = "refused with an error"
     DROPPED = "silently never matched: the slot is missing and the capture narrower"
+    FAILS = "never matched, and the forward fails: the packer counts fewer captures than ids"
 
 
 class Order(Enum):
@@ -102,6 +104,7 @@ class Duplicates(Enum):
     CAPTURED_ONCE = "captured once"
     CAPTURED_TWICE = "captured twice"
     REFUSED = "refused with an error"
+    FAILS = "captured once, and the forward fails: the packer counts fewer captures than ids"
 
 
 class Site(Enum):
@@ -234,10 +237,12 @@ class TboCapture(Enum):
     REGION_NOT_CAPTURED = ("layers from first_k_dense_replace on run as two micro-batches outside the capture loop: "
                            "no boundary there is captured")
     MICRO_BATCHES = "each micro-batch captured over its own token slice, merged back by token range"
+    REGION_FAILS = ("layers from first_k_dense_replace on run as two micro-batches outside the capture loop; the "
+                    "packer counts their slots missing and fails the forward (none captured: the unpack fails)")
 
     @property
     def strategy(self) -> Strategy:
-        return Strategy.MODEL_LEVEL if self is TboCapture.REGION_NOT_CAPTURED else Strategy.MICRO_BATCHES
+        return Strategy.MICRO_BATCHES if self is TboCapture.MICRO_BATCHES else Strategy.MODEL_LEVEL
 
 
 @dataclass(frozen=True)
@@ -259,9 +264,10 @@ class Behaviour:
     scattered: Cited[Gather] | None = None  # None: the engine has no token-scattered stream
     pp: Cited[Handoff] | None = None  # under pipeline parallelism; None: not profiled (trainers)
     tbo: Cited[TboCapture] | None = None  # None: no two-batch overlap profiled for this model file
+    cp: Cited[Gather] | None = None  # under context parallel (prefill CP); None: not profiled
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp")
 
 
 @dataclass(frozen=True)
