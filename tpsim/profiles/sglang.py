@@ -179,7 +179,7 @@ FUSION_0516 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
     "LlamaForCausalLM, Qwen2/Qwen3ForCausalLM still not listed)"))
 FUSION_NEVER_V2 = Cited(FusionAuto.NEVER, src(
     SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
-    "if model_arch in [\"DeepseekV3ForCausalLM\"]:",
+    "if model_arch in [\"DeepseekV3ForCausalLM\"]: if is_deepseek_nsa(hf_config):",
     "DeepSeek's rule is for DeepseekV3ForCausalLM only; DeepseekV2ForCausalLM (DeepSeek-V2, V2-Lite) is on no "
     "auto-enable list in any release read, 0.5.6 .. 0.5.23"))
 
@@ -300,12 +300,14 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
                       "aux_hidden_state = get_attention_tp_group().all_gather( hidden_states + residual, dim=0 )",
                       "the gather is over the attention-TP group (the TP group unless DP attention splits it)")
     layer = src(DS, "v0.5.14", "DeepseekV2DecoderLayer.forward",
-                "self.layer_communicator.prepare_attn_and_capture_last_layer_outputs(",
+                "hidden_states, residual = ( self.layer_communicator.prepare_attn_and_capture_last_layer_outputs( "
+                "hidden_states, residual, forward_batch, captured_last_layer_outputs=captured_last_layer_outputs,",
                 "the loop passes captured_last_layer_outputs into the decoder layer; LayerCommunicator."
                 "prepare_attn_and_capture_last_layer_outputs appends the residual after prepare_attn (fused "
                 "all-reduce + add + norm), gathered by _communicate_simple_fn when scattered, cloned unless "
                 "read-only; residual None -> hidden_states")
     boundary = src(DS, "v0.5.22", "DeepseekV2DecoderLayer.forward",
+                   "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
                    "capture_gathered=captured_last_layer_outputs,",
                    "the decoder layer captures through attn_boundary.prepare(capture_gathered=...): StageBoundary."
                    "_prepare_attention stores the residual after the fused add, moved by the entry's input_move "
@@ -369,13 +371,15 @@ LLAMA = Line(
               config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.NEVER, src(
                   "arg_groups/overrides.py", "v0.5.23", "_flashinfer_allreduce_fusion_auto_enable",
-                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS)",
+                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS) and not prefer_custom_dsv41 "
+                  "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1",
                   "LlamaForCausalLM is on no fusion auto-enable list (0.5.6 .. 0.5.23)"))),
     starts=OLDEST,
     changes=_with(_COMMON, (
         Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
             LL, "v0.5.22", "LlamaModel.forward",
-            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None,",
+            "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
+            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None, )",
             "LlamaModel.forward passes capture_output to layer i; LlamaDecoderLayer.forward hands it to "
             "attn_boundary.prepare(capture=...)")),)),
     notes=("checked at every release 0.5.6 .. 0.5.23: the setter keeps [val + 1] throughout; the id-0 crash "
@@ -394,13 +398,15 @@ QWEN = Line(
               config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.NEVER, src(
                   "arg_groups/overrides.py", "v0.5.23", "_flashinfer_allreduce_fusion_auto_enable",
-                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS)",
+                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS) and not prefer_custom_dsv41 "
+                  "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1",
                   "Qwen2/Qwen3 (dense) are on no fusion auto-enable list (0.5.6 .. 0.5.23)"))),
     starts=OLDEST,
     changes=_with(_COMMON, (
         Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
             Q2, "v0.5.22", "Qwen2Model.forward",
-            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None,",
+            "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
+            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None, )",
             "Qwen2Model.forward passes capture_output to layer i (Qwen3Model.forward in qwen3.py the same); "
             "0.5.21 still captured between layers (`snapshot(hidden_states, residual)`)")),)),
     notes=("Qwen3Model subclasses Qwen2Model: the same capture (from 0.5.22 qwen3.py has its own forward, "
@@ -425,7 +431,8 @@ QWEN3_MOE = Line(
               cloned=Cited(True, _COMM), last_boundary=Cited(False, _QSET), config=CONFIG, pp=PP_0506,
               graphs=GRAPHS_BEFORE,
               fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_"
-                                                      "adjustments", "elif model_arch in [\"GptOssForCausalLM\"]:",
+                                                      "adjustments", "elif model_arch in [\"GptOssForCausalLM\"]: if ( "
+                                                      "self.attention_backend is None",
                                                       "Qwen3Moe is on no 0.5.6 fusion rule; it joins the list in "
                                                       "0.5.7"))),
     starts=OLDEST,
