@@ -15,7 +15,7 @@ from clirun import assert_one_line_error, cli_env, run_cli, run_clis
 from strategies import boundary_positions, config_dicts, token_ids
 from test_properties import TINY
 from tpsim.capture import Position, PositionKind
-from tpsim.capture.pipeline import Handoff, stage_of
+from tpsim.capture.pipeline import PP_CAPTURES, Handoff, stage_of
 from tpsim.config.loader import config_from_dict
 from tpsim.parallel.pipeline import Split, stages
 from tpsim.run.pipeline import Pipeline, stage_collectives
@@ -65,7 +65,7 @@ def pp_cases(draw):
     T = draw(st.integers(1, 9), label="T")
     positions = draw(boundary_positions(L), label="positions") + draw(st.sampled_from([[], [Position(PositionKind.FINAL)]]))
     split = draw(st.sampled_from(list(Split)), label="split")
-    handoff = draw(st.sampled_from(list(Handoff)), label="handoff")
+    handoff = draw(st.sampled_from(list(PP_CAPTURES.values())), label="handoff")  # REFUSED runs nothing
     ids = draw(token_ids(cfg["vocab_size"], T), label="input_ids")
     return cfg, tp, pp, split, handoff, positions, draw(st.integers(0, 2**31 - 1), label="seed"), ids
 

@@ -66,7 +66,8 @@ def test_fusion_is_never_auto_enabled_for_deepseek_v2(tmp_path):
     arg_groups/overrides.py 0.5.16 .. 0.5.23): the tiny target's own deepseek_v2 stays in plain TP."""
     code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.12", "--tp", "2")
     assert rep["serve_profile"] == "sglang@0.5.11:deepseek_v2" and rep["served_mode"]["mode"]["name"] == "tp"
-    assert "all-reduce fusion stays off (never: the model is not on the auto-enable list)" in rep["served_mode"]["why"]
+    assert "plain TP: all-reduce fusion stays off (never: the model is not on the auto-enable list)" in \
+        rep["served_mode"]["why"]
 
 
 def test_triage_under_pp_is_the_engines_start_up_refusal():
