@@ -99,7 +99,9 @@ GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured"
                           "model_executor/model_runner.py", "v0.5.11", "ModelRunner.initialize",
                           "# Must be called BEFORE init_device_graphs() so CUDA graph capture # runs with aux hidden "
                           "state capture enabled. self.init_aux_hidden_state_capture()",
-                          "init_aux_hidden_state_capture() runs before init_device_graphs()"))})
+                          "init_aux_hidden_state_capture() runs before init_device_graphs() (re-read at 0.5.23: "
+                          "ModelRunner.init_attention_backends calls configure_aux_hidden_state_capture before any "
+                          "graph capture, model_runner_components/attention_backend_setup.py)"))})
 
 # --- pipeline parallelism: the start-up check refuses EAGLE-3 in every release read ----------------
 
@@ -311,7 +313,8 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
                    "capture_gathered=captured_last_layer_outputs,",
                    "the decoder layer captures through attn_boundary.prepare(capture_gathered=...): StageBoundary."
                    "_prepare_attention stores the residual after the fused add, moved by the entry's input_move "
-                   "(the gather of a scattered stream); the same at 0.5.23")
+                   "(the gather of a scattered stream); before layer 0 the residual is initialised from the "
+                   "embedding (layer_boundary/prepare.py, read.init_residual); the same at 0.5.23")
     return (
         Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered" + ("; fusion auto-enabled on SM90" * fusion),
                None, "0.5.7", {"scattered": Cited(Gather.GATHERED, gather_tp), **f(FUSION_057)}),
