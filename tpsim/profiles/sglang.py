@@ -103,6 +103,12 @@ GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured"
                           "ModelRunner.init_attention_backends calls configure_aux_hidden_state_capture before any "
                           "graph capture, model_runner_components/attention_backend_setup.py)"))})
 
+GRAPHS_0516 = Cited(GraphIds.CONFIG, src(
+    "model_executor/model_runner.py", "v0.5.16", "ModelRunner.init_attention_backends",
+    "# Must be called BEFORE init_decode_cuda_graph() so CUDA graph capture # runs with aux hidden state capture "
+    "enabled. configure_aux_hidden_state_capture(",
+    "the capture set moved into init_attention_backends, still before any graph is captured (the same at 0.5.23)"))
+
 # --- pipeline parallelism: the start-up check refuses EAGLE-3 in every release read ----------------
 
 _PP_EARLY = ("the model files' own early return on a stage other than the last (llama.py at 00239548: `if not "
@@ -172,8 +178,8 @@ FUSION_0514 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
     "and not self.enable_dp_attention and (self.nnodes == 1 or is_sm100_supported()) and self.moe_a2a_backend == "
     "\"none\" ): self.flashinfer_allreduce_fusion_backend = \"auto\"",
     "flashinfer_allreduce_fusion_backend='auto'; nnodes == 1 or SM100 (PR #28789 restored SM90)"))
-FUSION_0516 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
-    "arg_groups/overrides.py", "v0.5.16", "_flashinfer_allreduce_fusion_auto_enable",
+FUSION_0515 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
+    "arg_groups/overrides.py", "v0.5.15", "_flashinfer_allreduce_fusion_auto_enable",
     "and view.tp_size > 1 and not view.enable_dp_attention and (view.nnodes == 1 or is_sm100_supported()) and "
     "view.moe_a2a_backend == \"none\"",
     "the rule moved to a post-process hook over _FLASHINFER_ALLREDUCE_FUSION_ARCHS (re-read at 0.5.23: "
@@ -221,7 +227,8 @@ def _in_layer(path: str, ref: str, symbol: str, quote: str, note: str) -> dict:
 _COMMON = (Change((), "use_aux_hidden_state read: false turns capture off", None, "0.5.8", {"config": CONFIG_058}),
            replace(GRAPHS_FIXED, title=GRAPHS_FIXED.title + "; PP refusal without mixed chunked prefill",
                    changes={**GRAPHS_FIXED.changes, "pp": PP_0511}),
-           Change((), "config read moved to spec_aux_hidden_state.py", None, "0.5.16", {"config": CONFIG_0516}),
+           Change((), "config read moved to spec_aux_hidden_state.py; the capture set in init_attention_backends",
+                  None, "0.5.16", {"config": CONFIG_0516, "graphs": GRAPHS_0516}),
            Change((), "PP refusal moved to arg_groups/validation_hook.py", None, "0.5.19", {"pp": PP_0519}),
            Change((), "PP refusal: an NPU-only branch beside it", None, "0.5.20", {"pp": PP_0520}),
            Change((), "PP: only EAGLE (non-multi-layer) accepted; EAGLE-3 still refused", None, "0.5.21",
@@ -237,7 +244,8 @@ def _with(changes: tuple[Change, ...], extra: tuple[Change, ...]) -> tuple[Chang
             c = replace(m, prs=tuple(dict.fromkeys((*m.prs, *c.prs))), title=f"{m.title}; {c.title}",
                         merged=m.merged or c.merged, changes={**m.changes, **c.changes})
         merged[c.release] = c
-    return tuple(sorted(merged.values(), key=lambda c: tuple(int(x) for x in c.release.split("."))))
+    kept = [c for c in merged.values() if c.changes]  # a change another architecture's rule made: none here
+    return tuple(sorted(kept, key=lambda c: tuple(int(x) for x in c.release.split("."))))
 
 
 # --- DeepSeek: one model file, two architectures (fusion is auto-enabled for DeepseekV3ForCausalLM only) ---
@@ -253,6 +261,18 @@ TBO = Cited(TboCapture.REGION_NOT_CAPTURED, src(
     "captured (PR #32680, closed unmerged, reports '0 of 3 layers captured' on DeepSeek-V2-Lite). The same in every "
     "release 0.5.6 .. 0.5.23. The `elif` (a PP stage that starts after first_k_dense_replace runs no capture loop) "
     "is not modelled: PP with EAGLE-3 is refused at start-up in every release"))
+def _boundary(path: str, ref: str, symbol: str) -> dict:
+    """The MoE decoder layers' capture through the layer boundary (0.5.21): the residual after the fused
+    add, gathered when scattered; the embedding before layer 0."""
+    c = src(path, ref, symbol, "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+            "captured_last_layer_outputs=captured_last_layer_outputs,",
+            "the decoder layer captures through attn_boundary.prepare(captured_last_layer_outputs=...): "
+            "StageBoundary stores the residual after the fused all-reduce + add, moved by the entry's input_move (the "
+            "gather of a scattered stream) and copied when borrowed; before layer 0 the residual is initialised from "
+            "the embedding (layer_boundary/prepare.py, read.init_residual; read at 0.5.22)")
+    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c)}
+
+
 _PACKER = "layers/aux_hidden_states.py"
 _PACK_NOTE = ("DeepseekV2Model.forward collects into AuxHiddenStatePacker(len(self.layers_to_capture)); an id the "
               "loop never reaches, a repeated id (the loop tests `i in self.layers_to_capture` once per layer) or a "
@@ -308,13 +328,11 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
                 "prepare_attn_and_capture_last_layer_outputs appends the residual after prepare_attn (fused "
                 "all-reduce + add + norm), gathered by _communicate_simple_fn when scattered, cloned unless "
                 "read-only; residual None -> hidden_states")
-    boundary = src(DS, "v0.5.22", "DeepseekV2DecoderLayer.forward",
-                   "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
-                   "capture_gathered=captured_last_layer_outputs,",
-                   "the decoder layer captures through attn_boundary.prepare(capture_gathered=...): StageBoundary."
-                   "_prepare_attention stores the residual after the fused add, moved by the entry's input_move "
-                   "(the gather of a scattered stream); before layer 0 the residual is initialised from the "
-                   "embedding (layer_boundary/prepare.py, read.init_residual); the same at 0.5.23")
+    boundary = _boundary(DS, "v0.5.21", "DeepseekV2DecoderLayer.forward")
+    renamed = src(DS, "v0.5.22", "DeepseekV2DecoderLayer.forward",
+                  "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+                  "capture_gathered=captured_last_layer_outputs,",
+                  "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)")
     return (
         Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered" + ("; fusion auto-enabled on SM90" * fusion),
                None, "0.5.7", {"scattered": Cited(Gather.GATHERED, gather_tp), **f(FUSION_057)}),
@@ -330,14 +348,16 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
                {"site": Cited(Site.AFTER_FUSED_ADD, layer), "cloned": Cited(True, layer),
                 "embed": Cited(EmbedId.CAPTURED, layer), "scattered": Cited(Gather.GATHERED, layer),
                 **f(FUSION_0514)}),
-        Change((), "fusion rule moved to a post-process hook", None, "0.5.16", f(FUSION_0516)),
+        Change((), "fusion rule moved to a post-process hook", None, "0.5.15", f(FUSION_0515)),
         Change((), "captures packed by AuxHiddenStatePacker: a missing slot fails the forward", None, "0.5.17",
                _packer(PACK_0517, "AssertionError")),
         Change((), "the packer raises RuntimeError; CP gathers the aux states", None, "0.5.20",
                {**_packer(PACK_0520, "RuntimeError"), "cp": _CP_GATHERED}),
-        Change((), "capture through the layer boundary", None, "0.5.22",
-               {"site": Cited(Site.AFTER_FUSED_ADD, boundary), "cloned": Cited(True, boundary),
-                "embed": Cited(EmbedId.CAPTURED, boundary), "scattered": Cited(Gather.GATHERED, boundary)}),
+        Change((), "capture through the layer boundary", None, "0.5.21",
+               {**boundary, "scattered": Cited(Gather.GATHERED, boundary["site"].source)}),
+        Change((), "the layer boundary's capture argument renamed", None, "0.5.22",
+               {"site": Cited(Site.AFTER_FUSED_ADD, renamed), "cloned": Cited(True, renamed),
+                "embed": Cited(EmbedId.CAPTURED, renamed), "scattered": Cited(Gather.GATHERED, renamed)}),
     )
 
 
@@ -424,6 +444,15 @@ _COMM = src("layers/communicator.py", "v0.5.6", "LayerCommunicator.prepare_attn_
 _QSET = src("models/qwen2_moe.py", "v0.5.12", "Qwen2MoeModel.set_eagle3_layers_to_capture",
             "for layer_id in self.layers_to_capture: setattr(self.layers[layer_id], \"_is_layer_to_capture\", True)",
             "an id past the last layer raises IndexError at start-up (inferred from the code; the same at 0.5.23)")
+# the fusion auto-enable history of a model that joined the list in 0.5.7 (Qwen3-MoE, GPT-OSS)
+FUSION_HISTORY = (
+    Change(("1ab9b8e0a",), "fusion auto-enabled on SM90/SM100", None, "0.5.7", {"fusion_auto": FUSION_057}),
+    Change((), "fusion needs tp > 1", None, "0.5.10", {"fusion_auto": FUSION_0510}),
+    Change((), "H20 no longer excluded from fusion", None, "0.5.13", {"fusion_auto": FUSION_0513}),
+    Change(("#28789",), "fusion backend auto; SM100 across nodes", date(2026, 6, 20), "0.5.14",
+           {"fusion_auto": FUSION_0514}),
+    Change((), "fusion rule moved to a post-process hook", None, "0.5.15", {"fusion_auto": FUSION_0515}),
+)
 QWEN3_MOE = Line(
     "sglang", "qwen3_moe", ("qwen3_moe",),
     Behaviour(**_setter("models/qwen3_moe.py", "v0.5.12", "Qwen3MoeForCausalLM.set_eagle3_layers_to_capture",
@@ -439,17 +468,10 @@ QWEN3_MOE = Line(
                                                       "Qwen3Moe is on no 0.5.6 fusion rule; it joins the list in "
                                                       "0.5.7"))),
     starts=OLDEST,
-    changes=_with((Change(("1ab9b8e0a",), "fusion auto-enabled on SM90/SM100", None, "0.5.7",
-                          {"fusion_auto": FUSION_057}),
-                   Change((), "fusion needs tp > 1", None, "0.5.10", {"fusion_auto": FUSION_0510}),
-                   Change((), "H20 no longer excluded from fusion", None, "0.5.13", {"fusion_auto": FUSION_0513}),
-                   Change(("#28789",), "fusion backend auto; SM100 across nodes", date(2026, 6, 20), "0.5.14",
-                          {"fusion_auto": FUSION_0514})),
-                  (*_COMMON,
-                   Change((), "fusion rule moved to a post-process hook", None, "0.5.16",
-                          {"fusion_auto": FUSION_0516}))),
-    notes=("from 0.5.22 the decoder layer captures through the layer boundary's capture_gathered (the residual "
-           "after the fused add, as before)",),
+    changes=_with(FUSION_HISTORY, (*_COMMON, Change((), "capture through the layer boundary", None, "0.5.21", _boundary(
+        "models/qwen3_moe.py", "v0.5.21", "Qwen3MoeDecoderLayer.forward")))),
+    notes=("from 0.5.21 the decoder layer captures through the layer boundary (the residual after the fused add, "
+           "as before; 0.5.22 renames the argument capture_gathered)",),
 )
 
 GO = "models/gpt_oss.py"
@@ -465,7 +487,7 @@ GPT_OSS = Line(
                   "True logger.info( \"Enable FlashInfer AllReduce Fusion on sm100 for GptOssForCausalLM\" )",
                   "GptOss: is_blackwell_supported(), no DP attention, one node"))),
     starts=OLDEST,
-    changes=_with(QWEN3_MOE.changes, (
+    changes=_with(FUSION_HISTORY, (*_COMMON,
         Change(("#32334",), "boundary ids with the final boundary (fixes #32226)", None, "0.5.17",
                {"numbering": Cited(Numbering.PLUS_ONE_UNLESS_MAX_IS_L, g := src(
                    GO, "v0.5.17", "GptOssForCausalLM.set_eagle3_layers_to_capture",
