@@ -88,12 +88,18 @@ CONFIG_0516 = Cited(CONFIG_058.value, src(
 # --- CUDA graphs (#22836) ------------------------------------------------------------------------
 
 GRAPHS_BEFORE = Cited(GraphIds.DEFAULT, src(
-    "model_executor/cuda_graph_runner.py", "v0.5.10", "CudaGraphRunner.__init__",
+    "model_executor/cuda_graph_runner.py", "v0.5.6", "CudaGraphRunner.__init__",
+    "# Speculative_inference if model_runner.spec_algorithm.is_eagle3(): "
+    "self.model_runner.model.set_eagle3_layers_to_capture()",
+    "the graph runner sets the capture with no ids (the default) before capturing graphs; ModelRunner.initialize "
+    "sets the configured ids only after init_device_graphs(), so graphed batches capture the default ids"))
+GRAPHS_BEFORE_058 = Cited(GraphIds.DEFAULT, src(
+    "model_executor/cuda_graph_runner.py", "v0.5.8", "CudaGraphRunner.__init__",
     "model_runner.spec_algorithm.is_eagle3() and model_runner.eagle_use_aux_hidden_state ): "
     "self.model_runner.model.set_eagle3_layers_to_capture()",
     "the graph runner sets the capture with no ids (the default) before capturing graphs; ModelRunner.initialize "
     "sets the configured ids only after init_device_graphs(), so graphed batches capture the default ids "
-    "(the same in 0.5.6 .. 0.5.10; PR #22836 moved it)"))
+    "(the same in 0.5.8 .. 0.5.10, now also gated on use_aux_hidden_state; PR #22836 moved it)"))
 GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured", date(2026, 4, 15), "0.5.11",
                       {"graphs": Cited(GraphIds.CONFIG, src(
                           "model_executor/model_runner.py", "v0.5.11", "ModelRunner.initialize",
@@ -165,6 +171,10 @@ FUSION_057 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
     "for DeepseekV3ForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM, Qwen3MoeForCausalLM (not "
     "DeepseekV2ForCausalLM); no tp_size > 1 term until 0.5.10 (tp 1 has no all-reduce to fuse: the same capture); "
     "0.5.8 narrowed Blackwell to is_sm100_supported()"))
+FUSION_058 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
+    SERVER_ARGS, "v0.5.8", "ServerArgs._handle_model_specific_adjustments",
+    "and (is_sm90_supported() or is_sm100_supported()) and not self.enable_dp_attention and self.nnodes == 1 "
+    "and not is_h20_device", "Blackwell narrowed to is_sm100_supported() (the same in 0.5.8, 0.5.9)"))
 FUSION_0510 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
     SERVER_ARGS, "v0.5.10", "ServerArgs._handle_model_specific_adjustments",
     "and (is_sm90_supported() or is_sm100_supported()) and self.tp_size > 1 and not self.enable_dp_attention",
@@ -185,6 +195,12 @@ FUSION_0515 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
     "the rule moved to a post-process hook over _FLASHINFER_ALLREDUCE_FUSION_ARCHS (re-read at 0.5.23: "
     "get_platform().is_sm90/is_sm100, attn_dp_enabled_of(view), the same conditions; DeepseekV2ForCausalLM, "
     "LlamaForCausalLM, Qwen2/Qwen3ForCausalLM still not listed)"))
+FUSION_0519 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
+    "arg_groups/overrides.py", "v0.5.19", "_flashinfer_allreduce_fusion_auto_enable",
+    "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1 and not view.enable_dp_attention "
+    "and (view.nnodes == 1 or get_platform().is_sm100)",
+    "the platform read through get_platform(); the same conditions (0.5.23: attn_dp_enabled_of(view) and a "
+    "DeepSeek-V4.1 exception, the same for V3)"))
 FUSION_NEVER_V2 = Cited(FusionAuto.NEVER, src(
     SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
     "if model_arch in [\"DeepseekV3ForCausalLM\"]: if is_deepseek_nsa(hf_config):",
@@ -214,23 +230,33 @@ def _setter(path: str, ref: str, symbol: str, quote: str = PLUS_ONE_QUOTE) -> di
     return dict(numbering=Cited(Numbering.OUTPUT_OF_PLUS_ONE, s), defaults=Cited(Defaults.BEFORE_2_MID_LAST3, s))
 
 
-def _in_layer(path: str, ref: str, symbol: str, quote: str, note: str) -> dict:
+def _in_layer(path: str, ref: str, symbol: str, quote: str, note: str, last: bool = False) -> dict:
     """The in-layer capture through the layer boundary (0.5.21+): the residual after the layer's fused
-    all-reduce + add, copied when borrowed; at layer 0 the embedding output itself."""
+    all-reduce + add, copied when borrowed; at layer 0 the embedding output itself; the loop still tests
+    `i in self.layers_to_capture` (`last`: the final boundary is captured too)."""
     c = src(path, ref, symbol, quote, note + "; StageBoundary._prepare_attention (layers/layer_boundary/stage.py) "
             "captures the embedding before layer 0 (`stream.residual is None`) and else the residual after the fused "
             "all-reduce + add; AuxHiddenStateList.capture clones a borrowed tensor")
-    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c)}
+    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c),
+            "order": Cited(Order.ASCENDING, c), "out_of_range": Cited(OutOfRange.DROPPED, c),
+            "duplicates": Cited(Duplicates.CAPTURED_ONCE, c), "last_boundary": Cited(last, c)}
 
 
 # the changes every model file shares: the config read and the start-up check
-_COMMON = (Change((), "use_aux_hidden_state read: false turns capture off", None, "0.5.8", {"config": CONFIG_058}),
+_COMMON = (Change((), "use_aux_hidden_state read: false turns capture off", None, "0.5.8",
+                  {"config": CONFIG_058, "graphs": GRAPHS_BEFORE_058}),
            replace(GRAPHS_FIXED, title=GRAPHS_FIXED.title + "; PP refusal without mixed chunked prefill",
                    changes={**GRAPHS_FIXED.changes, "pp": PP_0511}),
            Change((), "config read moved to spec_aux_hidden_state.py; the capture set in init_attention_backends",
                   None, "0.5.16", {"config": CONFIG_0516, "graphs": GRAPHS_0516}),
            Change((), "PP refusal moved to arg_groups/validation_hook.py", None, "0.5.19", {"pp": PP_0519}),
-           Change((), "PP refusal: an NPU-only branch beside it", None, "0.5.20", {"pp": PP_0520}),
+           Change((), "PP refusal: an NPU-only branch beside it", None, "0.5.20", {"pp": PP_0520, "config": Cited(
+               CONFIG_058.value, src("model_executor/model_runner_components/spec_aux_hidden_state.py", "v0.5.20",
+                                     "_resolve_eagle_aux_hidden_state", "config.eagle_aux_hidden_state_layer_ids = "
+                                     "eagle_config[ \"eagle_aux_hidden_state_layer_ids\" ] except Exception: "
+                                     "config.eagle_aux_hidden_state_layer_ids = None",
+                                     "`except Exception:` for the bare except; the same fallback (the same at "
+                                     "0.5.23); " + _READ_NOTE))}),
            Change((), "PP: only EAGLE (non-multi-layer) accepted; EAGLE-3 still refused", None, "0.5.21",
                   {"pp": PP_0521}))
 
@@ -261,6 +287,8 @@ TBO = Cited(TboCapture.REGION_NOT_CAPTURED, src(
     "captured (PR #32680, closed unmerged, reports '0 of 3 layers captured' on DeepSeek-V2-Lite). The same in every "
     "release 0.5.6 .. 0.5.23. The `elif` (a PP stage that starts after first_k_dense_replace runs no capture loop) "
     "is not modelled: PP with EAGLE-3 is refused at start-up in every release"))
+
+
 def _boundary(path: str, ref: str, symbol: str) -> dict:
     """The MoE decoder layers' capture through the layer boundary (0.5.21): the residual after the fused
     add, gathered when scattered; the embedding before layer 0."""
@@ -310,54 +338,83 @@ _CP_GATHERED = Cited(Gather.GATHERED, src(
     "the hidden states (re-read at 0.5.23)"))
 
 
+DS_GATHER_TP = src(DS, "v0.5.7", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
+                   "aux_hidden_state = tensor_model_parallel_all_gather( hidden_states + residual, dim=0 )",
+                   "under DeepEP, a boundary after first_k_dense_replace is all-gathered over the whole TP group "
+                   "(tensor_model_parallel_all_gather) before capture (the same in 0.5.7 .. 0.5.9)")
+DS_GATHER_ATTN = src(DS, "v0.5.10", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
+                     "aux_hidden_state = get_attention_tp_group().all_gather( hidden_states + residual, dim=0 )",
+                     "the gather is over the attention-TP group (the TP group unless DP attention splits it)")
+DS_LOOP_057 = "if i in self.layers_to_capture: if self.enable_a2a_moe and i > self.first_k_dense_replace:"
+DS_SET_0513 = src(DS, "v0.5.13", DS_SET, "self.model.layers_to_capture = [2, num_layers // 2, num_layers - 3] else: "
+                  "self.capture_aux_hidden_states = True # TODO (Qiaolin-Yu): check if other draft models need "
+                  "similar layer id # adjustment if layer_ids and layer_ids[0] == 1:",
+                  "`if layer_ids and layer_ids[0] == 1: [val + 1 ...] else: list(layer_ids)`; None -> [2, n//2, n-3] "
+                  "(the same at 0.5.23)")
+DS_LAYER = src(DS, "v0.5.14", "DeepseekV2DecoderLayer.forward",
+               "hidden_states, residual = ( self.layer_communicator.prepare_attn_and_capture_last_layer_outputs( "
+               "hidden_states, residual, forward_batch, captured_last_layer_outputs=captured_last_layer_outputs,",
+               "the loop passes captured_last_layer_outputs into the decoder layer; LayerCommunicator."
+               "prepare_attn_and_capture_last_layer_outputs appends the residual after prepare_attn (fused all-reduce "
+               "+ add + norm), gathered by _communicate_simple_fn when scattered, cloned unless read-only; residual "
+               "None -> hidden_states")
+DS_LOOP_0514 = src(DS, "v0.5.14", DS_MODEL, "captured_last_layer_outputs=( aux_hidden_states if i in "
+                   "self.layers_to_capture else None ),",
+                   "the loop hands the collector to layer i when `i in self.layers_to_capture`: ascending, each layer "
+                   "once, start_layer..end_layer (nothing after the last layer)")
+DS_RENAMED = src(DS, "v0.5.22", "DeepseekV2DecoderLayer.forward",
+                 "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+                 "capture_gathered=captured_last_layer_outputs,",
+                 "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)")
+PACK_0522 = src(_PACKER, "v0.5.22", "AuxHiddenStatePacker.finalize",
+                "if self._feature_size is None or self._idx != self._num_captures: raise RuntimeError( "
+                "f\"captured {self._idx} of {self._num_captures} aux hidden states\" )",
+                "the packer may write into a graph runner's buffer; the same count (the same at 0.5.23); " + _PACK_NOTE)
+
+
+def _fusion(c: Cited, fusion: bool) -> dict:
+    """DeepseekV3ForCausalLM's rule `c`; for DeepseekV2ForCausalLM the same code, which does not list it."""
+    if fusion:
+        return {"fusion_auto": c}
+    return {"fusion_auto": Cited(FusionAuto.NEVER, replace(c.source, note="DeepseekV2ForCausalLM is not on this "
+                                                           "rule's list (DeepseekV3ForCausalLM is): " + c.source.note))}
+
+
 def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
-    """DeepSeek's changes; `fusion`: with the fusion rule of DeepseekV3ForCausalLM."""
+    """DeepSeek's changes; `fusion`: the model is DeepseekV3ForCausalLM, which the fusion rule lists."""
     def f(c: Cited) -> dict:
-        return {"fusion_auto": c} if fusion else {}
-    gather_tp = src(DS, "v0.5.7", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
-                    "aux_hidden_state = tensor_model_parallel_all_gather( hidden_states + residual, dim=0 )",
-                    "under DeepEP, a boundary after first_k_dense_replace is all-gathered over the whole TP group "
-                    "(tensor_model_parallel_all_gather) before capture (the same in 0.5.7 .. 0.5.9)")
-    gather_attn = src(DS, "v0.5.10", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
-                      "aux_hidden_state = get_attention_tp_group().all_gather( hidden_states + residual, dim=0 )",
-                      "the gather is over the attention-TP group (the TP group unless DP attention splits it)")
-    layer = src(DS, "v0.5.14", "DeepseekV2DecoderLayer.forward",
-                "hidden_states, residual = ( self.layer_communicator.prepare_attn_and_capture_last_layer_outputs( "
-                "hidden_states, residual, forward_batch, captured_last_layer_outputs=captured_last_layer_outputs,",
-                "the loop passes captured_last_layer_outputs into the decoder layer; LayerCommunicator."
-                "prepare_attn_and_capture_last_layer_outputs appends the residual after prepare_attn (fused "
-                "all-reduce + add + norm), gathered by _communicate_simple_fn when scattered, cloned unless "
-                "read-only; residual None -> hidden_states")
+        return _fusion(c, fusion)
+    loop = _loop(DS, "v0.5.7", DS_MODEL, DS_LOOP_057, guarded=False)
+    walk = {k: Cited(loop[k].value, DS_LOOP_0514) for k in ("order", "out_of_range", "duplicates", "last_boundary")}
+    layer = {"site": Cited(Site.AFTER_FUSED_ADD, DS_LAYER), "cloned": Cited(True, DS_LAYER),
+             "embed": Cited(EmbedId.CAPTURED, DS_LAYER), "scattered": Cited(Gather.GATHERED, DS_LAYER)}
     boundary = _boundary(DS, "v0.5.21", "DeepseekV2DecoderLayer.forward")
-    renamed = src(DS, "v0.5.22", "DeepseekV2DecoderLayer.forward",
-                  "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
-                  "capture_gathered=captured_last_layer_outputs,",
-                  "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)")
+    walk21 = src(DS, "v0.5.21", DS_MODEL, "captured_last_layer_outputs=aux_hidden_states if i in "
+                 "self.layers_to_capture else None,", DS_LOOP_0514.note + " (the same at 0.5.23)")
     return (
-        Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered" + ("; fusion auto-enabled on SM90" * fusion),
-               None, "0.5.7", {"scattered": Cited(Gather.GATHERED, gather_tp), **f(FUSION_057)}),
-        Change((), "DeepEP capture gathered over the attention-TP group" + ("; fusion needs tp > 1" * fusion), None,
-               "0.5.10", {"scattered": Cited(Gather.GATHERED, gather_attn), **f(FUSION_0510)}),
+        Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered; the fusion rule's list", None, "0.5.7",
+               {**loop, "scattered": Cited(Gather.GATHERED, DS_GATHER_TP), **f(FUSION_057)}),
+        Change((), "fusion rule on SM100 for Blackwell", None, "0.5.8", f(FUSION_058)),
+        Change((), "DeepEP capture gathered over the attention-TP group; fusion needs tp > 1", None, "0.5.10",
+               {"scattered": Cited(Gather.GATHERED, DS_GATHER_ATTN), **f(FUSION_0510)}),
         Change(("#25454",), "+1 only when the first id is 1", date(2026, 5, 16), "0.5.13",
-               {"numbering": Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, src(
-                   DS, "v0.5.13", DS_SET, "if layer_ids and layer_ids[0] == 1: self.model.layers_to_capture = "
-                   "[val + 1 for val in layer_ids] else: self.model.layers_to_capture = list(layer_ids)",
-                   "`if layer_ids and layer_ids[0] == 1: [val + 1 ...] else: list(layer_ids)` (the same at 0.5.23)")),
-                **f(FUSION_0513)}),
+               {"numbering": Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, DS_SET_0513),
+                "defaults": Cited(Defaults.BEFORE_2_MID_LAST3, DS_SET_0513), **f(FUSION_0513)}),
         Change(("#28343", "#28789"), "capture after the fused all-reduce + add, in the decoder layer", None, "0.5.14",
-               {"site": Cited(Site.AFTER_FUSED_ADD, layer), "cloned": Cited(True, layer),
-                "embed": Cited(EmbedId.CAPTURED, layer), "scattered": Cited(Gather.GATHERED, layer),
-                **f(FUSION_0514)}),
+               {**layer, **walk, **f(FUSION_0514)}),
         Change((), "fusion rule moved to a post-process hook", None, "0.5.15", f(FUSION_0515)),
         Change((), "captures packed by AuxHiddenStatePacker: a missing slot fails the forward", None, "0.5.17",
                _packer(PACK_0517, "AssertionError")),
+        Change((), "fusion rule reads the platform through get_platform()", None, "0.5.19", f(FUSION_0519)),
         Change((), "the packer raises RuntimeError; CP gathers the aux states", None, "0.5.20",
                {**_packer(PACK_0520, "RuntimeError"), "cp": _CP_GATHERED}),
         Change((), "capture through the layer boundary", None, "0.5.21",
-               {**boundary, "scattered": Cited(Gather.GATHERED, boundary["site"].source)}),
-        Change((), "the layer boundary's capture argument renamed", None, "0.5.22",
-               {"site": Cited(Site.AFTER_FUSED_ADD, renamed), "cloned": Cited(True, renamed),
-                "embed": Cited(EmbedId.CAPTURED, renamed), "scattered": Cited(Gather.GATHERED, renamed)}),
+               {**boundary, "scattered": Cited(Gather.GATHERED, boundary["site"].source),
+                "order": Cited(walk["order"].value, walk21), "last_boundary": Cited(False, walk21)}),
+        Change((), "the layer boundary's capture argument renamed; the packer's count re-read", None, "0.5.22",
+               {"site": Cited(Site.AFTER_FUSED_ADD, DS_RENAMED), "cloned": Cited(True, DS_RENAMED),
+                "embed": Cited(EmbedId.CAPTURED, DS_RENAMED), "scattered": Cited(Gather.GATHERED, DS_RENAMED),
+                **_packer(PACK_0522, "RuntimeError")}),
     )
 
 
@@ -426,6 +483,9 @@ QWEN = Line(
                   "Qwen2/Qwen3 (dense) are on no fusion auto-enable list (0.5.6 .. 0.5.23)"))),
     starts=OLDEST,
     changes=_with(_COMMON, (
+        Change((), "the capture copies through the residual stream's snapshot", None, "0.5.21", _loop(
+            Q2, "v0.5.21", "Qwen2Model.forward", "for i in range(self.start_layer, self.end_layer): if i in "
+            "self.layers_to_capture: aux_hidden_states.append(snapshot(hidden_states, residual))", guarded=True)),
         Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
             Q2, "v0.5.22", "Qwen2Model.forward",
             "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
@@ -447,12 +507,23 @@ _QSET = src("models/qwen2_moe.py", "v0.5.12", "Qwen2MoeModel.set_eagle3_layers_t
 # the fusion auto-enable history of a model that joined the list in 0.5.7 (Qwen3-MoE, GPT-OSS)
 FUSION_HISTORY = (
     Change(("1ab9b8e0a",), "fusion auto-enabled on SM90/SM100", None, "0.5.7", {"fusion_auto": FUSION_057}),
+    Change((), "fusion rule on SM100 for Blackwell", None, "0.5.8", {"fusion_auto": FUSION_058}),
     Change((), "fusion needs tp > 1", None, "0.5.10", {"fusion_auto": FUSION_0510}),
     Change((), "H20 no longer excluded from fusion", None, "0.5.13", {"fusion_auto": FUSION_0513}),
     Change(("#28789",), "fusion backend auto; SM100 across nodes", date(2026, 6, 20), "0.5.14",
            {"fusion_auto": FUSION_0514}),
     Change((), "fusion rule moved to a post-process hook", None, "0.5.15", {"fusion_auto": FUSION_0515}),
+    Change((), "fusion rule reads the platform through get_platform()", None, "0.5.19", {"fusion_auto": FUSION_0519}),
 )
+_COMM_0514 = src("layers/communicator.py", "v0.5.14", "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs",
+                 "if ( gathered_last_layer_output is residual and not self._post_attn_residual_is_read_only(residual) "
+                 "): gathered_last_layer_output = residual.clone()",
+                 "the residual after prepare_attn, cloned unless the fused norm wrote a fresh residual_out (a new "
+                 "tensor either way; the same in 0.5.14 .. 0.5.20)")
+_Q3_RENAMED = src("models/qwen3_moe.py", "v0.5.22", "Qwen3MoeDecoderLayer.forward",
+                  "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+                  "capture_gathered=captured_last_layer_outputs, capture=capture_output,",
+                  "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)")
 QWEN3_MOE = Line(
     "sglang", "qwen3_moe", ("qwen3_moe",),
     Behaviour(**_setter("models/qwen3_moe.py", "v0.5.12", "Qwen3MoeForCausalLM.set_eagle3_layers_to_capture",
@@ -468,8 +539,17 @@ QWEN3_MOE = Line(
                                                       "Qwen3Moe is on no 0.5.6 fusion rule; it joins the list in "
                                                       "0.5.7"))),
     starts=OLDEST,
-    changes=_with(FUSION_HISTORY, (*_COMMON, Change((), "capture through the layer boundary", None, "0.5.21", _boundary(
-        "models/qwen3_moe.py", "v0.5.21", "Qwen3MoeDecoderLayer.forward")))),
+    changes=_with(FUSION_HISTORY, (
+        *_COMMON,
+        Change((), "the clone skipped where the fused norm writes a fresh residual", None, "0.5.14",
+               {k: Cited(v, _COMM_0514) for k, v in (("site", Site.AFTER_FUSED_ADD), ("cloned", True),
+                                                     ("embed", EmbedId.CAPTURED), ("order", Order.ASCENDING))}),
+        Change((), "capture through the layer boundary", None, "0.5.21", {**(b := _boundary(
+            "models/qwen3_moe.py", "v0.5.21", "Qwen3MoeDecoderLayer.forward")), "order": Cited(
+                Order.ASCENDING, b["site"].source)}),
+        Change((), "the layer boundary's capture argument renamed", None, "0.5.22",
+               {k: Cited(v, _Q3_RENAMED) for k, v in (("site", Site.AFTER_FUSED_ADD), ("cloned", True),
+                                                      ("embed", EmbedId.CAPTURED), ("order", Order.ASCENDING))}))),
     notes=("from 0.5.21 the decoder layer captures through the layer boundary (the residual after the fused add, "
            "as before; 0.5.22 renames the argument capture_gathered)",),
 )
@@ -491,18 +571,28 @@ GPT_OSS = Line(
         Change(("#32334",), "boundary ids with the final boundary (fixes #32226)", None, "0.5.17",
                {"numbering": Cited(Numbering.PLUS_ONE_UNLESS_MAX_IS_L, g := src(
                    GO, "v0.5.17", "GptOssForCausalLM.set_eagle3_layers_to_capture",
-                   "if layer_ids and max(layer_ids) == num_layers: self.model.layers_to_capture = list(layer_ids)",
+                   "self.model.layers_to_capture = [2, num_layers // 2, num_layers - 3] else: "
+                   "self.capture_aux_hidden_states = True # Preserve IDs that already include the final hidden-state "
+                   "# boundary; otherwise retain the legacy output-layer conversion. if layer_ids and max(layer_ids) "
+                   "== num_layers: self.model.layers_to_capture = list(layer_ids)",
                    "`if layer_ids and max(layer_ids) == num_layers: list(layer_ids)` else [val + 1]; GptOssModel."
                    "forward captures boundary start_layer before the loop (residual None -> hidden_states) and "
                    "boundary i + 1 after each layer i")),
-                "embed": Cited(EmbedId.CAPTURED, g), "last_boundary": Cited(True, g)}),
+                "defaults": Cited(Defaults.BEFORE_2_MID_LAST3, g), "embed": Cited(EmbedId.CAPTURED, g2 := src(
+                    GO, "v0.5.17", "GptOssModel.forward", "if i + 1 in self.layers_to_capture: "
+                    "aux_hidden_states.append( hidden_states + residual if residual is not None else hidden_states",
+                    "boundary start_layer before the loop, boundary i + 1 after layer i: `hidden_states + residual` "
+                    "between layers, ascending, each once")), "last_boundary": Cited(True, g),
+                **{k: Cited(v, g2) for k, v in (("site", Site.BETWEEN_LAYERS), ("cloned", False),
+                                                ("order", Order.ASCENDING), ("out_of_range", OutOfRange.DROPPED),
+                                                ("duplicates", Duplicates.CAPTURED_ONCE))}}),
         Change((), "capture inside the decoder layer (layer boundary); the final boundary in the final norm", None,
                "0.5.21", _in_layer(
                    GO, "v0.5.21", "GptOssModel.forward",
                    "# Capture hidden-state boundaries: boundary 0 is the embedding output, # and boundary i + 1 is the "
                    "output after transformer block i.",
                    "boundary i before layer i through capture_output; boundary L in residual_batch.norm(..., "
-                   "capture_output=...) (last_boundary stays reachable)")))),
+                   "capture_output=...) (last_boundary stays reachable)", last=True)))),
     notes=("before #32334, nvidia/gpt-oss-120b-Eagle3-v3's ids [24, 30, 36] became [25, 31, 37]: 37 never "
            "matched, two states instead of three, and the draft crashed (issue #32226)",),
 )
