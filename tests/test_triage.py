@@ -45,20 +45,36 @@ def test_readme_example_finds_the_served_mode_bug_and_the_key_fallback():
     assert 'fix: write "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}' in out
     assert "Partial(sum): captured before a deferred all-reduce" in out and "TP=8" in out
     assert "fix: sglang@0.5.14 or later (#28343, #28789)" in out
-    assert "source: sgl-project/sglang python/sglang/srt/server_args.py @v0.5.7" in out
+    assert "source: sgl-project/sglang python/sglang/srt/server_args.py @v0.5.10" in out  # 0.5.12 runs 0.5.10's rule
     assert "VERDICT: 2 findings" in out
 
 
 def test_the_fixed_version_and_the_fixed_config_find_nothing(tmp_path):
-    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang", "--tp", "2")
+    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang:deepseek_v3", "--tp", "2")
     assert code == 0 and rep["ok"] and rep["findings"] == [], rep["findings"]
     assert rep["served_mode"]["mode"]["name"] == "ar-fusion" and rep["served_mode"]["capture_strategy"] == "in-layer"
     assert all(row["ok"] for row in rep["check"]["rows"])
 
 
 def test_fusion_is_not_auto_enabled_on_h20_before_0_5_13(tmp_path):
-    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.12", "--tp", "2", "--gpu", "H20")
+    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.12:deepseek_v3", "--tp", "2", "--gpu", "H20")
     assert code == 0 and rep["served_mode"]["mode"]["name"] == "tp", rep["served_mode"]
+
+
+def test_fusion_is_never_auto_enabled_for_deepseek_v2(tmp_path):
+    """SGLang's rule lists DeepseekV3ForCausalLM, not DeepseekV2ForCausalLM (server_args.py 0.5.7 .. 0.5.14,
+    arg_groups/overrides.py 0.5.16 .. 0.5.23): the tiny target's own deepseek_v2 stays in plain TP."""
+    code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.12", "--tp", "2")
+    assert rep["serve_profile"] == "sglang@0.5.11:deepseek_v2" and rep["served_mode"]["mode"]["name"] == "tp"
+    assert "plain TP: all-reduce fusion stays off (never: the model is not on the auto-enable list)" in \
+        rep["served_mode"]["why"]
+
+
+def test_triage_under_pp_is_the_engines_start_up_refusal():
+    r = run_cli("triage", "--draft-config", "configs/drafts/ids-at-top-level.json", "--server", "sglang@0.5.23",
+                "--pp", "2")
+    assert_one_line_error(r, ["refuses --pp 2 with an EAGLE-3 draft at start-up, so nothing runs",
+                              "Pipeline parallelism currently only supports EAGLE (non-multi-layer)"])
 
 
 def test_deepep_capture_is_token_local_before_0_5_7(tmp_path):

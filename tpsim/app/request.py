@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tpsim.app.preflight import check_memory, check_timeout, check_world
 from tpsim.app.run_options import GraphsAsk, PipelineAsk, graphs_for, pipeline_for, pp_refusal, pp_replay
 from tpsim.base.errors import UsageError
-from tpsim.capture import Position
+from tpsim.capture import Position, PositionKind
 from tpsim.profiles.conventions import Convention, resolve
 from tpsim.profiles.resolution import Resolution, resolution
 from tpsim.config.loader import ModelConfig
@@ -24,8 +24,9 @@ from tpsim.offline.align import read_draft_config
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
 from tpsim.profiles.fingerprints import unverified
+from tpsim.profiles.profile import TboCapture
 from tpsim.profiles.registry import serving
-from tpsim.profiles.replay import replay
+from tpsim.profiles.replay import UNPACK_TEXT, replay
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, check_tokens, input_ids_for
 
 MAX_TOKENS = 2**20  # far beyond any real context here (V3: 163840); keeps a typo from allocating 8 TB of ids
@@ -168,10 +169,26 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
                      f"{ids.draft_config}: no ids: the default")
     rep = replay(profile, layers, L)
     res = resolution(rep, layers)
+    if tbo:
+        notes += tbo_failure(rep, cfg.first_k_dense_replace)
     res.notes[:0] = notes
     res.findings, res.failed = findings(rep, cfg.hidden_size), rep.crashed or rep.refused
     res.unverified = stale
     return res
+
+
+def tbo_failure(rep, first_k: int) -> list[str]:
+    """Under two-batch overlap, what a packing engine (TboCapture.REGION_FAILS) says when the TBO region
+    holds some of its slots (the engine's own text, [] when it does not fail)."""
+    tbo = rep.profile.behaviour.tbo
+    if tbo is None or tbo.value is not TboCapture.REGION_FAILS:
+        return []
+    n, got = len(rep.slots), sum(p.kind is not PositionKind.FINAL and p.boundary < first_k for p in rep.positions)
+    if got == n:
+        return []
+    said = tbo.error.format(i=got, n=n) if got else UNPACK_TEXT
+    return [f"under two-batch overlap {rep.profile.name} fails the forward: {said} ({got} of {n} slots lie before "
+            f"first_k_dense_replace = {first_k}; {tbo.source})"]
 
 
 def tbo_note(profile) -> str:

@@ -13,8 +13,8 @@ from tpsim.config.loader import ModelConfig
 from tpsim.modes import Mode
 from tpsim.parallel.pipeline import SPLITS, Split, check_pp
 from tpsim.parallel.torchrun import under_torchrun
-from tpsim.profiles.profile import GraphIds
-from tpsim.profiles.registry import lookup
+from tpsim.profiles.profile import GraphIds, Profile
+from tpsim.profiles.registry import all_profiles, later_profiles, lookup
 from tpsim.profiles.replay import replay
 from tpsim.profiles.resolution import Resolution
 from tpsim.run.graphs import CudaGraphs
@@ -80,6 +80,25 @@ def pipeline_for(ask: PipelineAsk, server: str | None, cfg: ModelConfig, tps: li
     return Pipeline(pp, Split(split or "sglang"), handoff, f"--pp-capture {capture}" if capture else "")
 
 
+def startup_refusal(profile: Profile, pp: int, architecture: str) -> str | None:
+    """What the engine says when it will not launch at --pp `pp` with an EAGLE-3 draft (None: it launches),
+    with the release whose check says it and what a later release says instead."""
+    cited = profile.behaviour.pp
+    if pp < 2 or cited is None or cited.value is not Handoff.REFUSED:
+        return None
+    line = [q for q in all_profiles() if (q.engine, q.family) == (profile.engine, profile.family)]
+    first = next(q for q in line if q.behaviour.pp is not None and q.behaviour.pp.error == cited.error)
+    later = [q for q in later_profiles(profile) if q.behaviour.pp is not None and q.behaviour.pp.error != cited.error]
+    since = first.versions.since.release if first.versions.since else "the oldest release"
+    launches = next((q for q in later if q.behaviour.pp.value is not Handoff.REFUSED), None)
+    then = (f"; {later[0].versions.since.release} refuses it in other words: {later[0].behaviour.pp.error}"
+            if later and later[0].behaviour.pp.value is Handoff.REFUSED else "")
+    after = f"{launches.name} launches it" if launches else "no later release tpsim knows launches it"
+    said = cited.error.replace("{architecture}", architecture)
+    return (f"{profile.name} refuses --pp {pp} with an EAGLE-3 draft at start-up, so nothing runs: {said} "
+            f"({cited.source}, {cited.source.symbol}; said so from {since}{then}; {after})")
+
+
 @dataclass(frozen=True)
 class PpRefusal:
     """An engine's refusal of --pp at start-up: what it raises (with the profile and version), its source, the fix."""
@@ -97,13 +116,14 @@ def pp_refusal(ask: PipelineAsk, server: str | None, cfg: ModelConfig) -> PpRefu
     if ask.size == 1 or server is None:
         return None
     profile = lookup(server, cfg.model_type)
-    cited = profile.behaviour.pp
-    if cited is None or cited.value is not Handoff.REFUSED or cited.refusal is None:
+    said = startup_refusal(profile, ask.size, cfg.family.model_types.get(cfg.model_type, cfg.model_type))
+    if said is None:
         return None
-    architecture = cfg.family.model_types.get(cfg.model_type, cfg.model_type)
-    return PpRefusal(f"pipeline parallel: {profile.name} ({profile.versions.text()}) refuses --pp {ask.size} at "
-                     f"start-up: {cited.refusal.text(architecture)} ({cited.source})", str(cited.source),
-                     cited.refusal.fix or "serve it without pipeline parallelism")
+    launches = next((q for q in later_profiles(profile) if q.behaviour.pp is not None
+                     and q.behaviour.pp.value is not Handoff.REFUSED), None)
+    fix = "serve it without pipeline parallelism" + (f", or with {launches.name}, which launches it" if launches
+                                                        else "")
+    return PpRefusal(f"pipeline parallel: {said}", str(profile.behaviour.pp.source), fix)
 
 
 def pp_replay(pipe: Pipeline | None, server: str | None, res: Resolution, cfg: ModelConfig) -> None:

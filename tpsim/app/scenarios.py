@@ -50,8 +50,9 @@ BUG_CLASSES = {
     "capture-off": "capture switched off or given no layers",
     "ep-gather-threshold": "a capture all-gathered only after a hard-coded layer: shapes mixed",
     "list-order": "a trainer concatenating in list order where the engine captures ascending",
-    "pp-refused": "the engine refuses pipeline parallelism with EAGLE-3 at start-up",
+    "pp-refused": "the engine refuses pipeline parallelism with an EAGLE-3 draft at start-up: nothing runs",
     "pp-stage-local": "a pipeline stage numbering its layers from 0: a later stage captures other boundaries",
+    "packer-slot-count": "a packing engine fails the forward when it captures fewer slots than ids",
 }
 
 

@@ -10,7 +10,8 @@ earlier stages hand their captures on.
   send/recv), which concatenates every slot in capture order (vLLM PR #50514).
 - `STAGE_LOCAL`: dropped as LAST_STAGE_ONLY, and every stage numbers its layers from 0, so the
   last stage captures other boundaries (`numbered_on`; vLLM's llama.py up to 0.29.0).
-- `REFUSED`: the engine raises at start-up; nothing runs (the profile carries its error).
+- `REFUSED`: the engine refuses the launch at start-up (SGLang's server-args check, vLLM's model
+  check from 0.30.0); nothing runs, the profile carries the engine's error text.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def cmd_capture(args) -> int:
     check_output(out, "--out", "capture.safetensors", args.force or args.points is not None)  # --points: per rank below
     if args.points is not None:
         return capture_points(args, tp, out)
-    spec, res = run_spec(args, [tp])
+    spec, res = run_spec(args, [tp])  # an engine that refuses --pp at start-up: res.failed, said below
     if spec.mode.tbo and not spec.strategy.micro_batches:  # the engine's capture misses the split layers' slots
         raise UsageError("capture --tbo writes the micro-batch capture only (--strategy micro-batches); "
                          "tpsim check --tbo replays the engine's narrower capture and names the missing slots")

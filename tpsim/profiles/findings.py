@@ -11,7 +11,7 @@ from tpsim.capture.positions import Position
 from tpsim.profiles.profile import EmbedId, Numbering
 from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.inverse import ids_for_position
-from tpsim.profiles.replay import Replay, Slot
+from tpsim.profiles.replay import Fate, Replay, Slot
 
 
 class Kind(Enum):
@@ -55,7 +55,8 @@ def replay_findings(rep: Replay, hidden: int | None = None) -> list[Finding]:
     it silently drops."""
     p, L = rep.profile, rep.num_layers
     kind = Kind.ENGINE_FAILS if rep.failure else Kind.DROPPED_SLOT
-    sources = [str(p.behaviour.embed.source if rep.crashed else p.behaviour.out_of_range.source)]
+    embed = any(s.fate is Fate.CRASHES for s in rep.slots)
+    sources = [str(p.behaviour.embed.source if embed else p.behaviour.out_of_range.source)]
     out = []
     if rep.crashed or rep.refused:
         out.append(Finding(kind, rep.failure, sources, _crash_fix(rep)))
@@ -85,6 +86,9 @@ def _dropped_fix(rep: Replay, s: Slot) -> str:
 
 def _crash_fix(rep: Replay) -> str:
     p = rep.profile
+    if any(s.fate is Fate.FAILS for s in rep.slots):
+        return (f"give ids that each name a distinct boundary {p.name}'s loop reaches: its packer needs every slot "
+                "filled (tpsim resolve --server shows the ids)")
     if rep.crashed:
         later = [q for q in later_profiles(p) if q.behaviour.embed.value is EmbedId.CAPTURED]
         up = f", or serve with {later[0].name} or later, which captures the embedding" if later else ""

@@ -40,24 +40,12 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """An engine's refusal at start-up, in its own words (`{architecture}`: where the engine formats in the served
-    model's class), and what serves instead."""
-
-    error: str
-    fix: str = ""
-
-    def text(self, architecture: str) -> str:
-        return self.error.replace("{architecture}", architecture)
-
-
-@dataclass(frozen=True)
 class Cited(Generic[T]):
-    """A behaviour and the source it was read from (`refusal`: the engine's words where the value refuses)."""
+    """A behaviour and the source it was read from (`error`: the engine's words where the value refuses or fails)."""
 
     value: T
     source: Source
-    refusal: Refusal | None = None
+    error: str = ""  # a refusal or a failure: the engine's own words ({i} of {n}, {architecture}: filled in)
 
 
 class Numbering(Enum):
@@ -106,6 +94,7 @@ class OutOfRange(Enum):
 
     REFUSED = "refused with an error"
     DROPPED = "silently never matched: the slot is missing and the capture narrower"
+    FAILS = "never matched, and the forward fails: the packer counts fewer captures than ids"
 
 
 class Order(Enum):
@@ -117,6 +106,7 @@ class Duplicates(Enum):
     CAPTURED_ONCE = "captured once"
     CAPTURED_TWICE = "captured twice"
     REFUSED = "refused with an error"
+    FAILS = "captured once, and the forward fails: the packer counts fewer captures than ids"
 
 
 class Site(Enum):
@@ -250,10 +240,12 @@ class TboCapture(Enum):
     REGION_NOT_CAPTURED = ("layers from first_k_dense_replace on run as two micro-batches outside the capture loop: "
                            "no boundary there is captured")
     MICRO_BATCHES = "each micro-batch captured over its own token slice, merged back by token range"
+    REGION_FAILS = ("layers from first_k_dense_replace on run as two micro-batches outside the capture loop; the "
+                    "packer counts their slots missing and fails the forward (none captured: the unpack fails)")
 
     @property
     def strategy(self) -> Strategy:
-        return Strategy.MODEL_LEVEL if self is TboCapture.REGION_NOT_CAPTURED else Strategy.MICRO_BATCHES
+        return Strategy.MICRO_BATCHES if self is TboCapture.MICRO_BATCHES else Strategy.MODEL_LEVEL
 
 
 @dataclass(frozen=True)
@@ -275,9 +267,10 @@ class Behaviour:
     scattered: Cited[Gather] | None = None  # None: the engine has no token-scattered stream
     pp: Cited[Handoff] | None = None  # under pipeline parallelism; None: not profiled (trainers)
     tbo: Cited[TboCapture] | None = None  # None: no two-batch overlap profiled for this model file
+    cp: Cited[Gather] | None = None  # under context parallel (prefill CP); None: not profiled
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp")
 
 
 @dataclass(frozen=True)
@@ -389,7 +382,7 @@ def describe(c: Cited | None) -> str:
         return "-"
     v = c.value
     if isinstance(v, Enum):
-        return v.value + (f": {c.refusal.error}" if c.refusal else "")
+        return v.value + (f": {c.error}" if c.error else "")
     if isinstance(v, ConfigRead):
         if v.hard_coded:
             return "hard-coded layers: no ids are read"
@@ -404,7 +397,7 @@ def describe(c: Cited | None) -> str:
 
 __all__ = ["Behaviour", "Change", "Cited", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty",
            "FusionAuto", "Gather", "Gpu", "Handoff", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
-           "Order", "OutOfRange", "Profile", "Refusal", "Served", "Site", "Source", "TboCapture", "Versions", "differences", "describe",
+           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "TboCapture", "Versions", "differences", "describe",
            "releases"]
 
 

@@ -16,6 +16,8 @@ from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Behaviour, Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile
 
 CRASH_TEXT = "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'"
+# a packing engine that captured nothing returns the hidden states alone; the caller's two-way unpack fails
+UNPACK_TEXT = "ValueError: too many values to unpack (expected 2)"
 
 
 class Fate(Enum):
@@ -24,6 +26,7 @@ class Fate(Enum):
     DROPPED = "never matched by the capture loop"
     CRASHES = "crashes the forward"
     REFUSED = "refused"
+    FAILS = "not captured, and the packer fails the forward"
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,8 @@ class Replay:
 
     @property
     def crashed(self) -> bool:
-        return any(s.fate is Fate.CRASHES for s in self.slots)
+        """The forward fails: an id crashes it, or the packer counts a slot missing."""
+        return any(s.fate in (Fate.CRASHES, Fate.FAILS) for s in self.slots)
 
     @property
     def refused(self) -> bool:
@@ -128,7 +132,7 @@ def slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
         return Slot(k, j, i, Position(PositionKind.EMBED) if fate is Fate.CAPTURED else None, fate)
     if 0 < i < L or (i == L and (b.last_boundary.value or hf)):
         return Slot(k, j, i, Position(PositionKind.FINAL) if hf and i == L else Position.at_boundary(i), Fate.CAPTURED)
-    fate = Fate.DROPPED if b.out_of_range.value is OutOfRange.DROPPED else Fate.REFUSED
+    fate = {OutOfRange.DROPPED: Fate.DROPPED, OutOfRange.FAILS: Fate.FAILS}.get(b.out_of_range.value, Fate.REFUSED)
     return Slot(k, j, i, None, fate)
 
 
@@ -141,7 +145,7 @@ def _order(profile: Profile, slots: list[Slot]) -> list[Slot]:
         if s.internal in seen and s.fate is Fate.CAPTURED:
             s = Slot(s.index, s.id, s.internal, s.position,
                      {Duplicates.CAPTURED_ONCE: Fate.MERGED, Duplicates.CAPTURED_TWICE: Fate.CAPTURED,
-                      Duplicates.REFUSED: Fate.REFUSED}[dup])
+                      Duplicates.REFUSED: Fate.REFUSED, Duplicates.FAILS: Fate.FAILS}[dup])
         seen.add(s.internal)
         out.append(s)
     return out
@@ -153,9 +157,26 @@ def _failure(profile: Profile, slots: list[Slot], L: int) -> str | None:
     if crash is not None:
         return (f"{CRASH_TEXT}: {who} id {crash.id} tests layer 0, where the loop adds hidden_states + "
                 f"residual and residual is still None ({b.embed.source})")
+    short = next((s for s in slots if s.fate is Fate.FAILS), None)
+    if short is not None:
+        return _packer_failure(profile, slots, short, L)
     refused = next((s for s in slots if s.fate is Fate.REFUSED), None)
     if refused is not None:
         what = ("a repeated id" if any(s.internal == refused.internal for s in slots if s is not refused)
                 else f"id {refused.id} (out of range for {L} layers)")
         return f"{who} refuses {what} ({b.out_of_range.source})"
     return None
+
+
+def _packer_failure(profile: Profile, slots: list[Slot], short: Slot, L: int) -> str:
+    """The engine's words when its packer holds fewer captures than ids (`short`: the first slot missing)."""
+    b = profile.behaviour
+    repeat = any(s.internal == short.internal for s in slots if s.index < short.index)
+    cited = b.duplicates if repeat else b.out_of_range
+    what = f"id {short.id} is a repeat" if repeat else f"id {short.id} is never reached on {L} layers"
+    got, n = sum(s.fate is Fate.CAPTURED for s in slots), len(slots)
+    if got == 0:
+        return (f"{UNPACK_TEXT}: {profile.name} captured none of its {n} slots ({what}), so the model returns the "
+                f"hidden states alone and the caller's `hidden_states, aux_hidden_states = hidden_states` fails "
+                f"(inferred from the code; {cited.source})")
+    return f"{cited.error.format(i=got, n=n)}: {profile.name} packs {n} slots and {what} ({cited.source})"

@@ -1,13 +1,15 @@
-"""SGLang's profiles: DeepSeek-V2/V3 (and Kimi-K2), Llama, Qwen2/Qwen3, Qwen3-MoE and GPT-OSS model
-files, from 0.5.6 on, each behaviour read from the released code (the PyPI wheel of the version
-named in the source) or the PR that changed it.
+"""SGLang's profiles: DeepSeek-V2 and DeepSeek-V3 (and Kimi-K2), Llama, Qwen2/Qwen3, Qwen3-MoE and GPT-OSS
+model files, from 0.5.6 to 0.5.23, each behaviour read from the released code (the PyPI wheel of the
+release named in the source: its path, the function or class read and a few lines of it).
 
-Merge commits of the PRs are not known here (the repository snapshot was too large to read), so
-each change names its PR and the first release whose wheel has the code.
+Every release from 0.5.6 to 0.5.23 was downloaded and the cited code compared; each change names the
+first release whose wheel has it (`.post` releases and release candidates were not read). Merge
+commits of the PRs are not known here (the repository was too large to read).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date
 
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
@@ -41,53 +43,180 @@ RELEASES = releases(
     "0.5.13 2026-06-11, 0.5.13.post1 2026-06-15, 0.5.14 2026-06-26, 0.5.15 2026-07-10, "
     "0.5.15.post1 2026-07-14, 0.5.16 2026-07-25, 0.5.17 2026-08-08, 0.5.18 2026-08-21, "
     "0.5.19 2026-09-04, 0.5.20 2026-09-18, 0.5.21 2026-10-01, 0.5.22 2026-10-16, 0.5.23 2026-10-30")
-
+# the releases whose wheels were read (every one from the oldest profiled to the newest)
+READ = ("0.5.6", "0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16",
+        "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
 OLDEST = Change((), "the oldest release read", None, "0.5.6", {})
 
 
-def src(path: str, ref: str, note: str) -> Source:
-    return Source(REPO, f"python/sglang/srt/{path}", ref, note)
+def src(path: str, ref: str, symbol: str, quote: str, note: str) -> Source:
+    return Source(REPO, f"python/sglang/srt/{path}", ref, note, symbol, quote)
 
 
 DS = "models/deepseek_v2.py"
-RUNNER = src("model_executor/model_runner.py", "v0.5.12",
-             "eagle_config['eagle_aux_hidden_state_layer_ids'] read inside a bare try/except that sets None "
-             "(the default); eagle_config.get('use_aux_hidden_state', True) false skips set_eagle3_layers_to_capture; "
-             "a top-level key is not read; [] gives layers_to_capture = [] with capture on, and the "
-             "ForCausalLM's `hidden_states, aux_hidden_states = hidden_states` unpack fails (inferred from the code)")
-CONFIG = Cited(ConfigRead((ConfigKey(NESTED),), Empty.CRASH, OFF_FLAG), RUNNER)
-GRAPHS_BEFORE = Cited(GraphIds.DEFAULT, Source(REPO, "python/sglang/srt/model_executor/cuda_graph_runner.py", "#22836",
-                      "before the PR, set_eagle3_layers_to_capture ran after graph capture; CudaGraphRunner's "
-                      "workaround called it with no ids, so graphed batches captured the default ids"))
-GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured", date(2026, 4, 15), "0.5.11",
-                      {"graphs": Cited(GraphIds.CONFIG, src("model_executor/model_runner.py", "v0.5.11",
-                                      "init_aux_hidden_state_capture() runs before init_device_graphs()"))})
+DS_MODEL, DS_SET = "DeepseekV2Model.forward", "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
 SERVER_ARGS = "server_args.py"
-# --pp-size: every model file's capture ends on a stage other than the last. Read in llama.py at 00239548 (no
-# release tag known for that commit); PR #39644 (open) says the same of every EAGLE-3 target model file.
-PP_EARLY_RETURN = Cited(Handoff.LAST_STAGE_ONLY, src(
-    "models/llama.py", "00239548f1cd1a06ca145a5447a86738090a48f1",
-    "LlamaModel.forward: `if not self.pp_group.is_last_rank: return PPProxyTensors({'hidden_states': ..., "
-    "'residual': ...})`, the aux_hidden_states of the stage's own layers not included; and "
-    "set_eagle3_layers_to_capture returns at once `if not self.pp_group.is_last_rank`; PR #39644 (open, "
-    "'Reject EAGLE3/DFLASH aux hidden-state capture under pipeline parallelism') says every target model file "
-    "returns early on stages other than the last, so the draft gets only the last stage's slots"))
-FUSION_057 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(SERVER_ARGS, "v0.5.7",
-                   "flashinfer all-reduce fusion on for DeepseekV3/GptOss/Glm4Moe/Qwen3Moe when SM90 or Blackwell, "
-                   "not DP attention, nnodes == 1, not H20, moe_a2a_backend == 'none' (commit 1ab9b8e0a; PR #16283, "
-                   "after 0.5.7, narrowed Blackwell to SM100)"))
-FUSION_0513 = Cited(FusionAuto.SM90_SM100, src(SERVER_ARGS, "v0.5.13", "the H20 exclusion is gone"))
-FUSION_0514 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(SERVER_ARGS, "v0.5.14",
-                    "flashinfer_allreduce_fusion_backend='auto'; nnodes == 1 or SM100 (PR #28789 restored SM90)"))
+HOOK = "arg_groups/validation_hook.py"
+PLUS_ONE_QUOTE = ("self.capture_aux_hidden_states = True # we plus 1 here because in sglang, for the ith layer, it "
+                  "takes the output # of the (i-1)th layer as aux hidden state self.model.layers_to_capture = "
+                  "[val + 1 for val in layer_ids]")
+
+# --- the draft config read (model runner) --------------------------------------------------------
+
+_READ_NOTE = ("eagle_config['eagle_aux_hidden_state_layer_ids'] read inside a bare try/except that sets None (the "
+              "default); eagle_config.get('use_aux_hidden_state', True) false skips set_eagle3_layers_to_capture; a "
+              "top-level key is not read; [] gives layers_to_capture = [] with capture on, and the ForCausalLM's "
+              "`hidden_states, aux_hidden_states = hidden_states` unpack fails (inferred from the code)")
+_READ_QUOTE = ("eagle_config[ \"eagle_aux_hidden_state_layer_ids\" ] except: # if there is no aux layer, set to None")
+RUNNER = src("model_executor/model_runner.py", "v0.5.6", "ModelRunner.initialize",
+             "eagle_aux_hidden_state_layer_ids = " + _READ_QUOTE,
+             "after init_device_graphs(): " + _READ_NOTE.replace("; eagle_config.get('use_aux_hidden_state', True) "
+                                                                 "false skips set_eagle3_layers_to_capture", "")
+             + "; use_aux_hidden_state is not read: capture is always on (0.5.6, 0.5.7)")
+CONFIG = Cited(ConfigRead((ConfigKey(NESTED),), Empty.CRASH), RUNNER)
+CONFIG_058 = Cited(ConfigRead((ConfigKey(NESTED),), Empty.CRASH, OFF_FLAG), src(
+    "model_executor/model_runner.py", "v0.5.8", "ModelRunner.__init__",
+    "self.eagle_use_aux_hidden_state = eagle_config.get( \"use_aux_hidden_state\", True ) "
+    "self.eagle_aux_hidden_state_layer_ids = " + _READ_QUOTE, _READ_NOTE))
+CONFIG_0516 = Cited(CONFIG_058.value, src(
+    "model_executor/model_runner_components/spec_aux_hidden_state.py", "v0.5.16", "_resolve_eagle_aux_hidden_state",
+    "config.eagle_aux_hidden_state_layer_ids = " + _READ_QUOTE,
+    "the same read moved out of ModelRunner (re-read at 0.5.23: `except Exception:`, the same fallback); "
+    + _READ_NOTE))
+
+# --- CUDA graphs (#22836) ------------------------------------------------------------------------
+
+GRAPHS_BEFORE = Cited(GraphIds.DEFAULT, src(
+    "model_executor/cuda_graph_runner.py", "v0.5.6", "CudaGraphRunner.__init__",
+    "# Speculative_inference if model_runner.spec_algorithm.is_eagle3(): "
+    "self.model_runner.model.set_eagle3_layers_to_capture()",
+    "the graph runner sets the capture with no ids (the default) before capturing graphs; ModelRunner.initialize "
+    "sets the configured ids only after init_device_graphs(), so graphed batches capture the default ids"))
+GRAPHS_BEFORE_058 = Cited(GraphIds.DEFAULT, src(
+    "model_executor/cuda_graph_runner.py", "v0.5.8", "CudaGraphRunner.__init__",
+    "model_runner.spec_algorithm.is_eagle3() and model_runner.eagle_use_aux_hidden_state ): "
+    "self.model_runner.model.set_eagle3_layers_to_capture()",
+    "the graph runner sets the capture with no ids (the default) before capturing graphs; ModelRunner.initialize "
+    "sets the configured ids only after init_device_graphs(), so graphed batches capture the default ids "
+    "(the same in 0.5.8 .. 0.5.10, now also gated on use_aux_hidden_state; PR #22836 moved it)"))
+GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured", date(2026, 4, 15), "0.5.11",
+                      {"graphs": Cited(GraphIds.CONFIG, src(
+                          "model_executor/model_runner.py", "v0.5.11", "ModelRunner.initialize",
+                          "# Must be called BEFORE init_device_graphs() so CUDA graph capture # runs with aux hidden "
+                          "state capture enabled. self.init_aux_hidden_state_capture()",
+                          "init_aux_hidden_state_capture() runs before init_device_graphs() (re-read at 0.5.23: "
+                          "ModelRunner.init_attention_backends calls configure_aux_hidden_state_capture before any "
+                          "graph capture, model_runner_components/attention_backend_setup.py)"))})
+
+GRAPHS_0516 = Cited(GraphIds.CONFIG, src(
+    "model_executor/model_runner.py", "v0.5.16", "ModelRunner.init_attention_backends",
+    "# Must be called BEFORE init_decode_cuda_graph() so CUDA graph capture # runs with aux hidden state capture "
+    "enabled. configure_aux_hidden_state_capture(",
+    "the capture set moved into init_attention_backends, still before any graph is captured (the same at 0.5.23)"))
+
+# --- pipeline parallelism: the start-up check refuses EAGLE-3 in every release read ----------------
+
+_PP_EARLY = ("the model files' own early return on a stage other than the last (llama.py at 00239548: `if not "
+             "self.pp_group.is_last_rank: return PPProxyTensors(...)`) is never reached with EAGLE-3 in a release")
+PP_0506 = Cited(Handoff.REFUSED, src(
+    SERVER_ARGS, "v0.5.6", "ServerArgs.check_server_args",
+    "if self.pp_size > 1: assert ( self.disable_overlap_schedule and self.speculative_algorithm is None and not "
+    "self.enable_mixed_chunk ), \"Pipeline parallelism is not compatible with overlap schedule, speculative "
+    "decoding, mixed chunked prefill.\"",
+    "--pp-size > 1 with any --speculative-algorithm fails the start-up check (the same in 0.5.6 .. 0.5.10); "
+    + _PP_EARLY),
+    "AssertionError: Pipeline parallelism is not compatible with overlap schedule, speculative decoding, mixed "
+    "chunked prefill.")
+_PP_TEXT = "AssertionError: Pipeline parallelism is not compatible with overlap schedule, speculative decoding"
+PP_0511 = Cited(Handoff.REFUSED, src(
+    SERVER_ARGS, "v0.5.11", "ServerArgs.check_server_args",
+    "if self.pp_size > 1: assert ( self.disable_overlap_schedule and self.speculative_algorithm is None ), "
+    "\"Pipeline parallelism is not compatible with overlap schedule, speculative decoding\"",
+    "mixed chunked prefill no longer in the assert; speculative decoding still refused (the same in 0.5.11 .. "
+    "0.5.18)"), _PP_TEXT)
+PP_0519 = Cited(Handoff.REFUSED, src(
+    HOOK, "v0.5.19", "check_server_args",
+    "if cfg.pp_size > 1: assert ( cfg.disable_overlap_schedule and cfg.speculative_algorithm is None ), "
+    "\"Pipeline parallelism is not compatible with overlap schedule, speculative decoding\"",
+    "the server-args checks moved to arg_groups/validation_hook.py; the same assert"), _PP_TEXT)
+PP_0520 = Cited(Handoff.REFUSED, src(
+    HOOK, "v0.5.20", "check_server_args",
+    "# Non-NPU: PP + speculative decoding is not supported assert cfg.disable_overlap_schedule and "
+    "cfg.speculative_algorithm is None, ( \"Pipeline parallelism is not compatible with overlap schedule, "
+    "speculative decoding\" )",
+    "NPU alone may run PP with EAGLE (not EAGLE-3) on prefill nodes; every other platform keeps the assert "
+    "(tpsim's GPUs are not NPUs)"), _PP_TEXT)
+PP_0521 = Cited(Handoff.REFUSED, src(
+    HOOK, "v0.5.21", "check_pipeline_parallel_compat",
+    "elif cfg.speculative_algorithm is not None: assert ( cfg.speculative_algorithm.upper() == \"EAGLE\" and not "
+    "cfg.enable_multi_layer_eagle ), ( \"Pipeline parallelism currently only supports EAGLE \" "
+    "\"(non-multi-layer) speculative decoding\" )",
+    "the old assert is gone: PP runs EAGLE (and DSPARK on prefill nodes) but EAGLE-3 is still refused at "
+    "start-up, `EAGLE3`.upper() != 'EAGLE' (the same in 0.5.22 and 0.5.23)"),
+    "AssertionError: Pipeline parallelism currently only supports EAGLE (non-multi-layer) speculative decoding")
+
+# --- FlashInfer all-reduce fusion auto-enable (DeepseekV3ForCausalLM, GptOss, Qwen3Moe; never DeepseekV2) -------
+
+FUSION_V3_056 = Cited(FusionAuto.SM100, src(
+    SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
+    "# workaround for https://github.com/flashinfer-ai/flashinfer/issues/2006 if not self.enable_dp_attention and "
+    "self.nnodes == 1: self.enable_flashinfer_allreduce_fusion = True",
+    "inside `if model_arch in [\"DeepseekV3ForCausalLM\"]:` and `if is_cuda() and is_sm100_supported():`; "
+    "no tp_size term (tp 1 has no all-reduce to fuse: tpsim's rule needs tp > 1, the same capture)"))
+FUSION_057 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
+    SERVER_ARGS, "v0.5.7", "ServerArgs._handle_model_specific_adjustments",
+    "and (is_sm90_supported() or is_blackwell_supported()) and not self.enable_dp_attention and self.nnodes == 1 "
+    "and not is_h20_device and self.moe_a2a_backend == \"none\" ): self.enable_flashinfer_allreduce_fusion = True",
+    "for DeepseekV3ForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM, Qwen3MoeForCausalLM (not "
+    "DeepseekV2ForCausalLM); no tp_size > 1 term until 0.5.10 (tp 1 has no all-reduce to fuse: the same capture); "
+    "0.5.8 narrowed Blackwell to is_sm100_supported()"))
+FUSION_058 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
+    SERVER_ARGS, "v0.5.8", "ServerArgs._handle_model_specific_adjustments",
+    "and (is_sm90_supported() or is_sm100_supported()) and not self.enable_dp_attention and self.nnodes == 1 "
+    "and not is_h20_device", "Blackwell narrowed to is_sm100_supported() (the same in 0.5.8, 0.5.9)"))
+FUSION_0510 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
+    SERVER_ARGS, "v0.5.10", "ServerArgs._handle_model_specific_adjustments",
+    "and (is_sm90_supported() or is_sm100_supported()) and self.tp_size > 1 and not self.enable_dp_attention",
+    "the tp_size > 1 term joins the rule; H20 still excluded"))
+FUSION_0513 = Cited(FusionAuto.SM90_SM100, src(
+    SERVER_ARGS, "v0.5.13", "ServerArgs._handle_model_specific_adjustments",
+    "and self.tp_size > 1 and not self.enable_dp_attention and self.nnodes == 1 and self.moe_a2a_backend == "
+    "\"none\"", "the H20 exclusion is gone"))
+FUSION_0514 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
+    SERVER_ARGS, "v0.5.14", "ServerArgs._handle_model_specific_adjustments",
+    "and not self.enable_dp_attention and (self.nnodes == 1 or is_sm100_supported()) and self.moe_a2a_backend == "
+    "\"none\" ): self.flashinfer_allreduce_fusion_backend = \"auto\"",
+    "flashinfer_allreduce_fusion_backend='auto'; nnodes == 1 or SM100 (PR #28789 restored SM90)"))
+FUSION_0515 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
+    "arg_groups/overrides.py", "v0.5.15", "_flashinfer_allreduce_fusion_auto_enable",
+    "and view.tp_size > 1 and not view.enable_dp_attention and (view.nnodes == 1 or is_sm100_supported()) and "
+    "view.moe_a2a_backend == \"none\"",
+    "the rule moved to a post-process hook over _FLASHINFER_ALLREDUCE_FUSION_ARCHS (re-read at 0.5.23: "
+    "get_platform().is_sm90/is_sm100, attn_dp_enabled_of(view), the same conditions; DeepseekV2ForCausalLM, "
+    "LlamaForCausalLM, Qwen2/Qwen3ForCausalLM still not listed)"))
+FUSION_0519 = Cited(FusionAuto.SM90_SM100_MULTINODE_SM100, src(
+    "arg_groups/overrides.py", "v0.5.19", "_flashinfer_allreduce_fusion_auto_enable",
+    "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1 and not view.enable_dp_attention "
+    "and (view.nnodes == 1 or get_platform().is_sm100)",
+    "the platform read through get_platform(); the same conditions (0.5.23: attn_dp_enabled_of(view) and a "
+    "DeepSeek-V4.1 exception, the same for V3)"))
+FUSION_NEVER_V2 = Cited(FusionAuto.NEVER, src(
+    SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
+    "if model_arch in [\"DeepseekV3ForCausalLM\"]: if is_deepseek_nsa(hf_config):",
+    "DeepSeek's rule is for DeepseekV3ForCausalLM only; DeepseekV2ForCausalLM (DeepSeek-V2, V2-Lite) is on no "
+    "auto-enable list in any release read, 0.5.6 .. 0.5.23"))
+
+# --- the capture loop and the id setters --------------------------------------------------------------
 
 
-def _loop(path: str, ref: str, guarded: bool) -> dict:
-    """The model-level capture loop shared by the model files before 0.5.14: `hidden_states +
-    residual` before layer i for i in start..end (the add makes a new tensor)."""
-    loop = src(path, ref, "before layer i, `if i in self.layers_to_capture: aux_hidden_states.append(hidden_states"
-               " + residual)`" + (" (residual None at layer 0: the hidden states alone)" if guarded else
-                                  "; residual is None before layer 0") + "; the loop runs start_layer..end_layer")
+def _loop(path: str, ref: str, symbol: str, quote: str, guarded: bool) -> dict:
+    """The model-level capture loop shared by the model files before the in-layer capture:
+    `hidden_states + residual` before layer i for i in start..end (the add makes a new tensor)."""
+    loop = src(path, ref, symbol, quote,
+               "before layer i, `if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + residual)`"
+               + (" (residual None at layer 0: the hidden states alone)" if guarded else
+                  "; residual is None before layer 0") + "; the loop runs start_layer..end_layer")
     return dict(
         embed=Cited(EmbedId.CAPTURED if guarded else EmbedId.CRASHES, loop),
         out_of_range=Cited(OutOfRange.DROPPED, loop), order=Cited(Order.ASCENDING, loop),
@@ -95,117 +224,377 @@ def _loop(path: str, ref: str, guarded: bool) -> dict:
         cloned=Cited(False, loop), last_boundary=Cited(False, loop))
 
 
-def _setter(path: str, ref: str) -> dict:
-    s = src(path, ref, "set_eagle3_layers_to_capture: None -> [2, n//2, n-3]; ids -> [val + 1 for val in layer_ids] "
-                       "(\"for the ith layer, it takes the output of the (i-1)th layer\")")
+def _setter(path: str, ref: str, symbol: str, quote: str = PLUS_ONE_QUOTE) -> dict:
+    s = src(path, ref, symbol, quote, "set_eagle3_layers_to_capture: None -> [2, n//2, n-3]; ids -> [val + 1 for val "
+                                      "in layer_ids] (\"for the ith layer, it takes the output of the (i-1)th layer\")")
     return dict(numbering=Cited(Numbering.OUTPUT_OF_PLUS_ONE, s), defaults=Cited(Defaults.BEFORE_2_MID_LAST3, s))
 
 
-# two-batch overlap: read at one commit whose release is not known; no change to it is known (PR #32680 closed)
+def _in_layer(path: str, ref: str, symbol: str, quote: str, note: str, last: bool = False) -> dict:
+    """The in-layer capture through the layer boundary (0.5.21+): the residual after the layer's fused
+    all-reduce + add, copied when borrowed; at layer 0 the embedding output itself; the loop still tests
+    `i in self.layers_to_capture` (`last`: the final boundary is captured too)."""
+    c = src(path, ref, symbol, quote, note + "; StageBoundary._prepare_attention (layers/layer_boundary/stage.py) "
+            "captures the embedding before layer 0 (`stream.residual is None`) and else the residual after the fused "
+            "all-reduce + add; AuxHiddenStateList.capture clones a borrowed tensor")
+    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c),
+            "order": Cited(Order.ASCENDING, c), "out_of_range": Cited(OutOfRange.DROPPED, c),
+            "duplicates": Cited(Duplicates.CAPTURED_ONCE, c), "last_boundary": Cited(last, c)}
+
+
+# the changes every model file shares: the config read and the start-up check
+_COMMON = (Change((), "use_aux_hidden_state read: false turns capture off", None, "0.5.8",
+                  {"config": CONFIG_058, "graphs": GRAPHS_BEFORE_058}),
+           replace(GRAPHS_FIXED, title=GRAPHS_FIXED.title + "; PP refusal without mixed chunked prefill",
+                   changes={**GRAPHS_FIXED.changes, "pp": PP_0511}),
+           Change((), "config read moved to spec_aux_hidden_state.py; the capture set in init_attention_backends",
+                  None, "0.5.16", {"config": CONFIG_0516, "graphs": GRAPHS_0516}),
+           Change((), "PP refusal moved to arg_groups/validation_hook.py", None, "0.5.19", {"pp": PP_0519}),
+           Change((), "PP refusal: an NPU-only branch beside it", None, "0.5.20", {"pp": PP_0520, "config": Cited(
+               CONFIG_058.value, src("model_executor/model_runner_components/spec_aux_hidden_state.py", "v0.5.20",
+                                     "_resolve_eagle_aux_hidden_state", "config.eagle_aux_hidden_state_layer_ids = "
+                                     "eagle_config[ \"eagle_aux_hidden_state_layer_ids\" ] except Exception: "
+                                     "config.eagle_aux_hidden_state_layer_ids = None",
+                                     "`except Exception:` for the bare except; the same fallback (the same at "
+                                     "0.5.23); " + _READ_NOTE))}),
+           Change((), "PP: only EAGLE (non-multi-layer) accepted; EAGLE-3 still refused", None, "0.5.21",
+                  {"pp": PP_0521}))
+
+
+def _with(changes: tuple[Change, ...], extra: tuple[Change, ...]) -> tuple[Change, ...]:
+    """`changes` and `extra` in release order, those of one release merged into one change."""
+    merged: dict[str, Change] = {}
+    for c in (*changes, *extra):
+        if c.release in merged:
+            m = merged[c.release]
+            c = replace(m, prs=tuple(dict.fromkeys((*m.prs, *c.prs))), title=f"{m.title}; {c.title}",
+                        merged=m.merged or c.merged, changes={**m.changes, **c.changes})
+        merged[c.release] = c
+    kept = [c for c in merged.values() if c.changes]  # a change another architecture's rule made: none here
+    return tuple(sorted(kept, key=lambda c: tuple(int(x) for x in c.release.split("."))))
+
+
+# --- DeepSeek: one model file, two architectures (fusion is auto-enabled for DeepseekV3ForCausalLM only) ---
+
+_DS_LOOP = "if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + residual)"
 TBO = Cited(TboCapture.REGION_NOT_CAPTURED, src(
-    DS, "3e4a39ee73308590c5c753108bdcb8d333f7f1c6",
-    "DeepseekV2Model.forward: `if forward_batch.can_run_tbo:` (and start_layer < first_k_dense_replace < end_layer) "
-    "`normal_end_layer = self.first_k_dense_replace`; the capture loop is `for i in range(normal_start_layer, "
-    "normal_end_layer)`, the remaining layers run in model_forward_maybe_tbo after it, so no boundary >= "
-    "first_k_dense_replace is captured (the same structure at 00114aef; PR #32680, closed unmerged, reports "
-    "'0 of 3 layers captured' on DeepSeek-V2-Lite). Which releases have it: not established beyond these commits"))
+    DS, "v0.5.6", DS_MODEL,
+    "if forward_batch.can_run_tbo: if ( self.first_k_dense_replace > normal_start_layer and "
+    "self.first_k_dense_replace < normal_end_layer ): normal_end_layer = self.first_k_dense_replace elif "
+    "self.first_k_dense_replace < normal_start_layer: normal_end_layer = normal_start_layer = 0",
+    "the capture loop is `for i in range(normal_start_layer, normal_end_layer)`; the layers from "
+    "first_k_dense_replace on run in model_forward_maybe_tbo after it, so no boundary >= first_k_dense_replace is "
+    "captured (PR #32680, closed unmerged, reports '0 of 3 layers captured' on DeepSeek-V2-Lite). The same in every "
+    "release 0.5.6 .. 0.5.23. The `elif` (a PP stage that starts after first_k_dense_replace runs no capture loop) "
+    "is not modelled: PP with EAGLE-3 is refused at start-up in every release"))
 
-DEEPSEEK = Line(
-    "sglang", "deepseek_v2", ("deepseek_v2", "deepseek_v3", "kimi_k2"),
-    Behaviour(**_setter(DS, "v0.5.6"), **_loop(DS, "v0.5.6", guarded=False), config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.SM100, src(SERVER_ARGS, "v0.5.6",
-                                "fusion auto-enabled for DeepSeek only on SM100, not DP attention, nnodes == 1")),
-              scattered=Cited(Gather.LOCAL, src(DS, "v0.5.6", "under DeepEP the stream between MoE layers is "
-                                                "token-scattered and the capture adds the local shard")),
-              tbo=TBO),
-    starts=OLDEST,
-    changes=(
-        Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered; fusion auto-enabled on SM90", None,
-               "0.5.7", {"scattered": Cited(Gather.GATHERED, src(DS, "v0.5.7",
-                        "`if self.enable_a2a_moe and i > self.first_k_dense_replace`: all-gather hidden_states + "
-                        "residual over the attention-TP group before capture")), "fusion_auto": FUSION_057}),
-        GRAPHS_FIXED,
+
+def _boundary(path: str, ref: str, symbol: str) -> dict:
+    """The MoE decoder layers' capture through the layer boundary (0.5.21): the residual after the fused
+    add, gathered when scattered; the embedding before layer 0."""
+    c = src(path, ref, symbol, "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+            "captured_last_layer_outputs=captured_last_layer_outputs,",
+            "the decoder layer captures through attn_boundary.prepare(captured_last_layer_outputs=...): "
+            "StageBoundary stores the residual after the fused all-reduce + add, moved by the entry's input_move (the "
+            "gather of a scattered stream) and copied when borrowed; before layer 0 the residual is initialised from "
+            "the embedding (layer_boundary/prepare.py, read.init_residual; read at 0.5.22)")
+    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c)}
+
+
+_PACKER = "layers/aux_hidden_states.py"
+_PACK_NOTE = ("DeepseekV2Model.forward collects into AuxHiddenStatePacker(len(self.layers_to_capture)); an id the "
+              "loop never reaches, a repeated id (the loop tests `i in self.layers_to_capture` once per layer) or a "
+              "slot in the two-batch-overlap region leaves it short and finalize() fails the forward; with nothing "
+              "captured the model returns hidden_states alone and the ForCausalLM's unpack fails instead")
+PACK_0517 = src(_PACKER, "v0.5.17", "AuxHiddenStatePacker.finalize",
+                "assert ( self._buffer is not None and self._idx == self._num_captures ), f\"captured {self._idx} "
+                "of {self._num_captures} aux hidden states\"", _PACK_NOTE)
+PACK_0520 = src(_PACKER, "v0.5.20", "AuxHiddenStatePacker.finalize",
+                "if self._buffer is None or self._idx != self._num_captures: raise RuntimeError( "
+                "f\"captured {self._idx} of {self._num_captures} aux hidden states\" )",
+                "the assert became a RuntimeError (the same at 0.5.23); " + _PACK_NOTE)
+PACK_TEXT = "captured {i} of {n} aux hidden states"
+
+
+def _packer(source: Source, error: str) -> dict:
+    said = f"{error}: {PACK_TEXT}"
+    return {"out_of_range": Cited(OutOfRange.FAILS, source, said), "duplicates": Cited(Duplicates.FAILS, source, said),
+            "tbo": Cited(TboCapture.REGION_FAILS, source, said)}
+
+
+_CP_LOCAL = Cited(Gather.LOCAL, src(
+    DS, "v0.5.17", DS_MODEL,
+    "if self.pp_group.is_last_rank and use_cp_v1: # allgather + rerrange hidden_states = "
+    "cp_all_gather_rerange_output(",
+    "the in-model prefill CP path (NSA/MLA) all-gathers only the final hidden states; the aux states keep the "
+    "rank's token chunk. That path is in every release from 0.5.6 (is_nsa_enable_prefill_cp); which of its lines "
+    "gather was read at 0.5.17 only (UNVERIFIED before 0.5.17); the eager-runner CP of 0.5.18 .. 0.5.19 already "
+    "gathers the aux states (a model picks one path by its config)"))
+_CP_GATHERED = Cited(Gather.GATHERED, src(
+    "model_executor/runner/eager_runner.py", "v0.5.20", "EagerRunner._execute_extend_cp",
+    "if aux_hidden_states is not None: if isinstance(aux_hidden_states, torch.Tensor): aux_hidden_states = "
+    "cp_gather_after_forward( aux_hidden_states, forward_batch, stream )",
+    "DeepSeek's in-model CP path is gone; CP runs through the eager runner, which all-gathers the aux states like "
+    "the hidden states (re-read at 0.5.23)"))
+
+
+DS_GATHER_TP = src(DS, "v0.5.7", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
+                   "aux_hidden_state = tensor_model_parallel_all_gather( hidden_states + residual, dim=0 )",
+                   "under DeepEP, a boundary after first_k_dense_replace is all-gathered over the whole TP group "
+                   "(tensor_model_parallel_all_gather) before capture (the same in 0.5.7 .. 0.5.9)")
+DS_GATHER_ATTN = src(DS, "v0.5.10", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
+                     "aux_hidden_state = get_attention_tp_group().all_gather( hidden_states + residual, dim=0 )",
+                     "the gather is over the attention-TP group (the TP group unless DP attention splits it)")
+DS_LOOP_057 = "if i in self.layers_to_capture: if self.enable_a2a_moe and i > self.first_k_dense_replace:"
+DS_SET_0513 = src(DS, "v0.5.13", DS_SET, "self.model.layers_to_capture = [2, num_layers // 2, num_layers - 3] else: "
+                  "self.capture_aux_hidden_states = True # TODO (Qiaolin-Yu): check if other draft models need "
+                  "similar layer id # adjustment if layer_ids and layer_ids[0] == 1:",
+                  "`if layer_ids and layer_ids[0] == 1: [val + 1 ...] else: list(layer_ids)`; None -> [2, n//2, n-3] "
+                  "(the same at 0.5.23)")
+DS_LAYER = src(DS, "v0.5.14", "DeepseekV2DecoderLayer.forward",
+               "hidden_states, residual = ( self.layer_communicator.prepare_attn_and_capture_last_layer_outputs( "
+               "hidden_states, residual, forward_batch, captured_last_layer_outputs=captured_last_layer_outputs,",
+               "the loop passes captured_last_layer_outputs into the decoder layer; LayerCommunicator."
+               "prepare_attn_and_capture_last_layer_outputs appends the residual after prepare_attn (fused all-reduce "
+               "+ add + norm), gathered by _communicate_simple_fn when scattered, cloned unless read-only; residual "
+               "None -> hidden_states")
+DS_LOOP_0514 = src(DS, "v0.5.14", DS_MODEL, "captured_last_layer_outputs=( aux_hidden_states if i in "
+                   "self.layers_to_capture else None ),",
+                   "the loop hands the collector to layer i when `i in self.layers_to_capture`: ascending, each layer "
+                   "once, start_layer..end_layer (nothing after the last layer)")
+DS_RENAMED = src(DS, "v0.5.22", "DeepseekV2DecoderLayer.forward",
+                 "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+                 "capture_gathered=captured_last_layer_outputs,",
+                 "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)")
+PACK_0522 = src(_PACKER, "v0.5.22", "AuxHiddenStatePacker.finalize",
+                "if self._feature_size is None or self._idx != self._num_captures: raise RuntimeError( "
+                "f\"captured {self._idx} of {self._num_captures} aux hidden states\" )",
+                "the packer may write into a graph runner's buffer; the same count (the same at 0.5.23); " + _PACK_NOTE)
+
+
+def _fusion(c: Cited, fusion: bool) -> dict:
+    """DeepseekV3ForCausalLM's rule `c`; for DeepseekV2ForCausalLM the same code, which does not list it."""
+    if fusion:
+        return {"fusion_auto": c}
+    return {"fusion_auto": Cited(FusionAuto.NEVER, replace(c.source, note="DeepseekV2ForCausalLM is not on this "
+                                                           "rule's list (DeepseekV3ForCausalLM is): " + c.source.note))}
+
+
+def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
+    """DeepSeek's changes; `fusion`: the model is DeepseekV3ForCausalLM, which the fusion rule lists."""
+    def f(c: Cited) -> dict:
+        return _fusion(c, fusion)
+    loop = _loop(DS, "v0.5.7", DS_MODEL, DS_LOOP_057, guarded=False)
+    walk = {k: Cited(loop[k].value, DS_LOOP_0514) for k in ("order", "out_of_range", "duplicates", "last_boundary")}
+    layer = {"site": Cited(Site.AFTER_FUSED_ADD, DS_LAYER), "cloned": Cited(True, DS_LAYER),
+             "embed": Cited(EmbedId.CAPTURED, DS_LAYER), "scattered": Cited(Gather.GATHERED, DS_LAYER)}
+    boundary = _boundary(DS, "v0.5.21", "DeepseekV2DecoderLayer.forward")
+    walk21 = src(DS, "v0.5.21", DS_MODEL, "captured_last_layer_outputs=aux_hidden_states if i in "
+                 "self.layers_to_capture else None,", DS_LOOP_0514.note + " (the same at 0.5.23)")
+    return (
+        Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered; the fusion rule's list", None, "0.5.7",
+               {**loop, "scattered": Cited(Gather.GATHERED, DS_GATHER_TP), **f(FUSION_057)}),
+        Change((), "fusion rule on SM100 for Blackwell", None, "0.5.8", f(FUSION_058)),
+        Change((), "DeepEP capture gathered over the attention-TP group; fusion needs tp > 1", None, "0.5.10",
+               {"scattered": Cited(Gather.GATHERED, DS_GATHER_ATTN), **f(FUSION_0510)}),
         Change(("#25454",), "+1 only when the first id is 1", date(2026, 5, 16), "0.5.13",
-               {"numbering": Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, src(DS, "v0.5.13",
-                              "`if layer_ids and layer_ids[0] == 1: [val + 1 ...] else: list(layer_ids)`")),
-                "fusion_auto": FUSION_0513}),
-        Change(("#28343", "#28789"), "capture after the fused all-reduce + add, in the decoder layer",
-               None, "0.5.14",
-               {"site": Cited(Site.AFTER_FUSED_ADD, c := src(DS, "v0.5.14",
-                        "the loop passes captured_last_layer_outputs into the decoder layer; "
-                        "prepare_attn_and_capture_last_layer_outputs appends the residual after prepare_attn "
-                        "(fused all-reduce + add + norm), cloned unless read-only; residual None -> hidden_states")),
-                "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c), "fusion_auto": FUSION_0514}),
-    ),
-    notes=("#28343's merge commit is not known; 0.5.14 is the first wheel with the decoder-layer capture, which "
-           "matches the PR's description (Kimi K2.5, AR fusion at tp > 1)",
-           "two-batch overlap (forward_batch.can_run_tbo) runs layers from first_k_dense_replace on outside the "
-           "capture loop: nothing there is captured (behaviour `tbo`; tpsim check --tbo replays it)"),
-)
+               {"numbering": Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, DS_SET_0513),
+                "defaults": Cited(Defaults.BEFORE_2_MID_LAST3, DS_SET_0513), **f(FUSION_0513)}),
+        Change(("#28343", "#28789"), "capture after the fused all-reduce + add, in the decoder layer", None, "0.5.14",
+               {**layer, **walk, **f(FUSION_0514)}),
+        Change((), "fusion rule moved to a post-process hook", None, "0.5.15", f(FUSION_0515)),
+        Change((), "captures packed by AuxHiddenStatePacker: a missing slot fails the forward", None, "0.5.17",
+               _packer(PACK_0517, "AssertionError")),
+        Change((), "fusion rule reads the platform through get_platform()", None, "0.5.19", f(FUSION_0519)),
+        Change((), "the packer raises RuntimeError; CP gathers the aux states", None, "0.5.20",
+               {**_packer(PACK_0520, "RuntimeError"), "cp": _CP_GATHERED}),
+        Change((), "capture through the layer boundary", None, "0.5.21",
+               {**boundary, "scattered": Cited(Gather.GATHERED, boundary["site"].source),
+                "order": Cited(walk["order"].value, walk21), "last_boundary": Cited(False, walk21)}),
+        Change((), "the layer boundary's capture argument renamed; the packer's count re-read", None, "0.5.22",
+               {"site": Cited(Site.AFTER_FUSED_ADD, DS_RENAMED), "cloned": Cited(True, DS_RENAMED),
+                "embed": Cited(EmbedId.CAPTURED, DS_RENAMED), "scattered": Cited(Gather.GATHERED, DS_RENAMED),
+                **_packer(PACK_0522, "RuntimeError")}),
+    )
 
+
+def _deepseek(family: str, models: tuple[str, ...], fusion: Cited) -> Line:
+    base = Behaviour(
+        **_setter(DS, "v0.5.6", DS_SET), **_loop(DS, "v0.5.6", DS_MODEL, _DS_LOOP, guarded=False), config=CONFIG,
+        pp=PP_0506, graphs=GRAPHS_BEFORE, fusion_auto=fusion,
+        scattered=Cited(Gather.LOCAL, src(DS, "v0.5.6", DS_MODEL, _DS_LOOP, "under DeepEP the stream between MoE "
+                                          "layers is token-scattered and the capture adds the local shard")),
+        tbo=TBO, cp=_CP_LOCAL)
+    return Line("sglang", family, models, base, starts=OLDEST,
+                changes=_with(_deepseek_changes(fusion.value is not FusionAuto.NEVER), _COMMON),
+                notes=("#28343's merge commit is not known; 0.5.14 is the first wheel with the decoder-layer "
+                       "capture, which matches the PR's description (Kimi K2.5, AR fusion at tp > 1)",
+                       "two-batch overlap (forward_batch.can_run_tbo) runs layers from first_k_dense_replace on "
+                       "outside the capture loop: nothing there is captured (behaviour `tbo`; tpsim check --tbo "
+                       "replays it); from 0.5.17 the packer then fails the forward",
+                       "DeepseekV3ForCausalLM subclasses DeepseekV2ForCausalLM: the capture is the same; only "
+                       "the fusion auto-enable rule names the architecture"))
+
+
+DEEPSEEK_V2 = _deepseek("deepseek_v2", ("deepseek_v2",), FUSION_NEVER_V2)
+DEEPSEEK_V3 = _deepseek("deepseek_v3", ("deepseek_v3", "kimi_k2"), FUSION_V3_056)
+DEEPSEEK = DEEPSEEK_V3
+
+
+LL = "models/llama.py"
 LLAMA = Line(
     "sglang", "llama", ("llama", "mistral"),
-    Behaviour(**_setter("models/llama.py", "v0.5.12"), **_loop("models/llama.py", "v0.5.12", guarded=False),
-              config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.14",
-                                "LlamaForCausalLM is on no fusion auto-enable list"))),
-    starts=OLDEST, changes=(GRAPHS_FIXED,),
-    notes=("0.5.23 moved Llama's capture into the decoder layer; what that does to id 0 is not profiled",),
+    Behaviour(**_setter(LL, "v0.5.12", "LlamaForCausalLM.set_eagle3_layers_to_capture"),
+              **_loop(LL, "v0.5.12", "LlamaModel.forward", "aux_hidden_states = [] for i in range(self.start_layer, "
+                      "self.end_layer): if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + "
+                      "residual)", guarded=False),
+              config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
+              fusion_auto=Cited(FusionAuto.NEVER, src(
+                  "arg_groups/overrides.py", "v0.5.23", "_flashinfer_allreduce_fusion_auto_enable",
+                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS) and not prefer_custom_dsv41 "
+                  "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1",
+                  "LlamaForCausalLM is on no fusion auto-enable list (0.5.6 .. 0.5.23)"))),
+    starts=OLDEST,
+    changes=_with(_COMMON, (
+        Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
+            LL, "v0.5.22", "LlamaModel.forward",
+            "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
+            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None, )",
+            "LlamaModel.forward passes capture_output to layer i; LlamaDecoderLayer.forward hands it to "
+            "attn_boundary.prepare(capture=...)")),)),
+    notes=("checked at every release 0.5.6 .. 0.5.23: the setter keeps [val + 1] throughout; the id-0 crash "
+           "ends in 0.5.22, whose in-layer capture takes the embedding before layer 0",),
 )
 
+Q2 = "models/qwen2.py"
 QWEN = Line(
     "sglang", "qwen2", ("qwen2", "qwen3"),
-    Behaviour(**_setter("models/qwen2.py", "v0.5.12"), **_loop("models/qwen2.py", "v0.5.12", guarded=True),
-              config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.14",
-                                "Qwen2/Qwen3 (dense) are on no fusion auto-enable list"))),
-    starts=OLDEST, changes=(GRAPHS_FIXED,),
-    notes=("Qwen3Model subclasses Qwen2Model: the same capture",),
+    Behaviour(**_setter(Q2, "v0.5.12", "Qwen2ForCausalLM.set_eagle3_layers_to_capture",
+                        "self.model.layers_to_capture = [ 2, num_layers // 2, num_layers - 3, ] # Specific layers for "
+                        "EAGLE3 support else: self.model.layers_to_capture = [val + 1 for val in layer_ids]"),
+              **_loop(Q2, "v0.5.12", "Qwen2Model.forward", "for i in range(self.start_layer, self.end_layer): if i in "
+                      "self.layers_to_capture: aux_hidden_states.append( hidden_states + residual if residual is not "
+                      "None else hidden_states", guarded=True),
+              config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
+              fusion_auto=Cited(FusionAuto.NEVER, src(
+                  "arg_groups/overrides.py", "v0.5.23", "_flashinfer_allreduce_fusion_auto_enable",
+                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS) and not prefer_custom_dsv41 "
+                  "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1",
+                  "Qwen2/Qwen3 (dense) are on no fusion auto-enable list (0.5.6 .. 0.5.23)"))),
+    starts=OLDEST,
+    changes=_with(_COMMON, (
+        Change((), "the capture copies through the residual stream's snapshot", None, "0.5.21", _loop(
+            Q2, "v0.5.21", "Qwen2Model.forward", "for i in range(self.start_layer, self.end_layer): if i in "
+            "self.layers_to_capture: aux_hidden_states.append(snapshot(hidden_states, residual))", guarded=True)),
+        Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
+            Q2, "v0.5.22", "Qwen2Model.forward",
+            "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
+            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None, )",
+            "Qwen2Model.forward passes capture_output to layer i (Qwen3Model.forward in qwen3.py the same); "
+            "0.5.21 still captured between layers (`snapshot(hidden_states, residual)`)")),)),
+    notes=("Qwen3Model subclasses Qwen2Model: the same capture (from 0.5.22 qwen3.py has its own forward, "
+           "the same capture_output)",),
 )
 
-# the fusion auto-enable history of a model that joined the list in 0.5.7, and #22836 between
+_COMM = src("layers/communicator.py", "v0.5.6", "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs",
+            "if gathered_last_layer_output is residual: # Clone to avoid modifying the original residual by Custom "
+            "RMSNorm inplace operation gathered_last_layer_output = residual.clone()",
+            "the residual after prepare_attn (fused all-reduce + add + norm), residual.clone() when no gather ran; "
+            "added by PR #12002")
+_QSET = src("models/qwen2_moe.py", "v0.5.12", "Qwen2MoeModel.set_eagle3_layers_to_capture",
+            "for layer_id in self.layers_to_capture: setattr(self.layers[layer_id], \"_is_layer_to_capture\", True)",
+            "an id past the last layer raises IndexError at start-up (inferred from the code; the same at 0.5.23)")
+# the fusion auto-enable history of a model that joined the list in 0.5.7 (Qwen3-MoE, GPT-OSS)
 FUSION_HISTORY = (
     Change(("1ab9b8e0a",), "fusion auto-enabled on SM90/SM100", None, "0.5.7", {"fusion_auto": FUSION_057}),
-    GRAPHS_FIXED,
+    Change((), "fusion rule on SM100 for Blackwell", None, "0.5.8", {"fusion_auto": FUSION_058}),
+    Change((), "fusion needs tp > 1", None, "0.5.10", {"fusion_auto": FUSION_0510}),
     Change((), "H20 no longer excluded from fusion", None, "0.5.13", {"fusion_auto": FUSION_0513}),
     Change(("#28789",), "fusion backend auto; SM100 across nodes", date(2026, 6, 20), "0.5.14",
            {"fusion_auto": FUSION_0514}),
+    Change((), "fusion rule moved to a post-process hook", None, "0.5.15", {"fusion_auto": FUSION_0515}),
+    Change((), "fusion rule reads the platform through get_platform()", None, "0.5.19", {"fusion_auto": FUSION_0519}),
 )
-
-_COMM = src("layers/communicator.py", "v0.5.6",
-            "prepare_attn_and_capture_last_layer_outputs: the residual after prepare_attn (fused all-reduce + add "
-            "+ norm), residual.clone() when no gather ran (\"Clone to avoid modifying the original residual by "
-            "Custom RMSNorm inplace operation\"); added by PR #12002")
-_QSET = src("models/qwen2_moe.py", "v0.5.12",
-            "set_eagle3_layers_to_capture does setattr(self.layers[layer_id], '_is_layer_to_capture', True): "
-            "an id past the last layer raises IndexError at start-up (inferred from the code)")
+_COMM_0514 = src("layers/communicator.py", "v0.5.14", "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs",
+                 "if ( gathered_last_layer_output is residual and not self._post_attn_residual_is_read_only(residual) "
+                 "): gathered_last_layer_output = residual.clone()",
+                 "the residual after prepare_attn, cloned unless the fused norm wrote a fresh residual_out (a new "
+                 "tensor either way; the same in 0.5.14 .. 0.5.20)")
+_Q3_RENAMED = src("models/qwen3_moe.py", "v0.5.22", "Qwen3MoeDecoderLayer.forward",
+                  "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+                  "capture_gathered=captured_last_layer_outputs, capture=capture_output,",
+                  "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)")
 QWEN3_MOE = Line(
     "sglang", "qwen3_moe", ("qwen3_moe",),
-    Behaviour(**_setter("models/qwen3_moe.py", "v0.5.12"), embed=Cited(EmbedId.CAPTURED, _COMM),
+    Behaviour(**_setter("models/qwen3_moe.py", "v0.5.12", "Qwen3MoeForCausalLM.set_eagle3_layers_to_capture",
+                        "self.model.set_eagle3_layers_to_capture([val + 1 for val in layer_ids])"),
+              embed=Cited(EmbedId.CAPTURED, _COMM),
               out_of_range=Cited(OutOfRange.REFUSED, _QSET), order=Cited(Order.ASCENDING, _COMM),
               duplicates=Cited(Duplicates.CAPTURED_ONCE, _QSET), site=Cited(Site.AFTER_FUSED_ADD, _COMM),
-              cloned=Cited(True, _COMM), last_boundary=Cited(False, _QSET), config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.6", "Qwen3Moe joins the list in 0.5.7"))),
-    starts=OLDEST, changes=FUSION_HISTORY,
+              cloned=Cited(True, _COMM), last_boundary=Cited(False, _QSET), config=CONFIG, pp=PP_0506,
+              graphs=GRAPHS_BEFORE,
+              fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_"
+                                                      "adjustments", "elif model_arch in [\"GptOssForCausalLM\"]: if ( "
+                                                      "self.attention_backend is None",
+                                                      "Qwen3Moe is on no 0.5.6 fusion rule; it joins the list in "
+                                                      "0.5.7"))),
+    starts=OLDEST,
+    changes=_with(FUSION_HISTORY, (
+        *_COMMON,
+        Change((), "the clone skipped where the fused norm writes a fresh residual", None, "0.5.14",
+               {k: Cited(v, _COMM_0514) for k, v in (("site", Site.AFTER_FUSED_ADD), ("cloned", True),
+                                                     ("embed", EmbedId.CAPTURED), ("order", Order.ASCENDING))}),
+        Change((), "capture through the layer boundary", None, "0.5.21", {**(b := _boundary(
+            "models/qwen3_moe.py", "v0.5.21", "Qwen3MoeDecoderLayer.forward")), "order": Cited(
+                Order.ASCENDING, b["site"].source)}),
+        Change((), "the layer boundary's capture argument renamed", None, "0.5.22",
+               {k: Cited(v, _Q3_RENAMED) for k, v in (("site", Site.AFTER_FUSED_ADD), ("cloned", True),
+                                                      ("embed", EmbedId.CAPTURED), ("order", Order.ASCENDING))}))),
+    notes=("from 0.5.21 the decoder layer captures through the layer boundary (the residual after the fused add, "
+           "as before; 0.5.22 renames the argument capture_gathered)",),
 )
 
 GO = "models/gpt_oss.py"
 GPT_OSS = Line(
     "sglang", "gpt_oss", ("gpt_oss",),
-    Behaviour(**_setter(GO, "v0.5.16"), **_loop(GO, "v0.5.16", guarded=False), config=CONFIG, pp=PP_EARLY_RETURN, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.SM100, src(SERVER_ARGS, "v0.5.6", "GptOss: is_blackwell_supported()"))),
+    Behaviour(**_setter(GO, "v0.5.16", "GptOssForCausalLM.set_eagle3_layers_to_capture"),
+              **_loop(GO, "v0.5.16", "GptOssModel.forward", "if i in self.layers_to_capture: "
+                      "aux_hidden_states.append(hidden_states + residual)", guarded=False),
+              config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
+              fusion_auto=Cited(FusionAuto.SM100, src(
+                  SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
+                  "if not self.enable_dp_attention and self.nnodes == 1: self.enable_flashinfer_allreduce_fusion = "
+                  "True logger.info( \"Enable FlashInfer AllReduce Fusion on sm100 for GptOssForCausalLM\" )",
+                  "GptOss: is_blackwell_supported(), no DP attention, one node"))),
     starts=OLDEST,
-    changes=(
-        *FUSION_HISTORY,
+    changes=_with(FUSION_HISTORY, (*_COMMON,
         Change(("#32334",), "boundary ids with the final boundary (fixes #32226)", None, "0.5.17",
-               {"numbering": Cited(Numbering.PLUS_ONE_UNLESS_MAX_IS_L, g := src(GO, "v0.5.17",
-                              "`if layer_ids and max(layer_ids) == num_layers: list(layer_ids)` else [val + 1]; "
-                              "captures boundary start_layer before the loop (residual None -> hidden_states) and "
-                              "boundary i + 1 after each layer i")),
-                "embed": Cited(EmbedId.CAPTURED, g), "last_boundary": Cited(True, g)}),
-    ),
+               {"numbering": Cited(Numbering.PLUS_ONE_UNLESS_MAX_IS_L, g := src(
+                   GO, "v0.5.17", "GptOssForCausalLM.set_eagle3_layers_to_capture",
+                   "self.model.layers_to_capture = [2, num_layers // 2, num_layers - 3] else: "
+                   "self.capture_aux_hidden_states = True # Preserve IDs that already include the final hidden-state "
+                   "# boundary; otherwise retain the legacy output-layer conversion. if layer_ids and max(layer_ids) "
+                   "== num_layers: self.model.layers_to_capture = list(layer_ids)",
+                   "`if layer_ids and max(layer_ids) == num_layers: list(layer_ids)` else [val + 1]; GptOssModel."
+                   "forward captures boundary start_layer before the loop (residual None -> hidden_states) and "
+                   "boundary i + 1 after each layer i")),
+                "defaults": Cited(Defaults.BEFORE_2_MID_LAST3, g), "embed": Cited(EmbedId.CAPTURED, g2 := src(
+                    GO, "v0.5.17", "GptOssModel.forward", "if i + 1 in self.layers_to_capture: "
+                    "aux_hidden_states.append( hidden_states + residual if residual is not None else hidden_states",
+                    "boundary start_layer before the loop, boundary i + 1 after layer i: `hidden_states + residual` "
+                    "between layers, ascending, each once")), "last_boundary": Cited(True, g),
+                **{k: Cited(v, g2) for k, v in (("site", Site.BETWEEN_LAYERS), ("cloned", False),
+                                                ("order", Order.ASCENDING), ("out_of_range", OutOfRange.DROPPED),
+                                                ("duplicates", Duplicates.CAPTURED_ONCE))}}),
+        Change((), "capture inside the decoder layer (layer boundary); the final boundary in the final norm", None,
+               "0.5.21", _in_layer(
+                   GO, "v0.5.21", "GptOssModel.forward",
+                   "# Capture hidden-state boundaries: boundary 0 is the embedding output, # and boundary i + 1 is the "
+                   "output after transformer block i.",
+                   "boundary i before layer i through capture_output; boundary L in residual_batch.norm(..., "
+                   "capture_output=...) (last_boundary stays reachable)", last=True)))),
     notes=("before #32334, nvidia/gpt-oss-120b-Eagle3-v3's ids [24, 30, 36] became [25, 31, 37]: 37 never "
            "matched, two states instead of three, and the draft crashed (issue #32226)",),
 )
 
-LINES = (DEEPSEEK, LLAMA, QWEN, QWEN3_MOE, GPT_OSS)
+LINES = (DEEPSEEK_V2, DEEPSEEK_V3, LLAMA, QWEN, QWEN3_MOE, GPT_OSS)

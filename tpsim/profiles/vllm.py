@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
                                     Duplicates, EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange,
-                                    Refusal, Site, Source, releases)
+                                    Site, Source, releases)
 
 REPO = "vllm-project/vllm"
 RELEASES = releases(
@@ -113,9 +113,7 @@ PP_REFUSED = Cited(Handoff.REFUSED, src(
     "runner v2 serves EAGLE-3 under PP from 0.30.0 and raises at start-up for a model whose decoder does not set "
     "supports_aux_hidden_states_over_pp (EagleModelMixin: False; only llama.py, qwen2.py, sarvam.py set True); "
     "unchanged to 0.34.0"),
-    Refusal("ValueError: {architecture} does not support eagle3 with pipeline parallelism",
-            "serve it with --pipeline-parallel-size 1 (vLLM 0.29.0 and older return early instead: the earlier "
-            "stages' slots are lost)"))
+    error="ValueError: {architecture} does not support eagle3 with pipeline parallelism")
 PP_HANDOFF = Cited(Handoff.HANDOFF, src(
     LLAMA, "0.30.0", "LlamaModel.forward",
     "**self.pack_local_aux_hidden_states(aux_hidden_states),",
