@@ -93,7 +93,7 @@ def test_every_release_refuses_eagle3_under_pp_in_its_own_words(release, model):
 
 
 def test_a_refusal_is_not_a_capture_a_run_can_choose():
-    assert Handoff.REFUSED.option is None and set(PP_CAPTURES) == {"last-stage", "handoff"}
+    assert Handoff.REFUSED not in PP_CAPTURES.values() and set(PP_CAPTURES) == {"last-stage", "handoff"}
 
 
 def test_check_and_capture_under_pp_say_what_the_engine_says_and_write_nothing(tmp_path):
@@ -101,11 +101,14 @@ def test_check_and_capture_under_pp_say_what_the_engine_says_and_write_nothing(t
     runs = run_clis({"check": ["check", "--pp", "2", "--tp", "1", "--server", "sglang@0.5.12", "--seq-len", "5"],
                      "capture": ["capture", "--pp", "2", "--server", "sglang@0.5.6", "--out", str(out)],
                      "plain": ["capture", "--pp", "2", "--out", str(out)]}, workers=2)
-    assert_one_line_error(runs["check"], ["sglang@0.5.11:deepseek_v2 refuses --pp 2 with an EAGLE-3 draft at start-up",
-                                          PP_TEXTS["0.5.11"], "server_args.py @v0.5.11, ServerArgs.check_server_args",
-                                          "0.5.21 refuses it in other words"])
-    assert_one_line_error(runs["capture"], [PP_TEXTS["0.5.6"], "said so from 0.5.6"])
-    assert_one_line_error(runs["plain"], ["capture runs no pipeline stages; tpsim check --pp 2 replays them"])
+    check, capture = runs["check"], runs["capture"]
+    assert check.returncode == 1, check  # a FAIL: the served configuration does not launch
+    for words in ("sglang@0.5.11:deepseek_v2 refuses --pp 2 with an EAGLE-3 draft at start-up", PP_TEXTS["0.5.11"],
+                  "server_args.py @v0.5.11, ServerArgs.check_server_args", "0.5.21 refuses it in other words"):
+        assert words in check.stdout, (words, check)
+    assert capture.returncode == 1 and PP_TEXTS["0.5.6"] in capture.stderr and "said so from 0.5.6" in capture.stderr
+    assert "nothing written" in capture.stderr, capture
+    assert_one_line_error(runs["plain"], ["capture runs no pipeline", "tpsim check --pp 2 replays the stages"])
     assert not out.exists()
 
 

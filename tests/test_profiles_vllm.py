@@ -54,7 +54,7 @@ def test_the_refusal_is_the_engines_own_text():
     quote = c.source.quote
     parts = re.findall(r'f?"([^"]*)"', quote[quote.index("raise ValueError("):])
     template = "".join(parts).replace("{type(model).__name__}", "{architecture}").replace("{method}", "eagle3")
-    assert c.refusal.text("DeepseekV2ForCausalLM") == "ValueError: " + template.replace(
+    assert c.error.replace("{architecture}", "DeepseekV2ForCausalLM") == "ValueError: " + template.replace(
         "{architecture}", "DeepseekV2ForCausalLM")
     assert c.source.symbol == "verify_supports_aux_hidden_states_over_pp" and c.source.ref == "v0.30.0"
 
@@ -193,7 +193,8 @@ def test_pp_refusal_is_replayed_and_nothing_written(tmp_path):
                                 "--json"]})
     text = "ValueError: DeepseekV2ForCausalLM does not support eagle3 with pipeline parallelism"
     assert runs["check"].returncode == 1 and text in runs["check"].stdout, runs["check"]
-    assert "refuses --pp 2 at start-up" in runs["check"].stdout and "from release 0.30.0" in runs["check"].stdout
+    assert "refuses --pp 2 with an EAGLE-3 draft at start-up" in runs["check"].stdout, runs["check"]
+    assert "said so from 0.30.0" in runs["check"].stdout, runs["check"]
     assert runs["capture"].returncode == 1 and text in runs["capture"].stderr and not out.exists(), runs["capture"]
     assert "nothing written" in runs["capture"].stderr
     t = runs["triage"]

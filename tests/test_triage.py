@@ -70,11 +70,13 @@ def test_fusion_is_never_auto_enabled_for_deepseek_v2(tmp_path):
         rep["served_mode"]["why"]
 
 
-def test_triage_under_pp_is_the_engines_start_up_refusal():
-    r = run_cli("triage", "--draft-config", "configs/drafts/ids-at-top-level.json", "--server", "sglang@0.5.23",
-                "--pp", "2")
-    assert_one_line_error(r, ["refuses --pp 2 with an EAGLE-3 draft at start-up, so nothing runs",
-                              "Pipeline parallelism currently only supports EAGLE (non-multi-layer)"])
+def test_triage_under_pp_is_the_engines_start_up_refusal(tmp_path):
+    code, rep = triage_json(tmp_path, {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}, "--server", "sglang@0.5.23",
+                            "--pp", "2")
+    (f,) = rep["findings"]
+    assert code == 1 and f["kind"] == "engine-refuses" and rep["check"] is None, rep
+    assert "refuses --pp 2 with an EAGLE-3 draft at start-up, so nothing runs" in f["cause"]
+    assert "Pipeline parallelism currently only supports EAGLE (non-multi-layer)" in f["cause"]
 
 
 def test_deepep_capture_is_token_local_before_0_5_7(tmp_path):

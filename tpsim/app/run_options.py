@@ -99,6 +99,9 @@ def startup_refusal(profile: Profile, pp: int, architecture: str) -> str | None:
             f"({cited.source}, {cited.source.symbol}; said so from {since}{then}; {after})")
 
 
+PP_FLAGS = {"sglang": "--pp-size", "vllm": "--pipeline-parallel-size"}  # each engine's own option
+
+
 @dataclass(frozen=True)
 class PpRefusal:
     """An engine's refusal of --pp at start-up: what it raises (with the profile and version), its source, the fix."""
@@ -121,8 +124,8 @@ def pp_refusal(ask: PipelineAsk, server: str | None, cfg: ModelConfig) -> PpRefu
         return None
     launches = next((q for q in later_profiles(profile) if q.behaviour.pp is not None
                      and q.behaviour.pp.value is not Handoff.REFUSED), None)
-    fix = "serve it without pipeline parallelism" + (f", or with {launches.name}, which launches it" if launches
-                                                        else "")
+    flag = PP_FLAGS.get(profile.engine, "without pipeline parallelism")
+    fix = f"serve it with {flag} 1" + (f", or with {launches.name}, which launches it" if launches else "")
     return PpRefusal(f"pipeline parallel: {said}", str(profile.behaviour.pp.source), fix)
 
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 WIDTH = 100  # what a table may take (a pipe gets this width too)
+BENCH_WIDTH = 200  # a benchmark's table: numbers never fold
 
 
 def _consoles() -> tuple[Console, Console]:
@@ -105,7 +106,8 @@ def say(text: str = "") -> None:
     stdout.print(verdict(text), soft_wrap=True)
 
 
-def table(columns: list[str], rows: list[list], notes: tuple[str, ...] = (), whole: tuple[str, ...] = ()) -> None:
+def table(columns: list[str], rows: list[list], notes: tuple[str, ...] = (), whole: tuple[str, ...] = (),
+          width: int | None = None) -> None:
     """Print a table that fits WIDTH: cells of the `notes` columns longer than NOTE_AT go under it
     as numbered notes, each text once however many rows share it (a cell there may be a list of
     texts: each its own note); the first column and the `whole` ones never wrap. Cells are text,
@@ -122,15 +124,16 @@ def table(columns: list[str], rows: list[list], notes: tuple[str, ...] = (), who
                 text = " ".join(f"[{said.setdefault(p, len(said) + 1)}]" if len(p) > NOTE_AT else p for p in parts)
             cells.append(verdict(text))
         t.add_row(*cells)
-    stdout.print(t)
+    stdout.print(t, width=width)
     for text, n in said.items():
         say(f"[{n}] {text}")
 
 
 def titled_table(title: str, columns: list[str], rows: list[list]) -> None:
-    """A benchmark's table: its title on a line of its own, then `table`."""
+    """A benchmark's table: its title on a line of its own, then `table`, as wide as its eleven-odd numeric
+    columns need (at WIDTH a median folded mid-number, 138.1 over 5)."""
     stdout.print(title, markup=False, highlight=False)
-    table(columns, rows, whole=tuple(columns[:2]))
+    table(columns, rows, whole=tuple(columns[:2]), width=BENCH_WIDTH)
 
 
 @contextmanager
