@@ -134,7 +134,7 @@ def test_check_pp_passes_with_handoff_and_fails_with_the_early_return():
     runs = run_clis({"handoff": ["check", "--pp", "2", "--tp", "1,2", "--seq-len", "5"],
                      "early": ["check", "--pp", "2", "--tp", "1,2", "--seq-len", "5", "--pp-capture", "last-stage"],
                      "sglang": ["check", "--pp", "2", "--tp", "2", "--seq-len", "5", "--server", "sglang"],
-                     "vllm": ["check", "--pp", "3", "--tp", "1", "--seq-len", "5", "--server", "vllm:llama",
+                     "vllm": ["check", "--pp", "3", "--tp", "1", "--seq-len", "5", "--server", "vllm:llama", "--model", "tiny-llama",
                               "--layers", "2,4,7"]})
     ok, early, sglang, vllm = runs["handoff"], runs["early"], runs["sglang"], runs["vllm"]
     assert ok.returncode == 0 and ok.stdout.splitlines()[-1].startswith("PASS: "), ok

@@ -89,7 +89,7 @@ def test_stage_local_numbering_is_the_loop_as_released(c):
 
 
 def test_check_pp_replays_stage_local_numbering():
-    r = run_clis({"k": ["check", "--pp", "2", "--tp", "1", "--server", "vllm@0.25.0:llama", "--layers", "2,4,6",
+    r = run_clis({"k": ["check", "--pp", "2", "--tp", "1", "--server", "vllm@0.25.0:llama", "--model", "tiny-llama", "--layers", "2,4,6",
                         "--seq-len", "4", "--json"]})["k"]
     assert r.returncode == 1, r
     got = json.loads(r.stdout)

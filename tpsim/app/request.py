@@ -25,7 +25,7 @@ from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
 from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.profile import TboCapture
-from tpsim.profiles.registry import serving
+from tpsim.profiles.registry import for_target
 from tpsim.profiles.replay import UNPACK_TEXT, replay
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec, check_tokens, input_ids_for
 
@@ -152,7 +152,7 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
         return resolve(ids.convention or "sglang", layers, L)
     if ids.convention is not None:
         raise UsageError("--server and --convention both say how ids are numbered; give one of them")
-    profile = serving(ids.server, cfg.model_type)
+    profile = for_target(ids.server, cfg.model_type)
     stale = unverified(ids.server, cfg.model_type)
     notes = [f"--server {ids.server}: profile {profile.name} ({profile.versions.text()})"]
     if tbo:

@@ -15,7 +15,7 @@ from tpsim.cli.parser import add_command, refuse_without
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.fingerprints import unverified
-from tpsim.profiles.registry import lookup, serving
+from tpsim.profiles.registry import for_target, lookup
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.run.spec import DEFAULT_MODEL
 from tpsim.app.triage import Triage, triage
@@ -64,7 +64,7 @@ def cmd_triage(args) -> int:
     draft = read_draft_config(args.draft_config)
     src = load_source(args, tps)
     cfg = src.cfg
-    serve_p, train_p = serving(args.server, cfg.model_type), lookup(args.train, cfg.model_type)
+    serve_p, train_p = for_target(args.server, cfg.model_type), lookup(args.train, cfg.model_type)
     refuse_without(args, "an SGLang --server", serve_p.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
     served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,

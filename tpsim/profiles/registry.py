@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import date
 
 from tpsim.base.errors import UsageError
+from tpsim.config.families import BY_MODEL_TYPE
 from tpsim.profiles import sglang, trainers, vllm
 from tpsim.profiles.profile import Change, Line, Profile
 
@@ -137,6 +138,21 @@ def serving(text: str, model_type: str) -> Profile:
                          f"(--server {' or '.join(e for e in ENGINES if e not in TRAINERS)}) and pass "
                          f"{engine} with --train")
     return lookup(text, model_type)
+
+
+def for_target(text: str, model_type: str) -> Profile:
+    """`serving` for a run on a target of `model_type`: a profile of another family's model file is refused (`sglang@0.5.12:llama` on a DeepSeek target replayed the Llama file and lost DeepSeek's findings)."""
+    profile = serving(text, model_type)
+    family = BY_MODEL_TYPE.get(model_type)
+    if profile.models and model_type not in profile.models and \
+            all(BY_MODEL_TYPE.get(m) is not family for m in profile.models):  # DeepSeek-V2 and -V3: one model file
+        engine = profile.engine
+        files = sorted({ln.family for ln in LINES if ln.engine == engine and model_type in ln.models})
+        which = (f"{engine}'s {' or '.join(f':{f}' for f in files)} serves it" if files
+                 else f"{engine} has no profile of a model file that serves it")
+        raise UsageError(f"--server {text}: {profile.name} replays the model file for {', '.join(profile.models)}, "
+                         f"not this target's model_type {model_type}; {which}")
+    return profile
 
 
 def names() -> list[str]:
