@@ -119,6 +119,8 @@ def write_inputs(d: Path) -> dict[str, Path]:
     put("draft_ok.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}})
     put("draft_empty_ids.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": []}})
     put("draft_bool_ids.json", {"eagle_aux_hidden_state_layer_ids": [True, 2, 3]})
+    put("draft_is_a_target.json", {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                                    "num_hidden_layers": 61, "hidden_size": 7168})
     put("draft_off_string.json", {"eagle_config": {"use_aux_hidden_state": "false",
                                                    "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}})
     put("draft_many_ids.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2] * 1_000_000}})
@@ -259,6 +261,10 @@ CASES = [
     case("family-gpt-oss-rope-truncate-string", ["check", "--model", "tiny-gpt-oss", "--override",
          "rope_scaling={rope_type: yarn, factor: 4, original_max_position_embeddings: 16, truncate: 'false'}"],
          "rope_scaling truncate must be true or false, got 'false'"),
+    case("triage-draft-config-is-a-target-config", "triage --draft-config {draft_is_a_target.json} --server sglang",
+         "is a target model's config (DeepseekV3ForCausalLM, 61 layers", "give the EAGLE-3 draft's config.json"),
+    case("triage-builtin-draft-unknown", "triage --draft-config no-such-draft --server sglang",
+         "does not exist", "a built-in draft by name (ids-at-top-level)"),
     case("align-draft-off-flag-string", "align --draft-config {draft_off_string.json} " + DRAFT,
          "eagle_config.use_aux_hidden_state must be true or false", "any non-empty string as true"),
     case("align-draft-a-million-ids", "align --draft-config {draft_many_ids.json} " + DRAFT,

@@ -25,6 +25,7 @@ from tpsim.profiles.draft import value_at
 from tpsim.profiles.replay import check_id_count
 from tpsim.profiles.vllm import V2_DSPARK, V2_LAYER_IDS
 from tpsim.base.errors import UsageError, read_text
+from tpsim.config.loader import BUILTIN_CONFIGS
 
 MORE_ID_KEYS = tuple(k.path for k in (*V2_DSPARK, *V2_LAYER_IDS))
 
@@ -367,11 +368,16 @@ class DraftConfig:
 def read_draft_config(text: str) -> DraftConfig:
     """Read and type-check --draft-config (a config.json, or a directory holding one)."""
     p = Path(text)
+    builtin = BUILTIN_CONFIGS / "drafts" / f"{text.removesuffix('.json')}.json"
+    if not p.exists() and "/" not in text and builtin.is_file():  # a built-in draft by name, from a wheel too
+        p = builtin
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
         what = "is not a regular file" if p.exists() else "does not exist"  # a FIFO would block the read
-        raise UsageError(f"--draft-config {p} {what}; give the draft model's config.json or its directory")
+        names = ", ".join(sorted(d.stem for d in (BUILTIN_CONFIGS / "drafts").glob("*.json")))
+        raise UsageError(f"--draft-config {p} {what}; give the draft model's config.json or its directory, or a "
+                         f"built-in draft by name ({names})")
     text = read_text(p, "--draft-config", "JSON", "give the draft's config.json")
     try:
         raw = json.loads(text)
@@ -383,6 +389,7 @@ def read_draft_config(text: str) -> DraftConfig:
                          "give the draft's config.json") from None
     if not isinstance(raw, dict):
         raise UsageError(f"--draft-config {p} holds a JSON {type(raw).__name__}, not an object; give the draft's config.json")
+    _not_a_target_config(p, raw)
     eagle = raw.get("eagle_config")
     if eagle is not None and not isinstance(eagle, dict):
         raise UsageError(f"--draft-config {p}: eagle_config is a {type(eagle).__name__}, not an object; "
@@ -398,6 +405,24 @@ def read_draft_config(text: str) -> DraftConfig:
     for path in MORE_ID_KEYS:  # read by vLLM's runner v2 (tpsim/profiles/vllm.py)
         _ids_at(p, ".".join(path), value_at(raw, path))
     return DraftConfig(p, nested, _ids_at(p, TOP, raw.get(KEY)), raw)
+
+
+DRAFT_KEYS = ("eagle_config", KEY, "dflash_config", "draft_vocab_size", "target_hidden_size")
+DRAFT_WORDS = ("eagle", "draft", "dflash", "mtp", "nextn")
+
+
+def _not_a_target_config(p: Path, raw: dict) -> None:
+    """A target model's config.json given as the draft's: engines would read it as a draft with no ids (their
+    defaults) and triage found nothing; refuse it, naming what gives it away."""
+    arch = raw.get("architectures")
+    if not isinstance(arch, list) or not arch or any(k in raw for k in DRAFT_KEYS):
+        return
+    if any(w in str(a).lower() for a in arch for w in DRAFT_WORDS):
+        return
+    layers = raw.get("num_hidden_layers")
+    raise UsageError(f"--draft-config {p} is a target model's config ({', '.join(map(str, arch))}"
+                     f"{f', {layers} layers' if isinstance(layers, int) else ''}, none of "
+                     f"{', '.join(DRAFT_KEYS)}); give the EAGLE-3 draft's config.json")
 
 
 def _ids_at(p: Path, where: str, value) -> list[int] | None:
