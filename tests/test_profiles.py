@@ -182,7 +182,8 @@ CONFIGS = {  # (profile, model, config) -> (ids read, fell back with a reason, f
     ("vllm", "deepseek_v3", "nested"): (None, True, None),  # runner v2 serves every model from 0.29.0: not read
     ("vllm", "deepseek_v3", "both"): ([2, 30, 58], False, None),  # the top-level key first
     ("vllm", "deepseek_v2", "nested"): (None, True, None),  # runner v2 does not
-    ("vllm@0.18.0", "deepseek_v2", "nested"): ([1, 29, 57], False, None),
+    ("vllm@0.22.0", "deepseek_v2", "nested"): ([1, 29, 57], False, None),  # runner v1 reads it from 0.22.0
+    ("vllm@0.18.0", "deepseek_v2", "nested"): (None, True, None),  # runner v1 up to 0.19.1: the top-level key only
     ("vllm", "llama", "top-empty"): (None, False, None),  # an empty list is falsy: the default, silently
     ("vllm", "llama", "dflash"): ([4, 8, 12], False, None),  # DFlash ids + 1
     ("vllm", "llama", "off"): (None, False, "use_aux_hidden_state is false"),
@@ -215,7 +216,7 @@ def test_draft_config_is_read_as_the_engine_reads_it(case):
     ("sglang", "deepseek_v3", "sglang@0.5.22:deepseek_v3"),
     ("sglang@0.5.12", "deepseek_v2", "sglang@0.5.11:deepseek_v2"),  # DeepSeek-V2's architecture: its own line
     ("sglang@latest:gpt_oss", "deepseek_v3", "sglang@0.5.21:gpt_oss"),
-    ("vllm@0.24.0", "deepseek_v3", "vllm@0.18.0:deepseek_v3"),
+    ("vllm@0.24.0", "deepseek_v3", "vllm@0.22.0:deepseek_v3"),
     ("specforge@2026-07-13", "llama", "specforge@2025-09-01:any"),  # #198 on: the HF-hook backend
     ("specforge@0.1.0", "llama", "specforge@0.1.0:any"),  # the PyPI release: hard-coded layers
     ("specforge@0.2.0", "deepseek_v3", "specforge@2026-07-14:deepseek_v2"),  # the SGLang backend
@@ -308,7 +309,7 @@ def test_check_server_fails_on_a_dropped_slot_and_names_it():
 
 
 def test_check_server_reads_the_draft_config_as_the_engine_does():
-    r = run_cli("check", "--server", "vllm@0.18.0:deepseek_v2", "--draft-config",
+    r = run_cli("check", "--server", "vllm@0.22.0:deepseek_v2", "--draft-config",
                 "configs/scenarios/align-default-fallback.json", "--tp", "1", "--override", "num_hidden_layers=61",
                 "--override", "n_routed_experts=2", "--override", "num_experts_per_tok=1", "--override", "n_group=1",
                 "--override", "topk_group=1", "--seq-len", "2", "--json")

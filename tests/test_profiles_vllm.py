@@ -14,12 +14,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from clirun import run_clis
+from tpsim.base.errors import UsageError
 from tpsim.capture import Position, PositionKind
 from tpsim.capture.pipeline import Handoff, numbered_on
 from tpsim.parallel.pipeline import Split, stages
 from tpsim.profiles import trainers, vllm
 from tpsim.profiles.draft import read_ids
-from tpsim.profiles.profile import Behaviour, Cited, Gather, Order
+from tpsim.profiles.fingerprints import Status, classify_line
+from tpsim.profiles.profile import Behaviour, Cited, Gather, Order, Site
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 
@@ -103,8 +105,20 @@ RAW = {"nested": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 5
        "dspark": {"dspark_target_layer_ids": [3, 7, 11]}, "target": {"target_layer_ids": [3, 7, 11]},
        "eagle-layer-ids": {"eagle_config": {"layer_ids": [3, 7, 11]}},
        "dflash-layer-ids": {"dflash_config": {"layer_ids": [3, 7, 11]}},
-       "dflash-first": {"dflash_config": {"target_layer_ids": [3, 7, 11], "layer_ids": [5, 9, 13]}}}
+       "dflash-first": {"dflash_config": {"target_layer_ids": [3, 7, 11], "layer_ids": [5, 9, 13]}},
+       "dflash-target": {"dflash_config": {"target_layer_ids": [3, 7, 11]}}}
 KEYS = {  # (profile, config) -> ids read (None: the default), each from the eagle3_utils.py / runner v1 release
+    ("vllm@0.18.0:llama", "nested"): None,  # runner v1 reads the top-level key only up to 0.19.1
+    ("vllm@0.19.1:deepseek_v3", "nested"): None,
+    ("vllm@0.19.1:qwen3_moe", "dflash-target"): None,
+    ("vllm@0.20.0:deepseek_v2", "dflash-target"): [3, 7, 11],  # 0.20.0: dflash target ids as written
+    ("vllm@0.21.0:qwen3_moe", "nested"): None,
+    ("vllm@0.22.0:deepseek_v3", "nested"): [1, 29, 57],  # 0.22.0: the nested key
+    ("vllm@0.22.0:qwen3_moe", "dflash-target"): [4, 8, 12],  # and dflash + 1
+    ("vllm@0.23.0:deepseek_v2", "nested"): [1, 29, 57],  # not on runner v2's list before 0.24.0
+    ("vllm@0.23.0:llama", "nested"): None,  # Llama on runner v2 from 0.23.0: the top-level key only
+    ("vllm@0.23.0:llama", "dflash-target"): None,
+    ("vllm@0.24.0:llama", "dflash-target"): [4, 8, 12],
     ("vllm@0.24.0:deepseek_v2", "dspark"): None,
     ("vllm@0.25.0:deepseek_v2", "dspark"): [4, 8, 12],  # + 1
     ("vllm@0.25.0:deepseek_v2", "target"): [4, 8, 12],
@@ -132,6 +146,24 @@ def test_nested_key_reader_is_runner_v1_and_gone_by_0_34():
     for spec in ("vllm@0.29.0:deepseek_v3", "vllm@0.34.0:qwen3_moe", "vllm@0.34.0:minimax_m2"):
         src = lookup(spec, "x").behaviour.config.source
         assert src.path != vllm.MRV1 and "VllmConfig.use_v2_model_runner" == src.symbol
+
+
+def test_minimax_m2_captures_from_0_20_0():
+    """0.18.0 and 0.19.x: MiniMaxM2ForCausalLM is not SupportsEagle3 (runner v1 raises); 0.20.0 puts MiniMaxM2Model on
+    EagleModelMixin."""
+    with pytest.raises(UsageError, match="from 0.20.0 on"):
+        lookup("vllm@0.19.1:minimax_m2", "x")
+    p = lookup("vllm@0.20.0:minimax_m2", "x")
+    assert p.behaviour.pp.source.ref == "v0.20.0" and p.behaviour.config.value.keys[1].path == ("dflash_config",
+                                                                                                   "target_layer_ids")
+
+
+@pytest.mark.parametrize("line", vllm.LINES, ids=lambda ln: ln.family)
+def test_every_vllm_release_is_read_or_unchanged_since(line):
+    """Each cited symbol's code at every release of the line was read (READ) or equals code read (SAME)."""
+    got = {c.release: c.status for c in classify_line(line)}
+    assert got and set(got.values()) <= {Status.READ, Status.SAME}, {r: s for r, s in got.items()
+                                                                     if s not in (Status.READ, Status.SAME)}
 
 
 # --- DeepSeek's capture under a token-short stream, order, 0.34.0 --------------------------------------
@@ -163,6 +195,15 @@ def test_specforge_releases_resolve():
     q = lookup("specforge@0.2.0", "deepseek_v3")  # the SGLang backend, through sglang 0.5.14 (0.2.0 pins it)
     assert q.name == "specforge@2026-07-14:deepseek_v2" and q.behaviour.numbering.source.ref == "v0.5.14"
     assert lookup("specforge@2026-07-01", "llama").name == "specforge@2025-09-01:any"  # dates keep working
+
+
+def test_specforge_server_backend_captures_where_sglang_does():
+    """0.2.0 has no HF hooks: site and cloned are SGLang 0.5.14's (deepseek_v2.py: in the decoder layer, cloned)."""
+    ds, llama = (lookup("specforge@0.2.0", m).behaviour for m in ("deepseek_v3", "llama"))
+    assert (ds.site.value, ds.cloned.value) == (Site.AFTER_FUSED_ADD, True)
+    assert (ds.site.value, ds.cloned.value) == (lookup("sglang@0.5.14", "deepseek_v2").behaviour.site.value, True)
+    assert (llama.site.value, llama.cloned.value) == (Site.BETWEEN_LAYERS, False)
+    assert "hf_capture" not in ds.site.source.symbol + llama.cloned.source.symbol
 
 
 # --- every source is evidence ------------------------------------------------------------------------

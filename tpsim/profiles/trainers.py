@@ -67,6 +67,19 @@ _SGLANG_LOOP = Source("sgl-project/sglang", "python/sglang/srt/models/llama.py",
                       "self.capture_aux_hidden_states = True # we plus 1 here because in sglang, for the ith "
                       "layer, it takes the output # of the (i-1)th layer as aux hidden state "
                       "self.model.layers_to_capture = [val + 1 for val in layer_ids]")
+# where SGLang 0.5.14 takes the capture: between layers in llama.py; inside the next decoder layer, after its fused
+# all-reduce + add, for deepseek_v2.py (the HF hooks these fields cited before 7d1fbf08 are gone from 0.2.0)
+_SGLANG_LLAMA_SITE = Source("sgl-project/sglang", "python/sglang/srt/models/llama.py", "v0.5.14",
+                            "hidden_states + residual before layer i: between layers, a new tensor (no clone)",
+                            "LlamaModel.forward",
+                            "if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + residual)")
+_SGLANG_DS_SITE = Source("sgl-project/sglang", "python/sglang/srt/layers/communicator.py", "v0.5.14",
+                         "deepseek_v2.py passes captured_last_layer_outputs into the decoder layer: the residual after "
+                         "prepare_attn (fused all-reduce + add), cloned unless read-only (as sglang@0.5.14:deepseek_v2)",
+                         "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs",
+                         "if ( gathered_last_layer_output is residual and not "
+                         "self._post_attn_residual_is_read_only(residual) ): gathered_last_layer_output = "
+                         "residual.clone() captured_last_layer_outputs.append(gathered_last_layer_output)")
 _V010 = sf("specforge/core/eagle3.py", "v0.1.0", "OnlineEagle3Model._prepare_data",
            "low_aux_layer = 1 + offset mid_aux_layer = num_layers // 2 - 1 + offset last_aux_layer = num_layers - 4 "
            "+ offset",
@@ -80,9 +93,10 @@ _HF_BACKEND = Behaviour(
     site=Cited(Site.BETWEEN_LAYERS, _HOOK), cloned=Cited(False, _HOOK), last_boundary=Cited(True, _HOOK))
 
 
-def _server_backend(numbering: Cited, embed: Cited) -> Change:
+def _server_backend(numbering: Cited, embed: Cited, site: Cited, cloned: Cited) -> Change:
     return Change(("7d1fbf08",), "HF-hook backend removed: capture through SGLang", date(2026, 7, 14), None,
-                  {"numbering": numbering, "embed": embed, "order": Cited(Order.ASCENDING, _SGLANG_LOOP),
+                  {"numbering": numbering, "embed": embed, "site": site, "cloned": cloned,
+                   "order": Cited(Order.ASCENDING, _SGLANG_LOOP),
                    "duplicates": Cited(Duplicates.REFUSED, _DISTINCT), "out_of_range": Cited(OutOfRange.REFUSED, _WIDTH),
                    "last_boundary": Cited(False, _SGLANG_LOOP)})
 
@@ -110,14 +124,16 @@ _NOTES = ("SpecForge releases: 0.1.0 (2025-08-01, hard-coded layers) and 0.2.0 (
 SPECFORGE_ANY = Line(
     "specforge", "any", (), _V010_BEHAVIOUR, starts=_V010_STARTS,
     changes=(_CONFIGURED, _server_backend(Cited(Numbering.OUTPUT_OF_PLUS_ONE, _SGLANG_LOOP),
-                                          Cited(EmbedId.UNREACHABLE, _RESOLVE))),
+                                          Cited(EmbedId.UNREACHABLE, _RESOLVE),
+                                          Cited(Site.BETWEEN_LAYERS, _SGLANG_LLAMA_SITE), Cited(False, _SGLANG_LLAMA_SITE))),
     notes=_NOTES,
 )
 
 SPECFORGE_DEEPSEEK = Line(
     "specforge", "deepseek_v2", ("deepseek_v2", "deepseek_v3", "kimi_k2"), _V010_BEHAVIOUR, starts=_V010_STARTS,
     changes=(_CONFIGURED, _server_backend(Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, _SGLANG_DS),
-                                          Cited(EmbedId.CAPTURED, _SGLANG_DS))),
+                                          Cited(EmbedId.CAPTURED, _SGLANG_DS),
+                                          Cited(Site.AFTER_FUSED_ADD, _SGLANG_DS_SITE), Cited(True, _SGLANG_DS_SITE))),
     notes=(*_NOTES, "through SGLang 0.5.14's deepseek_v2.py a first id other than 1 gets no +1: ids then mean "
            "'before layer j', one layer earlier than the same ids on a Llama target"),
 )

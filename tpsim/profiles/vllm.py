@@ -34,31 +34,49 @@ EAGLE3_UTILS = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"
 MRV1 = "vllm/v1/worker/gpu_model_runner.py"
 
 
-def src(path: str, release: str, symbol: str, quote: str, note: str) -> Source:
-    return Source(REPO, path, f"v{release}", note, symbol, quote)
+def src(path: str, release: str, symbol: str, quote: str, note: str, reviewed: tuple[str, ...] = ()) -> Source:
+    """`reviewed`: later releases whose changed code was read too, the behaviour unchanged (docs/profiles.md)."""
+    return Source(REPO, path, f"v{release}", note, symbol, quote, reviewed)
 
 
 _DEFAULTS = Cited(Defaults.BEFORE_2_MID_LAST3, src(
     INTERFACES, "0.34.0", "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers",
     "num_layers = len(holder.layers) return (2, num_layers // 2, num_layers - 3)",
-    "(2, num_layers // 2, num_layers - 3) in every release read (0.18.0, 0.24.0 .. 0.34.0)"))
+    "(2, num_layers // 2, num_layers - 3) in every release read (0.18.0 .. 0.34.0); 0.28.0 only finds the layers "
+    "through getattr(parent_ref, 'model', parent_ref)", ("0.18.0",)))
 
 # --- the config keys each runner reads --------------------------------------------------------------
 
 DFLASH_TARGET = ConfigKey(("dflash_config", "target_layer_ids"), 1)
 V2_DSPARK = (ConfigKey(("dspark_target_layer_ids",), 1), ConfigKey(("target_layer_ids",), 1))
 V2_LAYER_IDS = (ConfigKey(("dflash_config", "layer_ids")), ConfigKey(("eagle_config", "layer_ids")))
+CONFIG_V1_18 = Cited(ConfigRead((ConfigKey(TOP),), Empty.DEFAULT, OFF_FLAG), src(
+    MRV1, "0.18.0", "GPUModelRunner._get_eagle3_aux_layers_from_config",
+    'if not hasattr(hf_config, "eagle_aux_hidden_state_layer_ids"): return None layer_ids = '
+    'hf_config.eagle_aux_hidden_state_layer_ids',
+    "runner v1 (the only default up to 0.21.0): the top-level key only; no nested eagle_config key, no dflash ids; "
+    "an empty list is falsy: the model default; the same code to 0.19.1"))
+CONFIG_V1_20 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(("dflash_config", "target_layer_ids"))), Empty.DEFAULT,
+                                OFF_FLAG), src(
+    MRV1, "0.20.0", "GPUModelRunner._get_eagle3_aux_layers_from_config",
+    'if not layer_ids: dflash_config = getattr(hf_config, "dflash_config", None) if dflash_config and '
+    'isinstance(dflash_config, dict): layer_ids = dflash_config.get("target_layer_ids")',
+    "runner v1: the top-level key, then dflash_config.target_layer_ids as written (no +1); still not the nested "
+    "eagle_config key; the same code to 0.21.0"))
 CONFIG_V1 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(NESTED), DFLASH_TARGET), Empty.DEFAULT, OFF_FLAG), src(
-    MRV1, "0.24.0", "GPUModelRunner._get_eagle3_aux_layers_from_config",
+    MRV1, "0.22.0", "GPUModelRunner._get_eagle3_aux_layers_from_config",
     'if eagle_config and isinstance(eagle_config, dict): layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")',
     "runner v1: the top-level key, else eagle_config's nested key (when eagle_config is a dict it wins over "
-    "dflash_config.target_layer_ids + 1); an empty list is falsy: the model default; unchanged to 0.33.0, gone in "
-    "0.34.0"))
+    "dflash_config.target_layer_ids + 1); an empty list is falsy: the model default; the same code 0.22.0 .. 0.33.0, "
+    "gone in 0.34.0"))
+V1_KEYS = (Change((), "runner v1 reads dflash_config.target_layer_ids", None, "0.20.0", {"config": CONFIG_V1_20}),
+           Change((), "runner v1 reads eagle_config's nested key (and dflash target ids + 1)", None, "0.22.0",
+                  {"config": CONFIG_V1}))
 
 
-def _v2(keys: tuple[ConfigKey, ...], release: str, quote: str, note: str) -> Cited:
+def _v2(keys: tuple[ConfigKey, ...], release: str, quote: str, note: str, reviewed: tuple[str, ...] = ()) -> Cited:
     return Cited(ConfigRead(keys, Empty.DEFAULT, OFF_FLAG),
-                 src(EAGLE3_UTILS, release, "get_eagle3_aux_layers_from_config", quote, note))
+                 src(EAGLE3_UTILS, release, "get_eagle3_aux_layers_from_config", quote, note, reviewed))
 
 
 CONFIG_V2_24 = _v2((ConfigKey(TOP), DFLASH_TARGET), "0.24.0",
@@ -69,20 +87,30 @@ CONFIG_V2_25 = _v2((ConfigKey(TOP), DFLASH_TARGET, *V2_DSPARK), "0.25.0",
                    'dspark_layer_ids = getattr(hf_config, "dspark_target_layer_ids", None) if dspark_layer_ids: '
                    'layer_ids = [i + 1 for i in dspark_layer_ids]',
                    "runner v2 adds dspark_target_layer_ids + 1, then top-level target_layer_ids + 1")
+CONFIG_V2_23 = Cited(ConfigRead((ConfigKey(TOP),), Empty.DEFAULT, OFF_FLAG), src(
+    CONFIG, "0.23.0", "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES",
+    'DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset( { "LlamaForCausalLM", "MistralForCausalLM", '
+    '"Qwen3ForCausalLM", } )',
+    "runner v2 serves Llama, Mistral and Qwen3 by default from 0.23.0 (Qwen3 alone in 0.22.0; not MoE, not "
+    "quantized): its get_eagle3_aux_layers_from_config (eagle3_utils.py v0.23.0) reads the top-level key only "
+    "(if not hasattr(hf_config, \"eagle_aux_hidden_state_layer_ids\"): return None)"))
 CONFIG_V2_27 = _v2((ConfigKey(TOP), DFLASH_TARGET, *V2_DSPARK, *V2_LAYER_IDS), "0.27.0",
                    'for config_name in ("dflash_config", "eagle_config"): drafter_config = getattr(hf_config, '
                    'config_name, None) if drafter_config and isinstance(drafter_config, dict): layer_ids = '
                    'drafter_config.get("layer_ids")',
                    "runner v2 adds dflash_config.layer_ids, then eagle_config.layer_ids, as written (no +1); still "
                    "not eagle_config.eagle_aux_hidden_state_layer_ids; unchanged to 0.34.0 but for a deepseek_v41 "
-                   "draft (0.30.0: its dspark ids without +1)")
+                   "draft (0.30.0: its dspark ids without +1; an EAGLE-3 draft's model_type is not deepseek_v41)",
+                   ("0.30.0",))
 CONFIG_V2_ALL = Cited(CONFIG_V2_27.value, src(
     CONFIG, "0.29.0", "VllmConfig.use_v2_model_runner",
     'unsupported = self._get_v2_model_runner_unsupported_features() if unsupported: logger.warning_once( "Model '
     'Runner V2 does not yet support %s; using the V1 model " "runner instead.",',
     "0.29.0 drops DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: runner v2 serves every model (MoE included) unless a "
     "feature it lacks is asked for; it reads the keys of get_eagle3_aux_layers_from_config (eagle3_utils.py "
-    "v0.27.0 .. v0.34.0), not the nested key"))
+    "v0.27.0 .. v0.34.0), not the nested key; 0.30.0 .. 0.33.0 add only what a plain CUDA launch does not meet "
+    "(HiSparse, watermarking, ROCm, no Triton); 0.34.0 has no such property: runner v1 is gone (gpu_worker.py imports "
+    "gpu.model_runner only)", ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")))
 
 
 def _keys(release: str, config: Cited) -> Change:
@@ -98,7 +126,8 @@ PP_DROPPED_DS = Cited(Handoff.LAST_STAGE_ONLY, src(
     DS, "0.18.0", "DeepseekV2Model.forward",
     'if not get_pp_group().is_last_rank: return IntermediateTensors( {"hidden_states": hidden_states, "residual": '
     'residual} )', "a stage other than the last returns hidden_states and residual only: its aux states are lost "
-    "(PR #45985 describes it); unchanged to 0.34.0, where runner v2 refuses PP for this model first"))
+    "(PR #45985 describes it); unchanged to 0.34.0, where runner v2 refuses PP for this model first",
+    ("0.25.0", "0.27.0")))
 STAGE_LOCAL = Cited(Handoff.STAGE_LOCAL, src(
     LLAMA, "0.18.0", "LlamaModel.forward",
     "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual) for idx, layer in enumerate( "
@@ -138,27 +167,33 @@ def _pp(value: Cited, mixin: bool) -> Change:
 _loop = src(DS, "0.18.0", "DeepseekV2Model.forward",
             "if idx in self.aux_hidden_state_layers: aux_hidden_states.append(hidden_states + residual)",
             "before layer idx, no `residual is not None` guard (residual is None before layer 0); states in layer "
-            "order; the same code in 0.24.0; 0.25.0 .. 0.34.0 keep the test and the sum")
+            "order; the same code in 0.24.0; 0.25.0 .. 0.34.0 keep the test and the sum (0.25.0 all-gathers a "
+            "token-short sum first, 0.27.0 drops a .contiguous())", ("0.25.0", "0.27.0"))
 _range = src(DS, "0.18.0", "DeepseekV2Model.forward",
              "for idx, layer in enumerate( islice(self.layers, self.start_layer, self.end_layer), "
              "start=self.start_layer, ): if idx in self.aux_hidden_state_layers:",
-             "only ids inside the loop's range are tested: id num_hidden_layers matches no iteration (dropped)")
+             "only ids inside the loop's range are tested: id num_hidden_layers matches no iteration (dropped; from "
+             "0.25.0 the end_layer test after the loop captures it, ids beyond it are still dropped)",
+             ("0.25.0", "0.27.0"))
 _whole = src(DS, "0.24.0", "DeepseekV2MoE.forward",
              "final_hidden_states = tensor_model_parallel_all_gather( final_hidden_states, 0 ) final_hidden_states = "
              "final_hidden_states[:num_tokens]",
              "sequence-parallel MoE gathers its own output: the stream between layers keeps every token, and the "
-             "capture loop has no gather of its own")
+             "capture loop has no gather of its own; 0.18.0 .. 0.19.1 gather the same way (their MoE block also "
+             "adds the shared experts itself)", ("0.18.0",))
 FINAL_AND_GATHER = Change(
     ("#46973",), "capture the final layer's output (id L); the loop gathers a token-short stream", None, "0.25.0",
     {"last_boundary": Cited(True, src(DS, "0.25.0", "DeepseekV2Model.forward",
                                       "if self.end_layer in self.aux_hidden_state_layers: "
                                       "aux_hidden_states.append(hidden_states + residual)",
-                                      "after the loop: hidden_states + residual, before the final norm")),
+                                      "after the loop: hidden_states + residual, before the final norm",
+                                      ("0.27.0",))),
      "scattered": Cited(Gather.GATHERED, src(DS, "0.25.0", "DeepseekV2Model.forward",
                                              "if aux_hidden_state.shape[0] != positions.shape[0]: aux_hidden_state = "
                                              "tensor_model_parallel_all_gather( aux_hidden_state, 0 ) "
                                              "aux_hidden_state = aux_hidden_state[: positions.shape[0]]",
-                                             "a token-short capture is all-gathered to every token"))})
+                                             "a token-short capture is all-gathered to every token",
+                                             ("0.27.0",)))})
 
 
 def _deepseek(family: str, models: tuple[str, ...], changes: tuple[Change, ...], note: str) -> Line:
@@ -167,14 +202,15 @@ def _deepseek(family: str, models: tuple[str, ...], changes: tuple[Change, ...],
         Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _loop), defaults=_DEFAULTS,
                   embed=Cited(EmbedId.CRASHES, _loop), out_of_range=Cited(OutOfRange.DROPPED, _range),
                   order=Cited(Order.ASCENDING, _loop), duplicates=Cited(Duplicates.CAPTURED_ONCE, _loop),
-                  config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop),
+                  config=CONFIG_V1_18, site=Cited(Site.BETWEEN_LAYERS, _loop), cloned=Cited(False, _loop),
                   pp=PP_DROPPED_DS, last_boundary=Cited(False, _range), scattered=Cited(Gather.WHOLE, _whole)),
         starts=Change((), "EAGLE-3 capture in deepseek_v2.py", None, "0.18.0", {}),
-        changes=changes,
+        changes=(*V1_KEYS, *changes),
         notes=("id 0 still adds residual=None in every version read (0.18.0, 0.24.0 .. 0.34.0); PR #46788, which "
                "would have moved DeepSeek onto EagleModelMixin, was closed unmerged",
                "0.24.0 was published two days after #46973 was reviewed and does not contain it",
-               "the token-short stream: before 0.24.0 not read (0.24.0's MoE block gathers its own output)",
+               "the token-short stream: read at 0.18.0 and 0.24.0 (the code of 0.20.0 .. 0.24.0 is one): the MoE "
+               "block gathers its own output",
                "under --pp up to 0.29.0 runner v1 serves (runner v2 lists EAGLE3 with pipeline parallelism as "
                "unsupported): the nested eagle_config key is read there", note),
     )
@@ -208,7 +244,8 @@ _MIXIN = src(INTERFACES, "0.18.0", "EagleModelMixin._maybe_add_hidden_state",
              "if layer_idx in self.aux_hidden_state_layers: value = hidden_states + residual if residual is not None "
              "else hidden_states aux_hidden_states.append(value)",
              "called with 0 before the loop and idx + 1 after each layer (id L: the last layer's output, before the "
-             "final norm); the same test in 0.24.0 .. 0.34.0")
+             "final norm); the same test in 0.24.0 .. 0.34.0 (0.27.0: only residual's annotation gains | None)",
+             ("0.27.0",))
 _GLOBAL = src("vllm/model_executor/models/qwen3_moe.py", "0.29.0", "Qwen3MoeModel.forward",
               "for layer_idx, layer in enumerate( islice(self.layers, self.start_layer, self.end_layer), "
               "start=self.start_layer,",
@@ -220,7 +257,7 @@ def _mixin(pp: Cited) -> Behaviour:
     return Behaviour(numbering=Cited(Numbering.BEFORE_LAYER, _MIXIN), defaults=_DEFAULTS,
                      embed=Cited(EmbedId.CAPTURED, _MIXIN), out_of_range=Cited(OutOfRange.DROPPED, _MIXIN),
                      order=Cited(Order.ASCENDING, _MIXIN), duplicates=Cited(Duplicates.CAPTURED_ONCE, _MIXIN),
-                     config=CONFIG_V1, site=Cited(Site.BETWEEN_LAYERS, _MIXIN), cloned=Cited(False, _MIXIN), pp=pp,
+                     config=CONFIG_V1_18, site=Cited(Site.BETWEEN_LAYERS, _MIXIN), cloned=Cited(False, _MIXIN), pp=pp,
                      last_boundary=Cited(True, _MIXIN))
 
 
@@ -232,29 +269,40 @@ _RUNNER_NOTES = ("runner v2 falls back to runner v1 (which reads the nested key)
 
 MIXIN_DENSE = Line(
     "vllm", "llama", ("llama", "qwen2", "qwen3", "mistral"), _mixin(STAGE_LOCAL), starts=MIXIN_STARTS,
-    changes=(Change((), "model runner v2 the default for this architecture", None, "0.24.0", {"config": CONFIG_V2_24}),
+    changes=(*V1_KEYS,
+             Change((), "model runner v2 the default for Llama, Mistral and Qwen3", None, "0.23.0",
+                    {"config": CONFIG_V2_23}),
+             Change((), "runner v2 reads dflash target ids + 1", None, "0.24.0", {"config": CONFIG_V2_24}),
              _keys("0.25.0", CONFIG_V2_25), _keys("0.27.0", CONFIG_V2_27), _pp(PP_HANDOFF, True)),
-    notes=("runner v2 is the default for Llama, Qwen3 and Mistral from 0.24.0 (the first release read with the list; "
-           "not established before) and for Qwen2 from 0.25.0 (every non-MoE model)", *_RUNNER_NOTES),
+    notes=("runner v2 is the default for Qwen3 from 0.22.0, for Llama and Mistral from 0.23.0 (unquantized; "
+           "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, read at 0.21.0 .. 0.24.0: 0.21.0 has no list) and for Qwen2 from "
+           "0.25.0 (every non-MoE model); tpsim replays Llama's runner: Qwen3 at 0.22.0 and Qwen2 at 0.23.0 .. 0.24.0 "
+           "are not modelled", *_RUNNER_NOTES),
 )
 
 _MOE_CHANGES = (Change((), "model runner v2 the default for every model", None, "0.29.0", {"config": CONFIG_V2_ALL}),
                 _pp(PP_REFUSED, True))
+_MINIMAX_PP = Cited(Handoff.STAGE_LOCAL, src(
+    "vllm/model_executor/models/minimax_m2.py", "0.20.0", "MiniMaxM2Model.forward",
+    "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual) for idx, layer in "
+    "enumerate( islice(self.layers, self.start_layer, self.end_layer) ):",
+    "numbered per stage as llama.py was before 0.30.0; the same code 0.20.0 .. 0.34.0, where runner v2 refuses PP "
+    "for it; 0.18.0 and 0.19.x have no capture in MiniMaxM2Model.forward"))
 MIXIN_MOE = Line(
     "vllm", "qwen3_moe", ("qwen3_moe", "gpt_oss"), _mixin(Cited(Handoff.LAST_STAGE_ONLY, _GLOBAL)),
-    starts=MIXIN_STARTS, changes=_MOE_CHANGES,
+    starts=MIXIN_STARTS, changes=(*V1_KEYS, *_MOE_CHANGES),
     notes=("MoE models run on runner v1 up to 0.28.0 (not on DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES), which reads "
            "the nested key; runner v2 from 0.29.0", "under --pp a later stage also captures its own first boundary "
            "(start_layer): not modelled", *_RUNNER_NOTES),
 )
 MINIMAX_M2 = Line(
-    "vllm", "minimax_m2", ("minimax_m2",), _mixin(Cited(Handoff.STAGE_LOCAL, src(
-        "vllm/model_executor/models/minimax_m2.py", "0.24.0", "MiniMaxM2Model.forward",
-        "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual) for idx, layer in "
-        "enumerate( islice(self.layers, self.start_layer, self.end_layer) ):",
-        "numbered per stage as llama.py was before 0.30.0; still so in 0.34.0, where runner v2 refuses PP for it"))),
-    starts=MIXIN_STARTS, changes=_MOE_CHANGES,
+    "vllm", "minimax_m2", ("minimax_m2",), _mixin(_MINIMAX_PP),
+    starts=Change((), "MiniMaxM2ForCausalLM implements SupportsEagle3 (MiniMaxM2Model on EagleModelMixin)", None,
+                  "0.20.0", {"pp": _MINIMAX_PP, "config": CONFIG_V1_20}),
+    changes=(V1_KEYS[1], *_MOE_CHANGES),
     notes=("MiniMax-M2: PR #43671 (open) says its ids are off by one against SGLang-trained heads",
+           "0.18.0 and 0.19.x: MiniMaxM2ForCausalLM is not SupportsEagle3 and runner v1 raises at start-up "
+           "(RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested)",
            "runner v1 up to 0.28.0 (MoE), runner v2 from 0.29.0", *_RUNNER_NOTES),
 )
 
