@@ -50,8 +50,12 @@ READ = ("0.5.6", "0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.1
 OLDEST = Change((), "the oldest release read", None, "0.5.6", {})
 
 
-def src(path: str, ref: str, symbol: str, quote: str, note: str) -> Source:
-    return Source(REPO, f"python/sglang/srt/{path}", ref, note, symbol, quote)
+def src(path: str, ref: str, symbol: str, quote: str, note: str, reviewed: tuple[str, ...] = ()) -> Source:
+    """`reviewed`: later releases whose changed `symbol` was read (the fingerprint differs, the behaviour holds)."""
+    return Source(REPO, f"python/sglang/srt/{path}", ref, note, symbol, quote, reviewed)
+
+
+POST_056 = ("0.5.6.post1", "0.5.6.post2")
 
 
 DS = "models/deepseek_v2.py"
@@ -73,12 +77,16 @@ RUNNER = src("model_executor/model_runner.py", "v0.5.6", "ModelRunner.initialize
              "eagle_aux_hidden_state_layer_ids = " + _READ_QUOTE,
              "after init_device_graphs(): " + _READ_NOTE.replace("; eagle_config.get('use_aux_hidden_state', True) "
                                                                  "false skips set_eagle3_layers_to_capture", "")
-             + "; use_aux_hidden_state is not read: capture is always on (0.5.6, 0.5.7)")
+             + "; use_aux_hidden_state is not read: capture is always on (0.5.6, 0.5.7)",
+             reviewed=(*POST_056, "0.5.7"))
 CONFIG = Cited(ConfigRead((ConfigKey(NESTED),), Empty.CRASH), RUNNER)
 CONFIG_058 = Cited(ConfigRead((ConfigKey(NESTED),), Empty.CRASH, OFF_FLAG), src(
     "model_executor/model_runner.py", "v0.5.8", "ModelRunner.__init__",
     "self.eagle_use_aux_hidden_state = eagle_config.get( \"use_aux_hidden_state\", True ) "
-    "self.eagle_aux_hidden_state_layer_ids = " + _READ_QUOTE, _READ_NOTE))
+    "self.eagle_aux_hidden_state_layer_ids = " + _READ_QUOTE, _READ_NOTE + " (the same read in 0.5.9 .. 0.5.15.post1; "
+    "0.5.14 nests it under `if self.spec_algorithm.is_eagle3():` inside a branch for EAGLE drafts with a draft path)",
+    reviewed=("0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13",
+              "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1")))
 CONFIG_0516 = Cited(CONFIG_058.value, src(
     "model_executor/model_runner_components/spec_aux_hidden_state.py", "v0.5.16", "_resolve_eagle_aux_hidden_state",
     "config.eagle_aux_hidden_state_layer_ids = " + _READ_QUOTE,
@@ -92,14 +100,16 @@ GRAPHS_BEFORE = Cited(GraphIds.DEFAULT, src(
     "# Speculative_inference if model_runner.spec_algorithm.is_eagle3(): "
     "self.model_runner.model.set_eagle3_layers_to_capture()",
     "the graph runner sets the capture with no ids (the default) before capturing graphs; ModelRunner.initialize "
-    "sets the configured ids only after init_device_graphs(), so graphed batches capture the default ids"))
+    "sets the configured ids only after init_device_graphs(), so graphed batches capture the default ids",
+    reviewed=(*POST_056, "0.5.7")))
 GRAPHS_BEFORE_058 = Cited(GraphIds.DEFAULT, src(
     "model_executor/cuda_graph_runner.py", "v0.5.8", "CudaGraphRunner.__init__",
     "model_runner.spec_algorithm.is_eagle3() and model_runner.eagle_use_aux_hidden_state ): "
     "self.model_runner.model.set_eagle3_layers_to_capture()",
     "the graph runner sets the capture with no ids (the default) before capturing graphs; ModelRunner.initialize "
     "sets the configured ids only after init_device_graphs(), so graphed batches capture the default ids "
-    "(the same in 0.5.8 .. 0.5.10, now also gated on use_aux_hidden_state; PR #22836 moved it)"))
+    "(the same in 0.5.8 .. 0.5.10.post1, now also gated on use_aux_hidden_state; PR #22836 moved it)",
+    reviewed=("0.5.10rc0", "0.5.10", "0.5.10.post1")))
 GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured", date(2026, 4, 15), "0.5.11",
                       {"graphs": Cited(GraphIds.CONFIG, src(
                           "model_executor/model_runner.py", "v0.5.11", "ModelRunner.initialize",
@@ -107,7 +117,11 @@ GRAPHS_FIXED = Change(("#22836",), "capture set before CUDA graphs are captured"
                           "state capture enabled. self.init_aux_hidden_state_capture()",
                           "init_aux_hidden_state_capture() runs before init_device_graphs() (re-read at 0.5.23: "
                           "ModelRunner.init_attention_backends calls configure_aux_hidden_state_capture before any "
-                          "graph capture, model_runner_components/attention_backend_setup.py)"))})
+                          "graph capture, model_runner_components/attention_backend_setup.py; in 0.5.14 .. 0.5.15.post1 the same "
+                          "call under the same comment is in ModelRunner.init_attention_backends, before "
+                          "init_decode_cuda_graph())",
+                          reviewed=("0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15",
+                                    "0.5.15.post1")))})
 
 GRAPHS_0516 = Cited(GraphIds.CONFIG, src(
     "model_executor/model_runner.py", "v0.5.16", "ModelRunner.init_attention_backends",
@@ -125,7 +139,7 @@ PP_0506 = Cited(Handoff.REFUSED, src(
     "self.enable_mixed_chunk ), \"Pipeline parallelism is not compatible with overlap schedule, speculative "
     "decoding, mixed chunked prefill.\"",
     "--pp-size > 1 with any --speculative-algorithm fails the start-up check (the same in 0.5.6 .. 0.5.10); "
-    + _PP_EARLY),
+    + _PP_EARLY, reviewed=("0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1")),
     "AssertionError: Pipeline parallelism is not compatible with overlap schedule, speculative decoding, mixed "
     "chunked prefill.")
 _PP_TEXT = "AssertionError: Pipeline parallelism is not compatible with overlap schedule, speculative decoding"
@@ -134,7 +148,8 @@ PP_0511 = Cited(Handoff.REFUSED, src(
     "if self.pp_size > 1: assert ( self.disable_overlap_schedule and self.speculative_algorithm is None ), "
     "\"Pipeline parallelism is not compatible with overlap schedule, speculative decoding\"",
     "mixed chunked prefill no longer in the assert; speculative decoding still refused (the same in 0.5.11 .. "
-    "0.5.18)"), _PP_TEXT)
+    "0.5.18)", reviewed=("0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
+                         "0.5.16", "0.5.17", "0.5.18")), _PP_TEXT)
 PP_0519 = Cited(Handoff.REFUSED, src(
     HOOK, "v0.5.19", "check_server_args",
     "if cfg.pp_size > 1: assert ( cfg.disable_overlap_schedule and cfg.speculative_algorithm is None ), "
@@ -163,7 +178,8 @@ FUSION_V3_056 = Cited(FusionAuto.SM100, src(
     "# workaround for https://github.com/flashinfer-ai/flashinfer/issues/2006 if not self.enable_dp_attention and "
     "self.nnodes == 1: self.enable_flashinfer_allreduce_fusion = True",
     "inside `if model_arch in [\"DeepseekV3ForCausalLM\"]:` and `if is_cuda() and is_sm100_supported():`; "
-    "no tp_size term (tp 1 has no all-reduce to fuse: tpsim's rule needs tp > 1, the same capture)"))
+    "no tp_size term (tp 1 has no all-reduce to fuse: tpsim's rule needs tp > 1, the same capture); 0.5.6.post1 "
+    "adds MistralLarge3/Pixtral to the DeepSeek branch, the same rule", reviewed=POST_056))
 FUSION_057 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
     SERVER_ARGS, "v0.5.7", "ServerArgs._handle_model_specific_adjustments",
     "and (is_sm90_supported() or is_blackwell_supported()) and not self.enable_dp_attention and self.nnodes == 1 "
@@ -174,11 +190,14 @@ FUSION_057 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
 FUSION_058 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
     SERVER_ARGS, "v0.5.8", "ServerArgs._handle_model_specific_adjustments",
     "and (is_sm90_supported() or is_sm100_supported()) and not self.enable_dp_attention and self.nnodes == 1 "
-    "and not is_h20_device", "Blackwell narrowed to is_sm100_supported() (the same in 0.5.8, 0.5.9)"))
+    "and not is_h20_device", "Blackwell narrowed to is_sm100_supported() (the same in 0.5.8, 0.5.9; 0.5.10rc0 adds "
+    "`self.attn_cp_size <= 1` and --enforce-disable-flashinfer-allreduce-fusion, off by default, as 0.5.10 has)",
+    reviewed=("0.5.9", "0.5.10rc0")))
 FUSION_0510 = Cited(FusionAuto.SM90_SM100_NOT_H20, src(
     SERVER_ARGS, "v0.5.10", "ServerArgs._handle_model_specific_adjustments",
     "and (is_sm90_supported() or is_sm100_supported()) and self.tp_size > 1 and not self.enable_dp_attention",
-    "the tp_size > 1 term joins the rule; H20 still excluded"))
+    "the tp_size > 1 term joins the rule; H20 still excluded (the same in 0.5.11 .. 0.5.12.post1: the "
+    "attn_cp_size term dropped, more architectures listed)", reviewed=("0.5.11", "0.5.12", "0.5.12.post1")))
 FUSION_0513 = Cited(FusionAuto.SM90_SM100, src(
     SERVER_ARGS, "v0.5.13", "ServerArgs._handle_model_specific_adjustments",
     "and self.tp_size > 1 and not self.enable_dp_attention and self.nnodes == 1 and self.moe_a2a_backend == "
@@ -205,18 +224,19 @@ FUSION_NEVER_V2 = Cited(FusionAuto.NEVER, src(
     SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
     "if model_arch in [\"DeepseekV3ForCausalLM\"]: if is_deepseek_nsa(hf_config):",
     "DeepSeek's rule is for DeepseekV3ForCausalLM only; DeepseekV2ForCausalLM (DeepSeek-V2, V2-Lite) is on no "
-    "auto-enable list in any release read, 0.5.6 .. 0.5.23"))
+    "auto-enable list in any release read, 0.5.6 .. 0.5.23 (0.5.6.post1 adds MistralLarge3/Pixtral to the branch, "
+    "not DeepseekV2ForCausalLM)", reviewed=POST_056))
 
 # --- the capture loop and the id setters --------------------------------------------------------------
 
 
-def _loop(path: str, ref: str, symbol: str, quote: str, guarded: bool) -> dict:
+def _loop(path: str, ref: str, symbol: str, quote: str, guarded: bool, reviewed: tuple[str, ...] = ()) -> dict:
     """The model-level capture loop shared by the model files before the in-layer capture:
     `hidden_states + residual` before layer i for i in start..end (the add makes a new tensor)."""
     loop = src(path, ref, symbol, quote,
                "before layer i, `if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + residual)`"
                + (" (residual None at layer 0: the hidden states alone)" if guarded else
-                  "; residual is None before layer 0") + "; the loop runs start_layer..end_layer")
+                  "; residual is None before layer 0") + "; the loop runs start_layer..end_layer", reviewed)
     return dict(
         embed=Cited(EmbedId.CAPTURED if guarded else EmbedId.CRASHES, loop),
         out_of_range=Cited(OutOfRange.DROPPED, loop), order=Cited(Order.ASCENDING, loop),
@@ -286,7 +306,9 @@ TBO = Cited(TboCapture.REGION_NOT_CAPTURED, src(
     "first_k_dense_replace on run in model_forward_maybe_tbo after it, so no boundary >= first_k_dense_replace is "
     "captured (PR #32680, closed unmerged, reports '0 of 3 layers captured' on DeepSeek-V2-Lite). The same in every "
     "release 0.5.6 .. 0.5.23. The `elif` (a PP stage that starts after first_k_dense_replace runs no capture loop) "
-    "is not modelled: PP with EAGLE-3 is refused at start-up in every release"))
+    "is not modelled: PP with EAGLE-3 is refused at start-up in every release",
+    reviewed=(*POST_056, "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11",
+              "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16")))
 
 
 def _boundary(path: str, ref: str, symbol: str) -> dict:
@@ -329,7 +351,12 @@ _CP_LOCAL = Cited(Gather.LOCAL, src(
     "the in-model prefill CP path (NSA/MLA) all-gathers only the final hidden states; the aux states keep the "
     "rank's token chunk. That path is in every release from 0.5.6 (is_nsa_enable_prefill_cp); which of its lines "
     "gather was read at 0.5.17 only (UNVERIFIED before 0.5.17); the eager-runner CP of 0.5.18 .. 0.5.19 already "
-    "gathers the aux states (a model picks one path by its config)"))
+    "gathers the aux states (a model picks one path by its config). Re-read at every release 0.5.6 .. 0.5.16 and "
+    "0.5.18, 0.5.19: the in-model path (enable_prefill_cp / nsa_use_prefill_cp / dsa|mla_use_prefill_cp, use_cp_v1 "
+    "from 0.5.16) all-gathers hidden_states alone; the aux list is returned as captured",
+    reviewed=("0.5.6", *POST_056, "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11",
+              "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16",
+              "0.5.18", "0.5.19")))
 _CP_GATHERED = Cited(Gather.GATHERED, src(
     "model_executor/runner/eager_runner.py", "v0.5.20", "EagerRunner._execute_extend_cp",
     "if aux_hidden_states is not None: if isinstance(aux_hidden_states, torch.Tensor): aux_hidden_states = "
@@ -341,10 +368,12 @@ _CP_GATHERED = Cited(Gather.GATHERED, src(
 DS_GATHER_TP = src(DS, "v0.5.7", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
                    "aux_hidden_state = tensor_model_parallel_all_gather( hidden_states + residual, dim=0 )",
                    "under DeepEP, a boundary after first_k_dense_replace is all-gathered over the whole TP group "
-                   "(tensor_model_parallel_all_gather) before capture (the same in 0.5.7 .. 0.5.9)")
+                   "(tensor_model_parallel_all_gather) before capture (the same in 0.5.7 .. 0.5.9; 0.5.10rc0 already "
+                   "gathers over the attention-TP group)", reviewed=("0.5.8", "0.5.8.post1", "0.5.9"))
 DS_GATHER_ATTN = src(DS, "v0.5.10", DS_MODEL, "if self.enable_a2a_moe and i > self.first_k_dense_replace: "
                      "aux_hidden_state = get_attention_tp_group().all_gather( hidden_states + residual, dim=0 )",
-                     "the gather is over the attention-TP group (the TP group unless DP attention splits it)")
+                     "the gather is over the attention-TP group (the TP group unless DP attention splits it; the same "
+                     "through 0.5.13.post1)", reviewed=("0.5.13", "0.5.13.post1"))
 DS_LOOP_057 = "if i in self.layers_to_capture: if self.enable_a2a_moe and i > self.first_k_dense_replace:"
 DS_SET_0513 = src(DS, "v0.5.13", DS_SET, "self.model.layers_to_capture = [2, num_layers // 2, num_layers - 3] else: "
                   "self.capture_aux_hidden_states = True # TODO (Qiaolin-Yu): check if other draft models need "
@@ -361,7 +390,8 @@ DS_LAYER = src(DS, "v0.5.14", "DeepseekV2DecoderLayer.forward",
 DS_LOOP_0514 = src(DS, "v0.5.14", DS_MODEL, "captured_last_layer_outputs=( aux_hidden_states if i in "
                    "self.layers_to_capture else None ),",
                    "the loop hands the collector to layer i when `i in self.layers_to_capture`: ascending, each layer "
-                   "once, start_layer..end_layer (nothing after the last layer)")
+                   "once, start_layer..end_layer (nothing after the last layer; the same in 0.5.16 .. 0.5.20)",
+                   reviewed=("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"))
 DS_RENAMED = src(DS, "v0.5.22", "DeepseekV2DecoderLayer.forward",
                  "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
                  "capture_gathered=captured_last_layer_outputs,",
@@ -384,13 +414,16 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
     """DeepSeek's changes; `fusion`: the model is DeepseekV3ForCausalLM, which the fusion rule lists."""
     def f(c: Cited) -> dict:
         return _fusion(c, fusion)
-    loop = _loop(DS, "v0.5.7", DS_MODEL, DS_LOOP_057, guarded=False)
+    loop = _loop(DS, "v0.5.7", DS_MODEL, DS_LOOP_057, guarded=False,
+                 reviewed=("0.5.8", "0.5.8.post1", "0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12",
+                           "0.5.12.post1", "0.5.13", "0.5.13.post1"))
     walk = {k: Cited(loop[k].value, DS_LOOP_0514) for k in ("order", "out_of_range", "duplicates", "last_boundary")}
     layer = {"site": Cited(Site.AFTER_FUSED_ADD, DS_LAYER), "cloned": Cited(True, DS_LAYER),
              "embed": Cited(EmbedId.CAPTURED, DS_LAYER), "scattered": Cited(Gather.GATHERED, DS_LAYER)}
     boundary = _boundary(DS, "v0.5.21", "DeepseekV2DecoderLayer.forward")
     walk21 = src(DS, "v0.5.21", DS_MODEL, "captured_last_layer_outputs=aux_hidden_states if i in "
-                 "self.layers_to_capture else None,", DS_LOOP_0514.note + " (the same at 0.5.23)")
+                 "self.layers_to_capture else None,", DS_LOOP_0514.note + " (the same at 0.5.23; 0.5.22 renames the final "
+                 "norm's call final_norm)", reviewed=("0.5.22", "0.5.23"))
     return (
         Change(("#14280", "1ab9b8e0a"), "DeepEP capture all-gathered; the fusion rule's list", None, "0.5.7",
                {**loop, "scattered": Cited(Gather.GATHERED, DS_GATHER_TP), **f(FUSION_057)}),
@@ -420,10 +453,12 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
 
 def _deepseek(family: str, models: tuple[str, ...], fusion: Cited) -> Line:
     base = Behaviour(
-        **_setter(DS, "v0.5.6", DS_SET), **_loop(DS, "v0.5.6", DS_MODEL, _DS_LOOP, guarded=False), config=CONFIG,
+        **_setter(DS, "v0.5.6", DS_SET), **_loop(DS, "v0.5.6", DS_MODEL, _DS_LOOP, guarded=False, reviewed=POST_056),
+        config=CONFIG,
         pp=PP_0506, graphs=GRAPHS_BEFORE, fusion_auto=fusion,
         scattered=Cited(Gather.LOCAL, src(DS, "v0.5.6", DS_MODEL, _DS_LOOP, "under DeepEP the stream between MoE "
-                                          "layers is token-scattered and the capture adds the local shard")),
+                                          "layers is token-scattered and the capture adds the local shard",
+                                          reviewed=POST_056)),
         tbo=TBO, cp=_CP_LOCAL)
     return Line("sglang", family, models, base, starts=OLDEST,
                 changes=_with(_deepseek_changes(fusion.value is not FusionAuto.NEVER), _COMMON),
@@ -537,7 +572,7 @@ QWEN3_MOE = Line(
                                                       "adjustments", "elif model_arch in [\"GptOssForCausalLM\"]: if ( "
                                                       "self.attention_backend is None",
                                                       "Qwen3Moe is on no 0.5.6 fusion rule; it joins the list in "
-                                                      "0.5.7"))),
+                                                      "0.5.7", reviewed=POST_056))),
     starts=OLDEST,
     changes=_with(FUSION_HISTORY, (
         *_COMMON,
@@ -565,7 +600,7 @@ GPT_OSS = Line(
                   SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
                   "if not self.enable_dp_attention and self.nnodes == 1: self.enable_flashinfer_allreduce_fusion = "
                   "True logger.info( \"Enable FlashInfer AllReduce Fusion on sm100 for GptOssForCausalLM\" )",
-                  "GptOss: is_blackwell_supported(), no DP attention, one node"))),
+                  "GptOss: is_blackwell_supported(), no DP attention, one node", reviewed=POST_056))),
     starts=OLDEST,
     changes=_with(FUSION_HISTORY, (*_COMMON,
         Change(("#32334",), "boundary ids with the final boundary (fixes #32226)", None, "0.5.17",
