@@ -239,10 +239,13 @@ class RankPool:
                 kind, rank, payload = self._results.get(timeout=0.2)
             except queue.Empty:
                 dead = self._dead(exclude=got)
-                if dead is not None:
+                if dead is not None:  # seen before any report: the survivors' reports still say what followed
                     what = self._what(dead)
+                    errors = self._drain_errors(grace_s=3.0, done=set(got) | {dead})
                     self.kill()
-                    raise RankError(f"rank {dead} {self._death(dead)} while {doing}{what}")
+                    lost = next((r for r, p in errors.items() if peer_symptom(p)), None)
+                    then = "" if lost is None else f"; rank {lost} then lost the connection to it"
+                    raise RankError(f"rank {dead} {self._death(dead)} while {doing}{what}{then}")
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.world)) - set(got))
                     now = self._cpu_seconds()
