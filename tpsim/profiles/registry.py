@@ -89,11 +89,9 @@ def _when(engine: str, text: str) -> When:
     if not known:
         raise UsageError(f"{engine} has no numbered releases tpsim knows of; give a date "
                          f"(e.g. {engine}@2026-07-01) or 'latest'")
-    lo, hi = min(known), max(known)
-    if not lo <= key <= hi:
-        raise UsageError(f"{engine} {text} is outside the known range {known[lo][0]} .. {known[hi][0]}; "
-                         f"give a version in that range, a date, or 'latest'")
-    before = max(k for k in known if k <= key)  # an unlisted version between two known ones
+    if key < min(known):  # lookup refuses it against the line's profiled range
+        return When(text, date.min, key)
+    before = max(k for k in known if k <= key)  # an unlisted version between two known ones, or a newer one
     return When(text, known[before][1], key)
 
 
@@ -120,10 +118,15 @@ def lookup(text: str, model_type: str) -> Profile:
                          f"{', '.join(covered)}")
     when = _when(engine, version)
     releases = RELEASES.get(engine, {})
-    if line.starts is not None and not when.has(line.starts, releases):
-        first = line.starts.release or line.starts.merged
-        raise UsageError(f"profile {text!r}: {engine}:{line.family} is profiled from {first} on "
-                         f"({line.starts.title}); {version} is older: give {first} or later")
+    first = (line.starts.release or line.starts.merged) if line.starts is not None else \
+        (min(releases, key=version_key) if releases else None)
+    newest = max(releases, key=version_key) if releases else None
+    too_new = when.release is not None and newest is not None and when.release > version_key(newest)
+    if too_new or (line.starts is not None and not when.has(line.starts, releases)) or \
+            (when.release is not None and first is not None and when.release < version_key(str(first))):
+        raise UsageError(f"profile {text!r}: {engine}:{line.family} is profiled for {first} .. {newest}, the "
+                         f"releases tpsim read; {version} is {'newer' if too_new else 'older'}: give one in that "
+                         f"range, a date, or 'latest'")
     for p in reversed(line.profiles()):  # the newest interval whose opening change this code has
         if p.versions.since is None or when.has(p.versions.since, releases):
             return p
