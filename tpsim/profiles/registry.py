@@ -135,7 +135,8 @@ def lookup(text: str, model_type: str) -> Profile:
 
 def serving(text: str, model_type: str) -> Profile:
     """`lookup` for --server: an engine that serves the draft, not a trainer."""
-    engine = ALIASES.get(text.partition(":")[0].partition("@")[0], text.partition(":")[0].partition("@")[0])
+    named = text.partition(":")[0].partition("@")[0]
+    engine = ALIASES.get(named, named)
     if engine in TRAINERS:
         raise UsageError(f"--server {text}: {engine} trains drafts, it serves none; give the serving engine "
                          f"(--server {' or '.join(e for e in ENGINES if e not in TRAINERS)}) and pass "

@@ -476,6 +476,15 @@ DEEPSEEK_V3 = _deepseek("deepseek_v3", ("deepseek_v3", "kimi_k2"), FUSION_V3_056
 DEEPSEEK = DEEPSEEK_V3
 
 
+def _never_fused(who: str) -> Cited:
+    """A dense model file on no fusion auto-enable list, cited at the newest rule read."""
+    return Cited(FusionAuto.NEVER, src(
+        "arg_groups/overrides.py", "v0.5.23", "_flashinfer_allreduce_fusion_auto_enable",
+        "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS) and not prefer_custom_dsv41 "
+        "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1",
+        f"{who} on no fusion auto-enable list (0.5.6 .. 0.5.23)"))
+
+
 LL = "models/llama.py"
 LLAMA = Line(
     "sglang", "llama", ("llama", "mistral"),
@@ -484,11 +493,7 @@ LLAMA = Line(
                       "self.end_layer): if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + "
                       "residual)", guarded=False),
               config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.NEVER, src(
-                  "arg_groups/overrides.py", "v0.5.23", "_flashinfer_allreduce_fusion_auto_enable",
-                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS) and not prefer_custom_dsv41 "
-                  "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1",
-                  "LlamaForCausalLM is on no fusion auto-enable list (0.5.6 .. 0.5.23)"))),
+              fusion_auto=_never_fused("LlamaForCausalLM is")),
     starts=OLDEST,
     changes=_with(_COMMON, (
         Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
@@ -511,11 +516,7 @@ QWEN = Line(
                       "self.layers_to_capture: aux_hidden_states.append( hidden_states + residual if residual is not "
                       "None else hidden_states", guarded=True),
               config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.NEVER, src(
-                  "arg_groups/overrides.py", "v0.5.23", "_flashinfer_allreduce_fusion_auto_enable",
-                  "and (is_mimo or model_arch in _FLASHINFER_ALLREDUCE_FUSION_ARCHS) and not prefer_custom_dsv41 "
-                  "and (get_platform().is_sm90 or get_platform().is_sm100) and view.tp_size > 1",
-                  "Qwen2/Qwen3 (dense) are on no fusion auto-enable list (0.5.6 .. 0.5.23)"))),
+              fusion_auto=_never_fused("Qwen2/Qwen3 (dense) are")),
     starts=OLDEST,
     changes=_with(_COMMON, (
         Change((), "the capture copies through the residual stream's snapshot", None, "0.5.21", _loop(
