@@ -44,7 +44,8 @@ def test_readme_example_finds_the_served_mode_bug_and_the_key_fallback():
     assert "FINDING 1: config key fallback" in out and "FINDING 2: the served mode breaks the capture" in out
     assert 'fix: write "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}' in out
     assert "Partial(sum): captured before a deferred all-reduce" in out and "TP=8" in out
-    assert "fix: sglang@0.5.14 or later (#28343, #28789)" in out
+    assert "fix: serve with sglang@0.5.14 or later (#28343, #28789)" in out
+    assert out.count("fix replayed: the finding clears, and no other appears") == 2
     assert "source: sgl-project/sglang python/sglang/srt/server_args.py @v0.5.10" in out  # 0.5.12 runs 0.5.10's rule
     assert "VERDICT: 2 findings" in out
 
@@ -87,12 +88,18 @@ def test_deepep_capture_is_token_local_before_0_5_7(tmp_path):
     assert "0.5.7 or later" in rep["findings"][0]["fix"] and "Shard(dim=0)" in rep["findings"][0]["cause"]
 
 
-def test_an_embedding_id_crashes_the_engine_and_nothing_runs(tmp_path):
+def test_an_embedding_id_crashes_the_engine_and_the_upgrade_is_not_a_fix(tmp_path):
+    """sglang 0.5.14 captures the embedding, but numbers the ids without +1: the same ids drop a slot
+    there, so the upgrade the finding once advised is replayed, found to open a dropped slot, and not printed."""
     raw = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 3, 5]}}
     code, rep = triage_json(tmp_path, raw, "--server", "sglang@0.5.12", "--tp", "2")
-    assert code == 1 and "engine-fails" in kinds(rep) and rep["check"] is None
+    assert code == 1 and "engine-fails" in kinds(rep)
+    assert rep["notes"] == ["sglang@0.5.11:deepseek_v2 captures nothing from these ids; the check runs on the "
+                            "positions training used (out(2), out(4))"]
     f = rep["findings"][kinds(rep).index("engine-fails")]
-    assert "TypeError: unsupported operand type(s) for +" in f["cause"] and "sglang@0.5.14:deepseek_v2" in f["fix"]
+    assert "TypeError: unsupported operand type(s) for +" in f["cause"] and not f["fix_replayed"]
+    assert "tried: serve with sglang@0.5.14 or later (#28343, #28789): clears it and opens a slot silently " \
+           "dropped" in f["fix"]
 
 
 def test_graphed_batches_capture_the_default_before_22836(tmp_path):
@@ -104,7 +111,13 @@ def test_graphed_batches_capture_the_default_before_22836(tmp_path):
 def test_capture_turned_off(tmp_path):
     raw = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "use_aux_hidden_state": False}}
     code, rep = triage_json(tmp_path, raw, "--server", "vllm", "--tp", "1")
-    assert code == 1 and kinds(rep) == ["capture-off"] and rep["check"] is None
+    (f,) = rep["findings"]
+    assert code == 1 and f["kind"] == "capture-off" and f["fix_replayed"], f
+    # vLLM reads its ids from the top level: turning capture on alone falls back to its default
+    assert f["fix"] == 'remove use_aux_hidden_state: false from eagle_config, and write ' \
+        '"eagle_aux_hidden_state_layer_ids": [1, 3, 5] in the draft config (the top level, which ' \
+        'vllm@0.30.0:deepseek_v2 reads first) (captures out(1), out(3), out(5), what training captured)', f["fix"]
+    assert "the check runs on the positions training used (out(1), out(3), out(5))" in rep["notes"][0]
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -1,7 +1,8 @@
-"""`tpsim triage`'s verdict: from the align report (train vs serve, read from the draft config as
-each program reads it), the serving engine's replay of its ids, the mode its flags and auto-enable
-rules put it in, and the check run in that mode, the findings: each with its cause, the sources
-that show the engine does this, and a concrete fix."""
+"""`tpsim triage`'s verdict: from the align report (train vs serve: the draft config as each program
+reads it, or the ids training used as the user gives them), the serving engine's replay of its ids,
+the mode its flags and auto-enable rules put it in, and the check run in that mode, the findings: each
+with its cause, the sources that show the engine does this, and a fix that triage has applied and
+replayed (tpsim.app.remedies)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from dataclasses import dataclass, field
 from tpsim.app.check import run_check
 from tpsim.app.request import RunRequest
 from tpsim.app.run_options import pipeline_for, pp_refusal, pp_replay
-from tpsim.offline.align import DraftConfig, Report
+from tpsim.app.target import Target
+from tpsim.offline.align import DraftConfig, Report, make_side
+from tpsim.profiles.conventions import Convention
 from tpsim.profiles.draft import ConfigIds, write_ids_hint
 from tpsim.profiles.findings import Finding, Kind, replay_findings
 from tpsim.profiles.resolution import resolution
@@ -19,20 +22,44 @@ from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import Replay, replay
 from tpsim.profiles.served import ServedMode, fixed_in, served_mode
 from tpsim.offline.sides import align_profiles, ids_capturing, side_from_config
-from tpsim.run.spec import ModelSource
 from tpsim.app.report import CheckReport, Failure
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What trained the draft: a trainer's profile reading the draft config, or the ids training used
+    as the user knows them, in a convention's numbering (`--train specforge-ids:1,29,57`)."""
+
+    profile: Profile
+    convention: Convention | None = None
+    ids: tuple[int, ...] | None = None
+    spelled: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spelled if self.convention is not None else self.profile.name
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a triage runs on; a fix is a change to these (tpsim.app.remedies)."""
+
+    trained: Trained
+    serve: Profile
+    served: Served
+    draft: DraftConfig
+    request: RunRequest
+    target: Target
 
 
 @dataclass
 class Triage:
-    train: Profile
-    serve: Profile
-    served: Served
+    inputs: Inputs
     mode: ServedMode
     align: Report
     config: ConfigIds  # what the server read from the draft config
     replay: Replay
-    check: CheckReport | None  # None: nothing to run (the engine captures nothing)
+    check: CheckReport | None  # None: nothing to run (no position to check)
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -40,21 +67,42 @@ class Triage:
     def ok(self) -> bool:
         return not self.findings
 
+    @property
+    def train(self) -> Profile:
+        return self.inputs.trained.profile
 
-def triage(train: Profile, serve: Profile, served: Served, draft: DraftConfig, request: RunRequest,
-           source: ModelSource) -> Triage | None:
+    @property
+    def serve(self) -> Profile:
+        return self.inputs.serve
+
+    @property
+    def served(self) -> Served:
+        return self.inputs.served
+
+
+def triage(inputs: Inputs) -> Triage | None:
     """The draft read as the trainer and the server each read it, the two captures aligned, the mode the
     served flags put the engine in, and check run in that mode on the target's shape (None on a
-    torchrun rank other than 0)."""
+    torchrun rank other than 0). Where the served ids capture nothing (a crash, capture off), the check
+    runs on the positions training used: what the draft needs the mode to deliver."""
+    train, serve, draft, request = inputs.trained, inputs.serve, inputs.draft, inputs.request
+    source = inputs.target.source
     L = source.cfg.num_hidden_layers
-    train_side, _ = side_from_config("train", train, draft, L)
     serve_side, got = side_from_config("serve", serve, draft, L)
+    train_side = side_from_config("train", train.profile, draft, L)[0] if train.ids is None else \
+        make_side("train", train.convention, list(train.ids), L, f"--train {train.spelled}")
     report = align_profiles(train_side, serve_side, serve)
     rep = replay(serve, got.ids, L)
-    mode = served_mode(serve, served)
+    mode = served_mode(serve, inputs.served)
     check, refused = None, pp_refusal(request.pipeline, request.ids.server, source.cfg)
-    if rep.positions and not got.off and rep.failure is None and refused is None:
-        res = resolution(rep, got.ids)
+    served_ok = bool(rep.positions) and not got.off and rep.failure is None
+    positions = rep.positions if served_ok else [p for p in train_side.positions if p is not None]
+    notes = [] if served_ok or not positions else \
+        [f"{serve.name} captures nothing from these ids; the check runs on the positions training used "
+         f"({', '.join(map(str, positions))})"]
+    if positions and refused is None:
+        res = resolution(rep if served_ok else replay(serve, None, L), got.ids)
+        res.positions = list(positions)
         if request.pipeline.size > 1:  # what reaches the draft under the engine's pipeline
             pp_replay(pipeline_for(request.pipeline, request.ids.server, source.cfg, list(request.tps), mode.mode),
                       request.ids.server, res, source.cfg)
@@ -62,11 +110,11 @@ def triage(train: Profile, serve: Profile, served: Served, draft: DraftConfig, r
         check = run_check(spec, res, list(request.tps))
         if check is None:
             return None
-    t = Triage(train, serve, served, mode, report, got, rep, check)
+    t = Triage(inputs, mode, report, got, rep, check, notes=notes)
     if refused is not None:
         t.findings.append(Finding(Kind.ENGINE_REFUSES, refused.cause, [refused.source], refused.fix))
         return t
-    assess(t, source.cfg.hidden_size)
+    assess(t, inputs.target.real.hidden_size)
     return t
 
 
@@ -79,12 +127,35 @@ def assess(t: Triage, hidden: int) -> None:
                                   "the aux hidden states)"))
         return
     t.findings += replay_findings(rep, hidden)
+    t.findings += _ids_changed(t)
     t.findings += _fallbacks(t)
     t.findings += _misaligned(t)
     t.findings += _served_mode(t)
     t.findings += [Finding(Kind.PIPELINE, *_cause_fix(f, t.serve))
                    for f in (t.check.resolution.findings if t.check is not None else []) if f.startswith("pipeline")]
     t.findings += _graphs(t)
+
+
+def _ids_changed(t: Triage) -> list[Finding]:
+    """Training's ids, as the user gives them, against the ids the draft config holds now."""
+    trained, draft = t.inputs.trained, t.inputs.draft
+    written = draft.nested if draft.nested is not None else draft.top
+    if trained.ids is None or written is None:
+        return []
+    L = t.replay.num_layers
+    now = replay(trained.profile, written, L)
+    then = [p for p in t.align.train.positions if p is not None]
+    if now.failure is None and now.positions == then:
+        return []
+    reads = f"read in {trained.convention.value} numbering: {_pos(now)}" if now.failure is None else \
+        f"which {trained.convention.value} numbering cannot read: {now.failure.split(' (')[0]}"
+    key = "eagle_config.eagle_aux_hidden_state_layer_ids" if draft.nested is not None else \
+        "eagle_aux_hidden_state_layer_ids"
+    return [Finding(Kind.IDS_CHANGED,
+                    f"the draft config holds ids {written} at {key} ({reads}); training captured "
+                    f"{', '.join(map(str, then))} (--train {trained.spelled}): the config's ids were changed after "
+                    "training, and the server reads the changed ones", [str(trained.profile.behaviour.numbering.source)],
+                    "write the ids the server needs for the trained positions")]
 
 
 def _cause_fix(finding: str, serve: Profile) -> tuple[str, list[str], str]:

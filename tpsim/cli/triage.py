@@ -8,20 +8,26 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
+import re
+
 from tpsim.offline.align import read_draft_config
-from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, load_source, \
-    one_tp, positive_int, request_from
+from tpsim.cli.align import parse_spec
+from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, one_tp, \
+    positive_int, request_from
 from tpsim.cli.parser import add_command, refuse_without
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import for_target, lookup
 from tpsim.app.preflight import check_divides_world, check_timeout
-from tpsim.run.spec import DEFAULT_MODEL
-from tpsim.app.triage import Triage, triage
+from tpsim.profiles.conventions import default_ids
+from tpsim.app.remedies import replay_fixes
+from tpsim.app.target import target_for
+from tpsim.app.triage import Inputs, Trained, Triage, triage
 from tpsim.base.ui import say
 
 GPUS = [g.value for g in Gpu]
+IDS = re.compile(r"default|-?\d+(\s*,\s*-?\d+)*")  # --train NAME:IDS, not ENGINE:MODEL
 
 
 SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend": "--moe-a2a-backend",
@@ -32,12 +38,14 @@ def add_parser(sub) -> None:
     p = add_command(sub, "triage")
     p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
     add_server_option(p)
-    p.add_argument("--train", default="specforge", metavar="PROFILE",
-                   help="what trained the draft (default specforge: the current code)")
+    p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
+                   help="what trained the draft: a trainer's profile reading the draft config (default specforge: "
+                        "the current code), or the ids training used, e.g. specforge-ids:1,29,57")
     add_tp(p, "TP degree served")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="the target: a checkpoint directory, a config, or a built-in (tiny, deepseek-v2-lite, "
-                        "deepseek-v3); --override num_hidden_layers=K runs a truncation")
+    p.add_argument("--model",
+                   help="the target: a checkpoint directory, a config, or a built-in (default: the built-in the "
+                        "draft's hidden_size and vocab_size name); a target too big to run here is replayed on a "
+                        "stand-in at toy widths; --override num_hidden_layers=K runs a truncation")
     served = p.add_argument_group("engine flags as served")
     served.add_argument("--gpu", default="H200", choices=GPUS, help="the GPU served on (default H200)")
     served.add_argument("--nnodes", default="1", help="nodes (default 1)")
@@ -62,16 +70,19 @@ def cmd_triage(args) -> int:
     check_divides_world(tp)
     tps = sorted({1, tp})
     draft = read_draft_config(args.draft_config)
-    src = load_source(args, tps)
-    cfg = src.cfg
-    serve_p, train_p = for_target(args.server, cfg.model_type), lookup(args.train, cfg.model_type)
+    target = target_for(draft, args.model, args.override or [], tp)
+    args.model = target.name
+    cfg = target.real
+    serve_p = for_target(args.server, cfg.model_type)
+    trained = trained_from(args.train, cfg.model_type, cfg.num_hidden_layers)
     refuse_without(args, "an SGLang --server", serve_p.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
     served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
                     not args.disable_cuda_graph, positive_int(args.seq_len or "16", "--seq-len"))
-    t = triage(train_p, serve_p, served, draft, request_from(args, tps), src)
+    t = triage(Inputs(trained, serve_p, served, draft, request_from(args, tps), target))
     if t is None:  # a torchrun rank other than 0
         return 0
+    replay_fixes(t)
     stale = unverified(args.server, cfg.model_type)
     if args.json:
         emit_json({**to_dict(t, args), "unverified": stale and stale.to_dict()})
@@ -82,8 +93,24 @@ def cmd_triage(args) -> int:
     return 0 if t.ok else 1
 
 
+def trained_from(text: str, model_type: str, L: int) -> Trained:
+    """--train: CONVENTION:IDS (the ids training used) or a trainer's PROFILE (it reads the draft config)."""
+    name, colon, rest = text.partition(":")
+    if colon and IDS.fullmatch(rest.strip()):
+        conv, ids = parse_spec(text, "--train")
+        if ids is None:
+            ids = default_ids(conv, L)
+        return Trained(conv.profile, conv, tuple(ids), text)
+    return Trained(lookup(text, model_type))
+
+
 def to_dict(t: Triage, args) -> dict:
-    return {"ok": t.ok, "server": args.server, "serve_profile": t.serve.name, "train_profile": t.train.name,
+    target = t.inputs.target
+    return {"ok": t.ok, "server": args.server, "serve_profile": t.serve.name, "train": t.inputs.trained.name,
+            "train_ids": t.inputs.trained.ids and list(t.inputs.trained.ids),
+            "target": {"model": target.name, "chosen": target.chosen, "hidden_size": target.real.hidden_size,
+                       "num_hidden_layers": target.real.num_hidden_layers,
+                       "stand_in": target.standin and target.standin.shrunk},
             "tp": t.served.tp, "gpu": t.served.gpu.value, "model": args.model, "num_layers": t.replay.num_layers,
             "served_mode": {"mode": t.mode.mode.to_dict(), "capture_strategy": t.mode.strategy.value, "why": t.mode.why},
             "align": t.align.to_dict(), "check": None if t.check is None else t.check.to_dict(),
@@ -91,9 +118,13 @@ def to_dict(t: Triage, args) -> dict:
 
 
 def print_triage(t: Triage, args) -> None:
-    s = t.served
-    say(f"tpsim triage: {args.draft_config} served by {t.serve.name} ({t.serve.versions.text()}) at TP={s.tp} on "
-        f"{s.gpu.value}, trained by {t.train.name}; target {args.model} ({t.replay.num_layers} layers)")
+    s, target = t.served, t.inputs.target
+    say(f"tpsim triage: {args.draft_config} served by {args.server} at TP={s.tp} on {s.gpu.value}, trained by "
+        f"{t.inputs.trained.name}; target {target.name} ({t.replay.num_layers} layers, hidden_size "
+        f"{target.real.hidden_size}{': ' + target.chosen if target.chosen else ''})")
+    say(f"{args.server} runs the code of profile {t.serve.name} ({t.serve.versions.text()})")
+    if target.standin is not None:
+        say(target.standin.line(target.name, s.tp))
     say(f"served mode: {t.mode.mode.name}, capture strategy {t.mode.strategy} ({'; '.join(t.mode.why)})")
     say(f"train captures {', '.join(map(str, (p for p in t.align.train.positions if p))) or 'nothing'}; "
         f"serve captures {', '.join(map(str, t.replay.positions)) or 'nothing'}")
@@ -110,5 +141,7 @@ def print_triage(t: Triage, args) -> None:
         for src in f.sources:
             say(f"  source: {src}")
         say(f"  fix: {f.fix}")
+        if f.replayed:
+            say("  fix replayed: the finding clears, and no other appears")
     say()
     say("VERDICT: nothing found" if t.ok else f"VERDICT: {len(t.findings)} finding{'s' * (len(t.findings) > 1)}")

@@ -24,6 +24,7 @@ class Kind(Enum):
     GRAPH_IDS = "CUDA-graphed batches capture other ids"
     ENGINE_REFUSES = "the engine refuses this launch at start-up"
     PIPELINE = "pipeline parallelism moves or drops slots"
+    IDS_CHANGED = "the config's ids were changed after training"
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,14 @@ class Finding:
     cause: str
     sources: list[str]
     fix: str
+    replayed: bool = False  # triage applied the fix, re-ran the same replay and saw the finding clear
 
     def __str__(self) -> str:
         return f"{self.cause}; fix: {self.fix}"
 
     def to_dict(self) -> dict:
         return {"kind": self.kind.name.lower().replace("_", "-"), "title": self.kind.value, "cause": self.cause,
-                "sources": self.sources, "fix": self.fix}
+                "sources": self.sources, "fix": self.fix, "fix_replayed": self.replayed}
 
 
 def findings(rep: Replay, hidden: int | None = None) -> list[str]:

@@ -1,0 +1,151 @@
+"""Every fix triage prints is one it has replayed: the fix as a change to the triage's inputs (ids
+written where the server reads them, capture turned back on, another engine version, no pipeline
+stages), applied, and the same triage run again. A fix is printed when its finding clears and no
+finding of a new kind appears; otherwise the output says what the replay showed instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from tpsim.app.run_options import PP_FLAGS, PipelineAsk
+from tpsim.app.triage import Inputs, Triage, triage
+from tpsim.offline.align import KEY, DraftConfig
+from tpsim.parallel.torchrun import under_torchrun
+from tpsim.profiles.draft import read_ids, write_ids_hint
+from tpsim.profiles.findings import Finding, Kind
+from tpsim.profiles.profile import EmbedId, GraphIds, Profile
+from tpsim.profiles.registry import later_profiles
+from tpsim.profiles.replay import replay
+from tpsim.profiles.served import fixed_in
+from tpsim.offline.sides import ids_capturing
+
+IDS_KINDS = (Kind.ENGINE_FAILS, Kind.DROPPED_SLOT, Kind.KEY_FALLBACK, Kind.MISALIGNED, Kind.IDS_CHANGED)
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """A fix as what it changes (None / False: unchanged)."""
+
+    text: str
+    ids: tuple[int, ...] | None = None  # written, as the (new) server numbers them, at the key it reads first
+    server: Profile | None = None
+    capture_on: bool = False  # eagle_config.use_aux_hidden_state: false removed
+    pp_off: bool = False
+
+    def apply(self, inputs: Inputs) -> Inputs:
+        serve = self.server or inputs.serve
+        raw = json.loads(json.dumps(inputs.draft.raw))
+        if self.capture_on:
+            raw.get("eagle_config", {}).pop("use_aux_hidden_state", None)
+        if self.ids is not None:
+            _write(raw, serve, list(self.ids))
+        eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+        draft = DraftConfig(inputs.draft.path, eagle.get(KEY), raw.get(KEY), raw)
+        request = inputs.request
+        if self.server is not None:
+            request = dataclasses.replace(request, ids=dataclasses.replace(request.ids, server=self.server.name))
+        if self.pp_off:
+            request = dataclasses.replace(request, pipeline=PipelineAsk())
+        return dataclasses.replace(inputs, serve=serve, draft=draft, request=request)
+
+
+def _write(raw: dict, profile: Profile, ids: list[int]) -> None:
+    key = profile.behaviour.config.value.keys[0]
+    at = raw
+    for k in key.path[:-1]:
+        at = at.setdefault(k, {})
+    at[key.path[-1]] = [j - key.shift for j in ids]
+
+
+def replay_fixes(t: Triage) -> None:
+    """Each finding's fix applied and replayed; the finding keeps it only when it clears and opens nothing
+    new (`Finding.replayed`), else its fix says what the replay showed."""
+    if under_torchrun():  # a replay runs the check again: every rank would have to follow rank 0's findings
+        t.findings = [dataclasses.replace(f, fix=f"{f.fix} (not replayed under torchrun: run triage without "
+                                                  "torchrun to replay it)") for f in t.findings]
+        return
+    kinds = {f.kind for f in t.findings}
+    tried: dict[str, Triage] = {}
+    out = []
+    for f in t.findings:
+        said = []
+        for remedy in remedies_for(t, f):
+            if remedy.text not in tried:
+                tried[remedy.text] = triage(remedy.apply(t.inputs))
+            after = tried[remedy.text]
+            new = sorted({g.kind.value for g in after.findings} - {k.value for k in kinds})
+            if any(g.kind is f.kind for g in after.findings):
+                said.append(f"{remedy.text}: the finding stays")
+            elif new:
+                said.append(f"{remedy.text}: clears it and opens {'; '.join(new)}")
+            else:
+                out.append(dataclasses.replace(f, fix=remedy.text, replayed=True))
+                break
+        else:
+            out.append(dataclasses.replace(f, fix="none that tpsim replayed clears it" +
+                                           (f" (tried: {'; '.join(said)})" if said else "")))
+    t.findings = out
+
+
+def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
+    """The changes that should clear `f`, the least disruptive first."""
+    L = t.replay.num_layers
+    if f.kind is Kind.KEY_FALLBACK:  # the ids the config holds at a key the server never reads, as training read them
+        meant = replay(t.train, t.config.ignored, L)
+        return _some(_ids(t, t.serve, meant.positions, t.config.ignored, "what the config's ids name"))
+    if f.kind in IDS_KINDS:
+        out = _some(_ids(t, t.serve, _wanted(t)))
+        if f.kind is Kind.ENGINE_FAILS and t.replay.crashed:  # a version that captures the embedding
+            out += [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.embed.value
+                                                   is EmbedId.CAPTURED)]
+        return out
+    if f.kind is Kind.CAPTURE_OFF:  # and, where the server reads the ids elsewhere, written there too
+        on = "remove use_aux_hidden_state: false from eagle_config"
+        return [Remedy(on, capture_on=True)] + [dataclasses.replace(r, text=f"{on}, and {r.text}", capture_on=True)
+                                                for r in _some(_ids(t, t.serve, _wanted(t)))]
+    if f.kind is Kind.SERVED_MODE:
+        return [_upgrade(t, q) for q in _some(fixed_in(t.serve, later_profiles(t.serve), t.mode))]
+    if f.kind is Kind.GRAPH_IDS:
+        return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.graphs is not None and
+                                               q.behaviour.graphs.value is GraphIds.CONFIG)]
+    if f.kind in (Kind.PIPELINE, Kind.ENGINE_REFUSES):
+        return [Remedy(f"serve without pipeline parallelism ({PP_FLAGS.get(t.serve.engine, '--pp')} 1)", pp_off=True)]
+    return []
+
+
+def _some(x) -> list:
+    return [] if x is None else [x]
+
+
+def _first(profiles: list[Profile], ok) -> list[Profile]:
+    return next(([q] for q in profiles if ok(q)), [])
+
+
+def _wanted(t: Triage):
+    train = t.align.train
+    return list(train.positions) if train.resolved and train.positions else None
+
+
+def _ids(t: Triage, serve: Profile, want, prefer: list[int] | None = None,
+         what: str = "what training captured") -> Remedy | None:
+    """Write the ids with which `serve` captures `want`, at the key it reads."""
+    if not want or not serve.behaviour.config.value.keys:  # ids hard-coded in the engine: nothing to write
+        return None
+    ids = ids_capturing(serve, want, t.replay.num_layers, prefer=prefer)
+    if ids is None:
+        return None
+    return Remedy(f"{write_ids_hint(serve, ids)} (captures {', '.join(map(str, want))}, {what})", tuple(ids))
+
+
+def _upgrade(t: Triage, later: Profile) -> Remedy:
+    """Serve with `later`, and write the ids it needs where the config's ids would capture other tensors there."""
+    text = f"serve with {later.name.split(':')[0]} or later ({later.versions.since.label})"
+    want, L = _wanted(t), t.replay.num_layers
+    now = replay(later, read_ids(later, t.inputs.draft.raw).ids, L)
+    ids = None if want is None or (now.failure is None and now.positions == want) or \
+        not later.behaviour.config.value.keys else ids_capturing(later, want, L)
+    if ids is None:
+        return Remedy(text, server=later)
+    return Remedy(f"{text}, and {write_ids_hint(later, ids)}", tuple(ids), server=later)

@@ -1,0 +1,72 @@
+"""Which target a draft is triaged against: `--model`, else the built-in the draft's own config names
+(its `target_hidden_size` or `hidden_size`, its `vocab_size`), and, when that target is too big to
+run here, the stand-in that replays it (tpsim.config.standin)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tpsim.base.errors import UsageError
+from tpsim.config.loader import BUILTIN_CONFIGS, builtin_names, load_config
+from tpsim.config.model import ModelConfig
+from tpsim.config.standin import StandIn, stand_in
+from tpsim.model.decoder import shard_bytes
+from tpsim.offline.align import DraftConfig
+from tpsim.run.spec import DEFAULT_MODEL, ModelSource
+
+STAND_IN_ABOVE = 1 << 30  # float32 bytes of the whole target: above this, a stand-in replays it (a laptop's budget)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    source: ModelSource  # what the ranks run (the stand-in's config where there is one)
+    real: ModelConfig  # the target's own config: the widths findings quote
+    chosen: str | None = None  # why this target, when the draft named it
+    standin: StandIn | None = None
+
+
+def draft_width(draft: DraftConfig) -> tuple[int | None, str]:
+    """The hidden size the draft's fc was built for, and the key it came from."""
+    for key in ("target_hidden_size", "hidden_size"):
+        v = draft.raw.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v, key
+    return None, ""
+
+
+def target_for(draft: DraftConfig, model: str | None, overrides: list[str], tp: int) -> Target:
+    """The target named by --model (checked against the draft's width) or by the draft's own config."""
+    width, key = draft_width(draft)
+    chosen = None
+    if model is None:
+        model, chosen = _named_by_draft(draft, width, key)
+    src = ModelSource.load(model, overrides, [])
+    if width is not None and src.cfg.hidden_size != width:
+        raise UsageError(f"--draft-config {draft.path} was built for a target of hidden size {width} ({key}), and "
+                         f"--model {model} has hidden_size {src.cfg.hidden_size}; name the draft's target with --model")
+    if src.checkpoint is None and shard_bytes(src.cfg, 1, torch.float32) > STAND_IN_ABOVE:
+        small = stand_in(src.cfg, tp)
+        return Target(model, ModelSource(model, small.cfg), src.cfg, chosen, small)
+    return Target(model, ModelSource.load(model, overrides, sorted({1, tp})), src.cfg, chosen)
+
+
+def _named_by_draft(draft: DraftConfig, width: int | None, key: str) -> tuple[str, str | None]:
+    if width is None:
+        return DEFAULT_MODEL, None
+    vocab = draft.raw.get("vocab_size")
+    fits = [n for n in builtin_names() if _fits(load_config(BUILTIN_CONFIGS / f"{n}.yaml"), width, vocab)]
+    if DEFAULT_MODEL in fits:  # the drafts shipped with tpsim are the tiny built-in's
+        return DEFAULT_MODEL, None
+    said = f"{key} {width}" + (f" and vocab_size {vocab}" if isinstance(vocab, int) else "")
+    if len(fits) != 1:
+        which = f"fits {', '.join(fits)}" if fits else "fits no built-in target"
+        raise UsageError(f"--draft-config {draft.path}: its {said} {which}; name the target with --model (a built-in, "
+                         "or the target's config.json or checkpoint directory)")
+    return fits[0], f"the built-in whose hidden_size and vocab_size match the draft's {said}; --model names another"
+
+
+def _fits(cfg: ModelConfig, width: int, vocab) -> bool:
+    return cfg.hidden_size == width and (not isinstance(vocab, int) or cfg.vocab_size == vocab)
