@@ -115,7 +115,7 @@ def test_capture_turned_off(tmp_path):
     assert code == 1 and f["kind"] == "capture-off" and f["fix_replayed"], f
     # vLLM reads its ids from the top level: turning capture on alone falls back to its default
     assert f["fix"] == 'remove use_aux_hidden_state: false from eagle_config, and write ' \
-        '"eagle_aux_hidden_state_layer_ids": [1, 3, 5] in the draft config (the top level, which ' \
+        '"eagle_aux_hidden_state_layer_ids": [2, 4, 6] in the draft config (the top level, which ' \
         'vllm@0.30.0:deepseek_v2 reads first) (captures out(1), out(3), out(5), what training captured)', f["fix"]
     assert "the check runs on the positions training used (out(1), out(3), out(5))" in rep["notes"][0]
 
