@@ -34,6 +34,10 @@ class Remedy:
     capture_on: bool = False  # eagle_config.use_aux_hidden_state: false removed
     pp_off: bool = False
 
+    def to_dict(self) -> dict:
+        return {"text": self.text, "ids": self.ids and list(self.ids), "server": self.server and self.server.name,
+                "capture_on": self.capture_on, "pp_off": self.pp_off}
+
     def apply(self, inputs: Inputs) -> Inputs:
         serve = self.server or inputs.serve
         raw = json.loads(json.dumps(inputs.draft.raw))
@@ -82,6 +86,7 @@ def replay_fixes(t: Triage) -> None:
                 said.append(f"{remedy.text}: clears it and opens {'; '.join(new)}")
             else:
                 out.append(dataclasses.replace(f, fix=remedy.text, replayed=True))
+                t.fixes[len(out) - 1] = remedy
                 break
         else:
             out.append(dataclasses.replace(f, fix="none that tpsim replayed clears it" +

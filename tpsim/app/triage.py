@@ -62,6 +62,7 @@ class Triage:
     check: CheckReport | None  # None: nothing to run (no position to check)
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    fixes: dict = field(default_factory=dict)  # finding index -> the replayed change (tpsim.app.remedies.Remedy)
 
     @property
     def ok(self) -> bool:

@@ -114,7 +114,8 @@ def to_dict(t: Triage, args) -> dict:
             "tp": t.served.tp, "gpu": t.served.gpu.value, "model": args.model, "num_layers": t.replay.num_layers,
             "served_mode": {"mode": t.mode.mode.to_dict(), "capture_strategy": t.mode.strategy.value, "why": t.mode.why},
             "align": t.align.to_dict(), "check": None if t.check is None else t.check.to_dict(),
-            "findings": [f.to_dict() for f in t.findings], "notes": t.notes}
+            "findings": [{**f.to_dict(), "change": t.fixes[i].to_dict() if i in t.fixes else None}
+                         for i, f in enumerate(t.findings)], "notes": t.notes}
 
 
 def print_triage(t: Triage, args) -> None:
