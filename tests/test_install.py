@@ -93,3 +93,14 @@ def test_the_source_fingerprints_come_with_the_wheel(installed):
             "print(TABLE_PATH, len(builtin_table().rows()))"], cwd)
     path, rows = r.stdout.split()
     assert r.returncode == 0 and "/tpsim/builtin/" in path and str(ROOT) not in path and int(rows) > 0, r
+
+
+def test_the_readme_story_runs_from_the_wheel(installed):
+    """Issue 35's done-when: the README's triage command, from a wheel installed outside the repository (the
+    draft by its built-in name, DeepSeek-V3 on a stand-in at TP 8)."""
+    from test_triage import readme_triage
+    tpsim, elsewhere = installed
+    r = sh([tpsim, *readme_triage()], elsewhere)
+    assert r.returncode == 1, r.stderr
+    assert "the config's ids were changed after training" in r.stdout and "target deepseek-v3 (61 layers" in r.stdout
+    assert "which training never captured" in r.stdout and "fix replayed: the finding clears" in r.stdout

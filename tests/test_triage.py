@@ -37,8 +37,12 @@ def kinds(report: dict) -> list[str]:
     return [f["kind"] for f in report["findings"]]
 
 
-def test_readme_example_finds_the_served_mode_bug_and_the_key_fallback():
-    r = run_cli(*readme_triage())
+KEY_FALLBACK_EXAMPLE = ["triage", "--draft-config", "configs/drafts/ids-at-top-level.json", "--server",
+                        "sglang@0.5.12:deepseek_v3", "--tp", "8"]  # docs/triage.md's worked example
+
+
+def test_docs_example_finds_the_served_mode_bug_and_the_key_fallback():
+    r = run_cli(*KEY_FALLBACK_EXAMPLE)
     assert r.returncode == 1, r
     out = r.stdout
     assert "FINDING 1: config key fallback" in out and "FINDING 2: the served mode breaks the capture" in out

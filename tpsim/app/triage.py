@@ -6,6 +6,7 @@ replayed (tpsim.app.remedies)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from tpsim.app.check import run_check
@@ -17,8 +18,9 @@ from tpsim.profiles.conventions import Convention
 from tpsim.profiles.draft import ConfigIds, write_ids_hint
 from tpsim.profiles.findings import Finding, Kind, replay_findings
 from tpsim.profiles.resolution import resolution
-from tpsim.profiles.profile import GraphIds, Profile, Served
-from tpsim.profiles.registry import later_profiles
+from tpsim.capture.positions import PositionKind
+from tpsim.profiles.profile import GraphIds, Patch, Profile, Served
+from tpsim.profiles.registry import later_profiles, patched
 from tpsim.profiles.replay import Replay, replay
 from tpsim.profiles.served import ServedMode, fixed_in, served_mode
 from tpsim.offline.sides import align_profiles, ids_capturing, side_from_config
@@ -127,7 +129,8 @@ def assess(t: Triage, hidden: int) -> None:
                                   "remove use_aux_hidden_state: false from eagle_config (an EAGLE-3 draft needs "
                                   "the aux hidden states)"))
         return
-    t.findings += replay_findings(rep, hidden)
+    t.findings += [_with_patch(t, f) if f.kind is Kind.ENGINE_FAILS and rep.crashed else f
+                   for f in replay_findings(rep, hidden)]
     t.findings += _ids_changed(t)
     t.findings += _fallbacks(t)
     t.findings += _misaligned(t)
@@ -135,6 +138,18 @@ def assess(t: Triage, hidden: int) -> None:
     t.findings += [Finding(Kind.PIPELINE, *_cause_fix(f, t.serve))
                    for f in (t.check.resolution.findings if t.check is not None else []) if f.startswith("pipeline")]
     t.findings += _graphs(t)
+
+
+def _with_patch(t: Triage, f: Finding) -> Finding:
+    """A crash on an embedding id, and what the same ids feed the draft on a server patched to run them."""
+    if t.serve.patch is not None or "+embed" not in f.cause:
+        return f
+    rep = replay(patched(t.serve, Patch.EMBED.value, f"{t.serve.released}+embed"), t.config.ids, t.replay.num_layers)
+    embed = [i for i, p in enumerate(rep.positions) if p.kind is PositionKind.EMBED]
+    if not embed or any(p is not None and p.kind is PositionKind.EMBED for p in t.align.train.positions):
+        return f
+    return dataclasses.replace(f, cause=f"{f.cause}; patched, slot {embed[0]} feeds the draft the embedding output, "
+                                        "which training never captured")
 
 
 def _ids_changed(t: Triage) -> list[Finding]:

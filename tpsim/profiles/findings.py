@@ -61,7 +61,7 @@ def replay_findings(rep: Replay, hidden: int | None = None) -> list[Finding]:
     sources = [str(p.behaviour.embed.source if embed else p.behaviour.out_of_range.source)]
     out = []
     if rep.crashed or rep.refused:
-        out.append(Finding(kind, rep.failure, sources, _crash_fix(rep)))
+        out.append(Finding(kind, rep.failure + _patched_hint(rep), sources, _crash_fix(rep)))
     for s in rep.dropped:
         width = "" if hidden is None else f"; the capture is {rep.width_text(hidden)}"
         out.append(Finding(kind, f"slot {s.index}: id {s.id} becomes internal id {s.internal}, which {p.name}'s "
@@ -84,6 +84,16 @@ def _dropped_fix(rep: Replay, s: Slot) -> str:
     hint = f"; {later[0].name} reaches it (id {ids_for_position(later[0], meant, L)})" if later else ""
     return (f"{meant} is unreachable in {p.name}; the last position it reaches is {last} "
             f"(id {ids_for_position(p, last, L)}){hint}")
+
+
+def _patched_hint(rep: Replay) -> str:
+    """Where the engine crashes on an embedding id: a server that runs with it was patched, and how to say so."""
+    p = rep.profile
+    if not rep.crashed or p.patch is not None or not any(q.behaviour.embed.value is EmbedId.CAPTURED
+                                                         for q in later_profiles(p)):
+        return ""
+    return (f"; a server that runs with these ids was patched to capture the embedding: replay it with "
+            f"--server {p.released}+embed")
 
 
 def _crash_fix(rep: Replay) -> str:

@@ -330,7 +330,7 @@ def unverified(server: str, model_type: str, table: Table | None = None) -> Unve
     """What a replay with `--server` at a release whose cited code changed since it was read must say;
     None when nothing it cites changed (or the version is not a release with fingerprints)."""
     profile = registry.lookup(server, model_type)
-    version = server.strip().partition(":")[0].partition("@")[2].strip()
+    version = server.strip().partition("+")[0].partition(":")[0].partition("@")[2].strip()
     release = release_named(profile.engine, version)
     if release is None:
         return None

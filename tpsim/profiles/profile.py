@@ -89,6 +89,12 @@ class EmbedId(Enum):
     UNREACHABLE = "no id reaches it"
 
 
+class Patch(Enum):
+    """A local patch of a release that people run and name (`--server sglang@0.5.12+embed`)."""
+
+    EMBED = "embed"  # the capture loop's residual-None case guarded: id -1 captures the embedding output
+
+
 class OutOfRange(Enum):
     """What an id whose layer the capture loop never reaches does."""
 
@@ -316,7 +322,8 @@ class Versions:
 
 @dataclass(frozen=True)
 class Profile:
-    """One engine, one set of model files, one version interval, and what it does."""
+    """One engine, one set of model files, one version interval, and what it does (`patch`: a local patch
+    of that release the user named, e.g. `+embed`)."""
 
     engine: str
     models: tuple[str, ...]  # model_type values (config.json) this model file serves
@@ -324,10 +331,16 @@ class Profile:
     versions: Versions
     behaviour: Behaviour
     notes: tuple[str, ...] = ()
+    patch: Patch | None = None
 
     @property
     def name(self) -> str:
-        """`ENGINE[@VERSION]:FAMILY`, as --server and --train take it (VERSION: where it starts)."""
+        """`ENGINE[@VERSION]:FAMILY[+PATCH]`, as --server and --train take it (VERSION: where it starts)."""
+        return self.released + (f"+{self.patch.value}" if self.patch else "")
+
+    @property
+    def released(self) -> str:
+        """The name of the code as released (without the patch)."""
         edge, later = self.versions.since, self.versions.until
         start = edge.release or edge.merged if edge else ("oldest" if later else None)
         return f"{self.engine}{f'@{start}' if start else ''}:{self.family}"

@@ -7,6 +7,7 @@ a release when the profile names that release, else when it was merged before th
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from datetime import date
@@ -14,7 +15,7 @@ from datetime import date
 from tpsim.base.errors import UsageError
 from tpsim.config.families import BY_MODEL_TYPE
 from tpsim.profiles import sglang, trainers, vllm
-from tpsim.profiles.profile import Change, Line, Profile
+from tpsim.profiles.profile import Change, Cited, EmbedId, Line, Patch, Profile
 
 LINES: tuple[Line, ...] = (*sglang.LINES, *vllm.LINES, *trainers.LINES)
 RELEASES: dict[str, dict[str, date]] = {"sglang": sglang.RELEASES, "vllm": vllm.RELEASES,
@@ -96,9 +97,12 @@ def _when(engine: str, text: str) -> When:
 
 
 def lookup(text: str, model_type: str) -> Profile:
-    """`ENGINE[@VERSION][:MODEL]` -> its profile; MODEL defaults to `model_type` (the target's)."""
+    """`ENGINE[@VERSION][:MODEL][+PATCH]` -> its profile; MODEL defaults to `model_type` (the target's)."""
     if text != text.strip() or " " in text:  # a quoting slip: say so rather than guess
         raise UsageError(f"profile {text!r} holds a space; write ENGINE[@VERSION][:MODEL], e.g. sglang@0.5.12")
+    base, plus, patch = text.partition("+")
+    if plus:
+        return patched(lookup(base, model_type), patch, text)
     spec, _, model = text.partition(":")
     engine, at, version = spec.partition("@")
     if at and not version:
@@ -133,9 +137,29 @@ def lookup(text: str, model_type: str) -> Profile:
     raise AssertionError("the oldest profile has no opening change")
 
 
+def patched(p: Profile, patch: str, text: str) -> Profile:
+    """`p` with a local patch: `+embed`, the residual-None case of the capture loop guarded as a later release
+    of the same model file guards it (that release's code is cited as the patch's shape)."""
+    if patch not in {x.value for x in Patch}:
+        raise UsageError(f"profile {text!r}: unknown patch +{patch}; tpsim knows +embed (a release that crashes on "
+                         "an embedding id, patched to capture the embedding output)")
+    if p.behaviour.embed.value is not EmbedId.CRASHES:
+        raise UsageError(f"profile {text!r}: {p.name} does not crash on an embedding id ({p.behaviour.embed.value.value}), "
+                         "so there is nothing for +embed to patch; drop +embed")
+    fixed = next((q for q in later_profiles(p) if q.behaviour.embed.value is EmbedId.CAPTURED), None)
+    if fixed is None:
+        raise UsageError(f"profile {text!r}: no later {p.engine} release of this model file captures the embedding, "
+                         "so tpsim has no shape for this patch; drop +embed")
+    shape = dataclasses.replace(fixed.behaviour.embed.source,
+                                note=f"the shape of the local patch: the residual-None case guarded as {fixed.name} "
+                                     f"guards it (code {p.name} did not ship)")
+    return dataclasses.replace(p, behaviour=dataclasses.replace(p.behaviour, embed=Cited(EmbedId.CAPTURED, shape)),
+                               patch=Patch.EMBED)
+
+
 def serving(text: str, model_type: str) -> Profile:
     """`lookup` for --server: an engine that serves the draft, not a trainer."""
-    named = text.partition(":")[0].partition("@")[0]
+    named = text.partition("+")[0].partition(":")[0].partition("@")[0]
     engine = ALIASES.get(named, named)
     if engine in TRAINERS:
         raise UsageError(f"--server {text}: {engine} trains drafts, it serves none; give the serving engine "
@@ -167,4 +191,4 @@ def later_profiles(p: Profile) -> list[Profile]:
     """The profiles of the same engine and model file after `p`, oldest first."""
     line = next(ln for ln in LINES if ln.engine == p.engine and ln.family == p.family)
     every = line.profiles()
-    return every[[q.name for q in every].index(p.name) + 1:]
+    return every[[q.name for q in every].index(p.released) + 1:]
