@@ -230,7 +230,7 @@ def test_pp_refusal_is_replayed_and_nothing_written(tmp_path):
     out = tmp_path / "cap.safetensors"
     spec = ["--server", "vllm@0.33.0:deepseek_v2", "--pp", "2", "--tp", "1"]
     runs = run_clis({"check": ["check", *spec, "--seq-len", "4"], "capture": ["capture", *spec, "--out", str(out)],
-                     "triage": ["triage", *spec, "--draft-config", "configs/scenarios/align-default-fallback.json",
+                     "triage": ["triage", *spec, "--draft-config", "configs/scenarios/align-default-fallback.json", "--model", "deepseek-v3",
                                 "--json"]})
     text = "ValueError: DeepseekV2ForCausalLM does not support eagle3 with pipeline parallelism"
     assert runs["check"].returncode == 1 and text in runs["check"].stdout, runs["check"]
@@ -241,4 +241,5 @@ def test_pp_refusal_is_replayed_and_nothing_written(tmp_path):
     t = runs["triage"]
     assert t.returncode == 1, t
     (f,) = json.loads(t.stdout)["findings"]
-    assert f["kind"] == "engine-refuses" and text in f["cause"] and json.loads(t.stdout)["check"] is None
+    v3 = text.replace("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")  # the draft's 7168 wide: triaged on DeepSeek-V3
+    assert f["kind"] == "engine-refuses" and v3 in f["cause"] and json.loads(t.stdout)["check"] is None

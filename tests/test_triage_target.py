@@ -93,3 +93,21 @@ def test_the_readme_story_edited_ids_on_deepseek_v3_at_tp8():
     assert by["ids-changed"]["fix_replayed"] and by["ids-changed"]["change"]["ids"] == [1, 29, 57]
     assert json.dumps(ids_fix)[1:-1] in by["ids-changed"]["fix"]
     assert by["served-mode"]["fix_replayed"] and by["served-mode"]["change"]["server"] == "sglang@0.5.14:deepseek_v3"
+
+
+@pytest.mark.parametrize("layers,words", [
+    ("2", ["sglang's default ids [2, 1, -1] for 2 layers: the config names none"]),
+    ("4", ["ids [2, 2, 1] name out(1) more than once on 4 layers", "the capture is 2 x 7168 = 14336"]),
+])
+def test_a_truncation_flags_the_default_ids_it_breaks(tmp_path, layers, words):
+    """Truncating a full-size target: the engine's default ids (the config names none) crash, drop or collapse
+    on few layers; each is a finding that says the ids were the default, in the real config's widths."""
+    raw = {k: v for k, v in V3_DRAFT.items() if k != "eagle_config"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    r = run_cli("triage", "--draft-config", str(path), "--server", "sglang@0.5.12", "--tp", "2",
+                "--override", f"num_hidden_layers={layers}", "--json")
+    assert r.returncode == 1, r
+    causes = " ".join(f["cause"] for f in json.loads(r.stdout)["findings"] if f["kind"] == "dropped-slot")
+    for w in words:
+        assert w in causes, causes

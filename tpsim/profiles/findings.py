@@ -60,14 +60,23 @@ def replay_findings(rep: Replay, hidden: int | None = None) -> list[Finding]:
     embed = any(s.fate is Fate.CRASHES for s in rep.slots)
     sources = [str(p.behaviour.embed.source if embed else p.behaviour.out_of_range.source)]
     out = []
+    given = (f" ({p.engine}'s default ids {rep.ids} for {L} layers: the config names none)" if rep.used_default
+             else "")
     if rep.crashed or rep.refused:
-        out.append(Finding(kind, rep.failure + _patched_hint(rep), sources, _crash_fix(rep)))
+        out.append(Finding(kind, rep.failure + given + _patched_hint(rep), sources, _crash_fix(rep)))
     for s in rep.dropped:
         width = "" if hidden is None else f"; the capture is {rep.width_text(hidden)}"
         out.append(Finding(kind, f"slot {s.index}: id {s.id} becomes internal id {s.internal}, which {p.name}'s "
                            f"capture loop (layers 0..{L - 1}"
                            f"{', and after the last' if p.behaviour.last_boundary.value else ''}) never reaches: "
-                           f"the slot is silently missing{width}", sources, _dropped_fix(rep, s)))
+                           f"the slot is silently missing{width}{given}", sources, _dropped_fix(rep, s)))
+    merged = [s for s in rep.slots if s.fate is Fate.MERGED]
+    if merged and not rep.failure:
+        width = "" if hidden is None else f": the capture is {rep.width_text(hidden)}"
+        out.append(Finding(Kind.DROPPED_SLOT, f"slot{'s' * (len(merged) > 1)} {', '.join(str(s.index) for s in merged)}: "
+                           f"ids {rep.ids} name {merged[0].position} more than once on {L} layers and {p.name} "
+                           f"captures a repeated boundary once{width}{given}",
+                           [str(p.behaviour.duplicates.source)], "give ids that name distinct layers"))
     return out
 
 
