@@ -111,3 +111,11 @@ def test_a_truncation_flags_the_default_ids_it_breaks(tmp_path, layers, words):
     causes = " ".join(f["cause"] for f in json.loads(r.stdout)["findings"] if f["kind"] == "dropped-slot")
     for w in words:
         assert w in causes, causes
+
+
+def test_a_speculators_draft_names_its_verifier():
+    """hidden_size 4096 fits three built-ins; the speculators format's verifier architectures pick one."""
+    raw = {"hidden_size": 4096, "speculators_config": {"verifier": {"architectures": ["LlamaForCausalLM"]}}}
+    assert target_for(draft(raw), None, [], 2).name == "llama-3.1-8b"
+    with pytest.raises(UsageError, match="fits llama-3.1-8b, qwen3-235b-a22b, qwen3-8b"):
+        target_for(draft({"hidden_size": 4096}), None, [], 2)

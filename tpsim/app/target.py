@@ -1,5 +1,6 @@
 """Which target a draft is triaged against: `--model`, else the built-in the draft's own config names
-(its `target_hidden_size` or `hidden_size`, its `vocab_size`), and, when that target is too big to
+(its `target_hidden_size` or `hidden_size`, its `vocab_size`, the verifier architectures a speculators-format
+config names), and, when that target is too big to
 run here, the stand-in that replays it (tpsim.config.standin)."""
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ def _named_by_draft(draft: DraftConfig, width: int | None, key: str) -> tuple[st
     if width is None:
         return DEFAULT_MODEL, None
     vocab = draft.raw.get("vocab_size")
-    fits = [n for n in builtin_names() if _fits(load_config(BUILTIN_CONFIGS / f"{n}.yaml"), width, vocab)]
+    arch = _verifier_architectures(draft.raw)
+    fits = [n for n in builtin_names() if _fits(load_config(BUILTIN_CONFIGS / f"{n}.yaml"), width, vocab, arch)]
     if DEFAULT_MODEL in fits:  # the drafts shipped with tpsim are the tiny built-in's
         return DEFAULT_MODEL, None
-    said = f"{key} {width}" + (f" and vocab_size {vocab}" if isinstance(vocab, int) else "")
+    said = f"{key} {width}" + (f" and vocab_size {vocab}" if isinstance(vocab, int) else "") + \
+        (f" and verifier {', '.join(arch)}" if arch else "")
     if len(fits) != 1:
         which = f"fits {', '.join(fits)}" if fits else "fits no built-in target"
         raise UsageError(f"--draft-config {draft.path}: its {said} {which}; name the target with --model (a built-in, "
@@ -68,5 +71,14 @@ def _named_by_draft(draft: DraftConfig, width: int | None, key: str) -> tuple[st
     return fits[0], f"the built-in whose hidden_size and vocab_size match the draft's {said}; --model names another"
 
 
-def _fits(cfg: ModelConfig, width: int, vocab) -> bool:
-    return cfg.hidden_size == width and (not isinstance(vocab, int) or cfg.vocab_size == vocab)
+def _verifier_architectures(raw: dict) -> list[str]:
+    """The target's architectures where the draft names them (the speculators format's verifier)."""
+    verifier = (raw.get("speculators_config") or {}).get("verifier") if isinstance(raw.get("speculators_config"),
+                                                                                     dict) else None
+    archs = verifier.get("architectures") if isinstance(verifier, dict) else None
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+
+
+def _fits(cfg: ModelConfig, width: int, vocab, arch: list[str]) -> bool:
+    return cfg.hidden_size == width and (not isinstance(vocab, int) or cfg.vocab_size == vocab) and \
+        (not arch or cfg.family.model_types.get(cfg.model_type) in arch)

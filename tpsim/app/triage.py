@@ -220,9 +220,14 @@ def _served_mode(t: Triage) -> list[Finding]:
     later = fixed_in(t.serve, later_profiles(t.serve), t.mode)
     fix = (f"{_upgrade(later)} captures the whole reduced stream in this mode" if later else
            "no version tpsim knows captures the whole stream in this mode")
+    real, n = t.inputs.target.real, len(t.check.spec.positions)
+    width = "" if t.inputs.target.standin is None else \
+        f" (at the real widths: each captured state is {real.hidden_size} wide, {n} x {real.hidden_size} = " \
+        f"{n * real.hidden_size} per token into the draft's fc, each rank's 1/{t.served.tp} shard " \
+        f"{real.hidden_size // t.served.tp} wide)"
     return [Finding(Kind.SERVED_MODE,
                     f"{'; '.join(t.mode.why)}; replayed as mode {t.mode.mode.name}, capture strategy "
-                    f"{t.mode.strategy}: {fails}", [str(c.source) for c in t.mode.decided_by], fix)]
+                    f"{t.mode.strategy}: {fails}{width}", [str(c.source) for c in t.mode.decided_by], fix)]
 
 
 def _grouped(failures: list[Failure]) -> list[str]:
