@@ -2,7 +2,7 @@
 at TP 1,2,4,8 (what `make check` runs), against a bare `python -c "import torch"` timed beside it.
 
 Whole commands, each a fresh process (median of --repeats): `python -c "import torch"`,
-`python -c "import tpsim.cli"`, `tpsim check` (ranks forked from the launcher), the same with
+`python -c "import tpsim.cli.main"`, `tpsim --help`, `tpsim triage --help`, `tpsim check` (ranks forked from the launcher), the same with
 TPSIM_RANK_START=forkserver (ranks forked from a fork server that imports torch and tpsim once),
 `make check` (the venv already built); `tpsim check` and `make check` each once right after
 dropping the page cache (cold; when this user may write /proc/sys/vm/drop_caches), then warm.
@@ -68,7 +68,9 @@ def commands(repeats: int, cold: bool, baseline: str | None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     py, tpsim = sys.executable, str(Path(sys.executable).with_name("tpsim"))
     cmds = {"python -c 'import torch'": [py, "-c", "import torch"],
-            "python -c 'import tpsim.cli'": [py, "-c", "import tpsim.cli"],
+            "python -c 'import tpsim.cli.main'": [py, "-c", "import tpsim.cli.main"],
+            "tpsim --help": [tpsim, "--help"],  # issue 35: under 1 s (commands.toml alone, no torch)
+            "tpsim triage --help": [tpsim, "triage", "--help"],  # the command's module, torch with it
             "tpsim check": [tpsim, *CHECK],
             "TPSIM_RANK_START=forkserver tpsim check": [tpsim, *CHECK],
             "make check": ["make", "-s", "check", f"VENV={Path(sys.executable).parent.parent}"]}
@@ -122,7 +124,7 @@ RANK0_PHASES = {  # time in these functions of tpsim.run.jobs on rank 0, inside 
 def phases(repeats: int) -> dict:
     """One launcher, the same check as `tpsim check`, timed by phase."""
     from tpsim.bench.jobs import phased_job
-    from tpsim.cli import build_parser
+    from tpsim.cli.main import build_parser
     from tpsim.cli.check import print_report
     from tpsim.cli.options import run_spec, tp_degrees
     from tpsim.parallel.pool import RankPool

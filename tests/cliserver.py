@@ -48,7 +48,7 @@ def _runner(conn: socket.socket) -> None:
 
 def serve(path: str) -> None:
     die_with_parent(os.getppid())  # the test session gone: so is the server (before torch's import)
-    import tpsim.cli  # noqa: F401  (the point: everything the CLI imports, once)
+    import tpsim.cli.main  # noqa: F401  (the point: everything the CLI imports, once)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners reap themselves
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)

@@ -27,7 +27,7 @@ from tpsim.profiles.replay import replay
 from tpsim.offline.sides import align_profiles, side_from_config
 from tpsim.capture import Position, PositionKind
 from tpsim.profiles.conventions import ids_for, resolve
-from tpsim.cli import run_command
+from tpsim.cli.main import run_command
 from tpsim.app.scenarios import load
 from tpsim.base.errors import UsageError
 

@@ -8,7 +8,7 @@ and nothing written (the working directory stays empty and the shared input file
 The subprocesses start once, four at a time, in a module-scoped fixture; each costs a torch import
 (about 1.5 s of CPU), so the 82 cases take about 65 s on 2 cores.
 
-The fuzz calls `tpsim.cli.run_command(argv)` in process (no subprocess per example). Every base
+The fuzz calls `tpsim.cli.main.run_command(argv)` in process (no subprocess per example). Every base
 command line ends in an error that is only checked after all other validation (`--backend nccl`
 on the CPU, or an export too large for the disk), so a fuzzed value that happens to be valid
 still stops before any rank is spawned or any file is written.
@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from clirun import SCRUB, assert_one_line_error, cli_env, run_cli
-from tpsim.cli import run_command
+from tpsim.cli.main import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())

@@ -242,7 +242,7 @@ def line(ln):
     changes = tuple(dataclasses.replace(c, changes={k: marked(v) for k, v in c.changes.items()}) for c in ln.changes)
     return dataclasses.replace(ln, base=base, changes=changes)
 registry.LINES = tuple(map(line, registry.LINES))
-from tpsim.cli import main
+from tpsim.cli.main import main
 raise SystemExit(main(sys.argv[2:]))
 '''
 

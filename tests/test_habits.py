@@ -20,7 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from clirun import ROOT, cli_env, run_cli
-from tpsim.cli import build_parser, run_command
+from tpsim.cli.main import build_parser, run_command
 from tpsim.cli.options import DEFAULT_TP, TP_RULE
 from tpsim.base.errors import UsageError
 

@@ -5,6 +5,8 @@ import os
 import signal
 import sys
 
+from tpsim.cli.toplevel import answer, names_a_command
+
 
 def _interrupted_while_starting(signum, frame) -> None:
     print("tpsim: interrupted", file=sys.stderr)
@@ -13,7 +15,9 @@ def _interrupted_while_starting(signum, frame) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
-    from tpsim.cli import main as run_cli
+    if not names_a_command(sys.argv[1:]):  # --help, --version: answered without a command module (or torch)
+        return answer(sys.argv[1:])
+    from tpsim.cli.main import main as run_cli
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here the command unwinds (ranks stopped)
     return run_cli()
