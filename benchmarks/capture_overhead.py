@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=20, help="timed forwards per variant")
     ap.add_argument("--warmup", type=int, default=3, help="untimed forwards per variant first")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--convention", default="sglang", choices=CONVENTIONS, help="capture ids: its defaults")
+    ap.add_argument("--convention", default="sglang-ids", choices=CONVENTIONS, help="capture ids: its defaults")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "capture_overhead.json"))
     args = ap.parse_args(argv)

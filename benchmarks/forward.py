@@ -7,7 +7,7 @@ tensor is generated once by `tpsim.weights.seeded.init_tensor` and copied into b
 checkpoint written). Then, per token count (one sequence each), it times:
 
 - `tpsim+capture`: `model(ids, recorder=Recorder(positions))` + `recorder.concat()`, the sglang
-  default capture positions (`tpsim.capture.resolve("sglang", None, L).positions`), logits included;
+  default capture positions (`tpsim.capture.resolve("sglang-ids", None, L).positions`), logits included;
 - `tpsim`: `model(ids)` (logits included);
 - `transformers`: `model(input_ids=ids[None], output_hidden_states=True, use_cache=False)`;
 - `tpsim+capture graph` (CUDA, up to `--graph-max-tokens` tokens): the first variant captured once
@@ -537,7 +537,7 @@ def main(argv=None) -> int:
     model_name = args.model or ("deepseek-v2-lite" if cuda else "tiny")
     model_name = Path(model_name).stem if Path(model_name).is_file() else Path(model_name).name
     L = cfg.num_hidden_layers
-    res = resolve("sglang", None, L)
+    res = resolve("sglang-ids", None, L)
     out_path = Path(args.out or ROOT / "benchmarks" / "results" / f"forward-{device.type}.json")
     t_start = time.perf_counter()
     result = {
@@ -550,7 +550,7 @@ def main(argv=None) -> int:
                      "transformers": not args.skip_transformers, "attn_implementation": "sdpa",
                      "experts_implementation": None, "use_cache": False, "timer": "cuda events" if cuda else
                      "time.perf_counter", "order": "ABBA: rounds alternate the variant order"},
-        "capture": {"convention": "sglang", "ids": res.internal, "positions": [str(p) for p in res.positions],
+        "capture": {"convention": "sglang-ids", "ids": res.internal, "positions": [str(p) for p in res.positions],
                     "positions_text": res.positions_text},
         "flop_formula": FLOP_FORMULA, "active_params": active_params(cfg),
         "targets_spec": TARGETS, "rows": [],

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     base = with_overrides(load_config(ROOT / "configs/deepseek-v3.yaml"), [f"num_hidden_layers={args.layers}"])
     ids = input_ids_for(base, 0, args.seq_len)
-    res = resolve("sglang", None, base.num_hidden_layers)
+    res = resolve("sglang-ids", None, base.num_hidden_layers)
     rows = {}
     for name, cfg in (("fp8", dataclasses.replace(base, fp8_block=base.weight_block())), ("bf16", base)):
         rows[name] = measure(cfg, ids, res.positions, args.repeats)

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
             raise UsageError(f"--tokens {args.tokens}: must be 1..max_position_embeddings={cfg.max_position_embeddings}")
         if args.repeats < 1:
             raise UsageError(f"--repeats {args.repeats}: must be at least 1")
-        positions = resolve("sglang", None, cfg.num_hidden_layers).positions  # the default capture, as forward.py's
+        positions = resolve("sglang-ids", None, cfg.num_hidden_layers).positions  # the default capture, as forward.py's
     except UsageError as e:
         print(f"profile_forward: error: {e}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ COMMANDS = {
                       "--server", "sglang@0.5.14:deepseek_v3", "--tp", "2", "--json"],
     "align": ["align", "--draft-config", "configs/scenarios/align-vllm-top-level-copy.json",
               "--server", "vllm:deepseek_v3", "--num-layers", "61", "--json"],
-    "align-specforge": ["align", "--train", "specforge:1,29,57", "--serve", "sglang:-1,2,30",
+    "align-specforge": ["align", "--train", "specforge-ids:1,29,57", "--serve", "sglang-ids:-1,2,30",
                         "--num-layers", "61", "--json"],
     "capture-run": ["capture", "--tp", "2", "--points", "embed.out,layers.3.attn.o_proj.partial,layers.3.out",
                     "--seq-len", "8", "--out", "{tmp}/run.safetensors", "--force"],
@@ -41,7 +41,7 @@ COMMANDS = {
                     "--seq-len", "8", "--out", "{tmp}/ref.safetensors", "--force"],
     "diagnose": ["diagnose", "{tmp}/run.rank0.safetensors", "{tmp}/run.rank1.safetensors",
                  "--reference", "{tmp}/ref.rank0.safetensors", "--json"],
-    "resolve": ["resolve", "--convention", "specforge", "--layers", "1,29,57", "--num-layers", "61", "--json"],
+    "resolve": ["resolve", "--convention", "specforge-ids", "--layers", "1,29,57", "--num-layers", "61", "--json"],
     "scenario-all": ["scenario", "--all", "--json"],
 }
 

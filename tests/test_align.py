@@ -33,9 +33,10 @@ from tpsim.base.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "configs" / "scenarios").glob("align-*.yaml"))
-RANGES = {**ID_RANGES, "sglang-boundary": lambda L: (-1, L - 1)}  # valid ids of a single id
+RANGES = {**ID_RANGES, "sglang-boundary-ids": lambda L: (-1, L - 1)}  # valid ids of a single id
 CONVS = sorted(RANGES)
-LIST_ORDER = {"specforge", "hf"}
+LIST_ORDER = {"specforge-ids", "hf-ids"}
+DEFAULTED = ["sglang-ids", "sglang-boundary-ids", "vllm-ids", "specforge-ids", "eagle-ids"]  # hf-ids has no default
 EMBED = Position(PositionKind.EMBED)
 
 
@@ -68,9 +69,9 @@ def expected_codes(tp: Position, sp: Position) -> set[str]:
 
 # --- aligned iff the resolved positions are equal ---------------------------------------------
 
-@example(a="specforge", ids_a=[1, 29, 57], b="vllm", ids_b=[1, 29, 57], L=61)
-@example(a="specforge", ids_a=[1, 29, 57], b="sglang", ids_b=[-1, 2, 30], L=61)
-@example(a="hf", ids_a=[8, 2], b="sglang-boundary", ids_b=[1, 7], L=8)
+@example(a="specforge-ids", ids_a=[1, 29, 57], b="vllm-ids", ids_b=[1, 29, 57], L=61)
+@example(a="specforge-ids", ids_a=[1, 29, 57], b="sglang-ids", ids_b=[-1, 2, 30], L=61)
+@example(a="hf-ids", ids_a=[8, 2], b="sglang-boundary-ids", ids_b=[1, 7], L=8)
 @given(L=st.integers(1, 70), a=st.sampled_from(CONVS), b=st.sampled_from(CONVS),
        ids_a=st.lists(st.integers(-3, 73), min_size=1, max_size=5),
        ids_b=st.lists(st.integers(-3, 73), min_size=1, max_size=5))
@@ -113,11 +114,11 @@ def aligned_pairs(draw):
     return L, (a, ids), (b, ids_b)
 
 
-@example(case=(61, ("specforge", [1, 29, 57]), ("vllm", [2, 30, 58])), train_first=False, i=0, d=-1)
-@example(case=(8, ("sglang-boundary", [1, 3, 5]), ("eagle", [2, 4, 6])), train_first=True, i=0, d=1)
-@example(case=(8, ("hf", [7, 2]), ("specforge", [6, 1])), train_first=True, i=0, d=1)
-@example(case=(3, ("sglang-boundary", [1, 0, 1]), ("eagle", [1, 2])), train_first=True, i=2, d=1)
-@example(case=(6, ("eagle", [4, 5, 5]), ("eagle", [4, 5])), train_first=True, i=1, d=-1)
+@example(case=(61, ("specforge-ids", [1, 29, 57]), ("vllm-ids", [2, 30, 58])), train_first=False, i=0, d=-1)
+@example(case=(8, ("sglang-boundary-ids", [1, 3, 5]), ("eagle-ids", [2, 4, 6])), train_first=True, i=0, d=1)
+@example(case=(8, ("hf-ids", [7, 2]), ("specforge-ids", [6, 1])), train_first=True, i=0, d=1)
+@example(case=(3, ("sglang-boundary-ids", [1, 0, 1]), ("eagle-ids", [1, 2])), train_first=True, i=2, d=1)
+@example(case=(6, ("eagle-ids", [4, 5, 5]), ("eagle-ids", [4, 5])), train_first=True, i=1, d=-1)
 @given(case=aligned_pairs(), train_first=st.booleans(), i=st.integers(0, 3), d=st.sampled_from([-1, 1]))
 def test_every_single_id_perturbation_is_caught(case, train_first, i, d):
     """Shift one id of an aligned pair by ±1 (staying in the convention's id range): caught, with
@@ -135,12 +136,12 @@ def test_every_single_id_perturbation_is_caught(case, train_first, i, d):
         # onto another (the same set), or sglang-boundary's +1 heuristic (first id 1 or 2: out(1))
         assert report.aligned
         assert (conv not in LIST_ORDER and set(new) == set(ids)) or \
-            (conv == "sglang-boundary" and {ids[0], new[0]} == {1, 2})
+            (conv == "sglang-boundary-ids" and {ids[0], new[0]} == {1, 2})
         return
     assert not report.aligned
     assert "order" not in codes(report)  # ±1 cannot reorder without colliding first
     if moved is None:  # sglang-boundary: a first id of 1 shifts the others out of range
-        assert conv == "sglang-boundary" and "unreachable" in codes(report)
+        assert conv == "sglang-boundary-ids" and "unreachable" in codes(report)
         return
     if len(moved) != len(old):  # a loop-order engine keeps a repeated id once: one made or split
         assert conv not in LIST_ORDER and abs(len(moved) - len(old)) == 1 and "slot-count" in codes(report)
@@ -148,7 +149,7 @@ def test_every_single_id_perturbation_is_caught(case, train_first, i, d):
     tr, sv = (moved, old) if train_first else (old, moved)
     for s, tp, sp in zip(report.slots, tr, sv, strict=True):
         assert slot_codes(s) == (set() if tp == sp else expected_codes(tp, sp)), s
-    toggled = conv == "sglang-boundary" and i == 0 and 1 in (ids[0], new[0])
+    toggled = conv == "sglang-boundary-ids" and i == 0 and 1 in (ids[0], new[0])
     if not toggled:  # the shift moved exactly one slot
         assert sum(not s.match for s in report.slots) == 1
 
@@ -157,8 +158,8 @@ def test_every_single_id_perturbation_is_caught(case, train_first, i, d):
 def test_list_order_against_ascending_is_an_order_mismatch(L, data):
     """Same positions, permuted by a list-order trainer: aligned only when ascending, else every
     displaced slot says order, and no server ids can fix it."""
-    trainer = data.draw(st.sampled_from(["specforge", "hf"]))
-    server = data.draw(st.sampled_from(["sglang", "vllm", "eagle", "sglang-boundary"]))
+    trainer = data.draw(st.sampled_from(["specforge-ids", "hf-ids"]))
+    server = data.draw(st.sampled_from(["sglang-ids", "vllm-ids", "eagle-ids", "sglang-boundary-ids"]))
     ks = data.draw(st.lists(st.integers(1, L - 3), min_size=2, max_size=4, unique=True))
     positions = [Position(PositionKind.OUT, k) for k in ks]
     report = pair(trainer, ids_for(trainer, positions, L), server, ids_for(server, positions, L), L)
@@ -169,35 +170,34 @@ def test_list_order_against_ascending_is_an_order_mismatch(L, data):
                    for s in report.slots)
 
 
-@given(L=st.integers(4, 200), a=st.sampled_from(["sglang", "sglang-boundary", "vllm", "specforge", "eagle"]),
-       b=st.sampled_from(["sglang", "sglang-boundary", "vllm", "specforge", "eagle"]))
+@given(L=st.integers(4, 200), a=st.sampled_from(DEFAULTED), b=st.sampled_from(DEFAULTED))
 def test_defaults_align_once_the_three_layers_are_distinct(L, a, b):
     """The defaults all pick out(1), out(L//2-1), out(L-4); below L=7 two coincide, and specforge
     concatenates the repeat twice while the engines capture it once."""
     report = pair(a, None, b, None, L)
     assert report.train.default and report.serve.default
-    split = L < 7 and (a == "specforge") != (b == "specforge")
+    split = L < 7 and (a == "specforge-ids") != (b == "specforge-ids")
     assert report.aligned == (not split)
     if split:
         assert "slot-count" in codes(report)
 
 
 def test_off_by_one_names_the_fix():
-    report = pair("specforge", [1, 29, 57], "vllm", [1, 29, 57], 61)
+    report = pair("specforge-ids", [1, 29, 57], "vllm-ids", [1, 29, 57], 61)
     assert [slot_codes(s) for s in report.slots] == [{"off-by-one"}] * 3
     assert report.fix.ids == [2, 30, 58]
-    assert "vllm id 30 captures out(29)" in str(report.slots[1].reasons[0])
-    embed = pair("vllm", [1, 5], "vllm", [0, 5], 8)  # serve embed where training saw out(0)
+    assert "vllm-ids 30 captures out(29)" in str(report.slots[1].reasons[0])
+    embed = pair("vllm-ids", [1, 5], "vllm-ids", [0, 5], 8)  # serve embed where training saw out(0)
     assert slot_codes(embed.slots[0]) == {"embed-never-trained", "off-by-one"}
-    assert slot_codes(pair("vllm", [0, 5], "vllm", [1, 5], 8).slots[0]) == {"off-by-one"}
+    assert slot_codes(pair("vllm-ids", [0, 5], "vllm-ids", [1, 5], 8).slots[0]) == {"off-by-one"}
 
 
 def test_unreachable_is_a_reason_not_an_error():
-    report = pair("specforge", [1, 29, 60], "sglang", [1, 29, 60], 61)  # sglang cannot reach out(60)
+    report = pair("specforge-ids", [1, 29, 60], "sglang-ids", [1, 29, 60], 61)  # sglang cannot reach out(60)
     assert not report.aligned and slot_codes(report.slots[2]) == {"unreachable"}
-    assert "use vllm id 61" in report.slots[2].reasons[0].text
+    assert "use vllm-ids 61" in report.slots[2].reasons[0].text
     assert report.fix.ids is None and "cannot capture out(60)" in report.fix.text
-    neg = pair("specforge", [-1, 2], "vllm", [0, 3], 8)
+    neg = pair("specforge-ids", [-1, 2], "vllm-ids", [0, 3], 8)
     assert slot_codes(neg.slots[0]) == {"unreachable"} and neg.slots[0].reasons[0].text.startswith("train")
 
 
@@ -283,7 +283,7 @@ def test_model_run_cosine(tmp_path):
     """configs/tiny.yaml (8 layers, hidden 64): vllm 1,4,5 is out(0), out(3), out(4) against
     specforge out(1), out(3), out(4). Matching slots hold the same tensor (cosine 1), slot 0 does
     not; an exported checkpoint of the same seed gives the same cosines; TP=2 agrees."""
-    argv = ["align", "--train", "specforge:1,3,4", "--serve", "vllm:1,4,5", "--json", "--timeout", "300"]
+    argv = ["align", "--train", "specforge-ids:1,3,4", "--serve", "vllm-ids:1,4,5", "--json", "--timeout", "300"]
     code, seeded = cli_json(*argv, "--model", ROOT / "configs/tiny.yaml")
     assert code == 1 and seeded["run"]["weights"] == "seeded random" and seeded["run"]["identical_on_ranks"]
     assert seeded["run"]["positions"] == ["out(0)", "out(1)", "out(3)", "out(4)"]
@@ -296,7 +296,7 @@ def test_model_run_cosine(tmp_path):
 
 
 def test_model_run_aligned_exits_0():
-    code, d = cli_json("align", "--train", "specforge:default", "--serve", "sglang:default",
+    code, d = cli_json("align", "--train", "specforge-ids:default", "--serve", "sglang-ids:default",
                        "--model", "tiny", "--seq-len", "4", "--json", "--timeout", "300")
     assert code == 0 and d["aligned"] and d["num_layers"] == 8
     assert all(abs(s["cosine"] - 1) < 1e-6 for s in d["slots"])
@@ -306,7 +306,8 @@ def test_model_run_aligned_exits_0():
 
 V3 = ["--num-layers", "61"]
 BAD = {  # id -> (argv, substrings of the one error line); {draft:NAME} is a file written below
-    "unknown-convention": (["--train", "medusa:1,2", "--serve", "sglang:default", *V3], ["'medusa'", "sglang-boundary"]),
+    "unknown-convention": (["--train", "medusa:1,2", "--serve", "sglang-ids:default", *V3],
+                           ["'medusa'", "sglang-boundary-ids"]),
     "unknown-trainer": (["--draft-config", "{draft:ok}", "--train", "medusa", "--server", "vllm", *V3],
                         ["unknown profile 'medusa'", "specforge", "tpsim profiles"]),
     "unknown-server": (["--draft-config", "{draft:ok}", "--server", "tgi", *V3], ["unknown profile 'tgi'", "vllm"]),
@@ -318,15 +319,21 @@ BAD = {  # id -> (argv, substrings of the one error line); {draft:NAME} is a fil
                                  ["no profile for model 'mamba'", "deepseek_v2", "gpt_oss"]),
     "trainer-and-train": (["--draft-config", "{draft:ok}", "--train", "specforge", "--trainer", "specforge",
                            "--server", "vllm", *V3], ["--trainer is the old name of --train"]),
-    "ids-not-integers": (["--train", "specforge:1,x,3", "--serve", "vllm:default", *V3], ["'1,x,3'", "integers"]),
-    "train-without-colon": (["--train", "specforge", "--serve", "vllm:default", *V3], ["no ':'", "CONVENTION:IDS"]),
-    "serve-missing": (["--train", "specforge:default", *V3], ["--serve is missing"]),
-    "hf-has-no-default": (["--train", "hf:default", "--serve", "vllm:default", *V3], ["hf has no default", "hf:"]),
-    "both-styles": (["--train", "specforge:default", "--serve", "vllm:default", "--draft-config", "{draft:ok}",
+    "ids-not-integers": (["--train", "specforge-ids:1,x,3", "--serve", "vllm-ids:default", *V3],
+                         ["'1,x,3'", "integers"]),
+    "train-without-colon": (["--train", "specforge-ids", "--serve", "vllm-ids:default", *V3],
+                            ["no ':'", "CONVENTION:IDS"]),
+    "train-profile-name": (["--train", "specforge", "--serve", "vllm-ids:default", *V3],
+                           ['"specforge" names a trainer profile', "write --train specforge-ids:IDS"]),
+    "serve-missing": (["--train", "specforge-ids:default", *V3], ["--serve is missing"]),
+    "hf-has-no-default": (["--train", "hf-ids:default", "--serve", "vllm-ids:default", *V3],
+                          ["hf-ids has no default", "hf-ids:IDS"]),
+    "both-styles": (["--train", "specforge-ids:default", "--serve", "vllm-ids:default", "--draft-config", "{draft:ok}",
                      "--server", "vllm", *V3], ["not both"]),
     "neither-style": ([*V3], ["nothing to align", "--draft-config"]),
-    "no-layer-count": (["--train", "specforge:default", "--serve", "vllm:default"], ["--num-layers", "--model"]),
-    "num-layers-not-int": (["--train", "specforge:default", "--serve", "vllm:default", "--num-layers", "x"],
+    "no-layer-count": (["--train", "specforge-ids:default", "--serve", "vllm-ids:default"],
+                       ["--num-layers", "--model"]),
+    "num-layers-not-int": (["--train", "specforge-ids:default", "--serve", "vllm-ids:default", "--num-layers", "x"],
                            ["--num-layers 'x'"]),
     "server-without-config": (["--server", "vllm", *V3], ["--draft-config PATH"]),
     "config-missing": (["--draft-config", "{draft:ok}.missing", "--server", "vllm", *V3], ["does not exist"]),

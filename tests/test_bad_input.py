@@ -42,7 +42,8 @@ from tpsim.cli.main import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
-CONVENTIONS = "sglang, sglang-boundary, vllm, specforge, output-of, hf, eagle"
+CONVENTIONS = "sglang-ids, sglang-boundary-ids, vllm-ids, specforge-ids, output-of, hf-ids, eagle-ids"
+OLD_CONVENTIONS = ["sglang", "sglang-boundary", "vllm", "specforge", "hf", "eagle"]  # profile names: refused
 CASE_TIMEOUT_S = 60  # a case that hangs (a FIFO read, a huge loop) fails instead of hanging the suite
 
 
@@ -160,7 +161,7 @@ def case(id: str, argv: str | list[str], *expect: str) -> Case:
 SEED_2_70 = str(2**70)
 LONG = "n" * 300  # a file name longer than NAME_MAX (255 bytes)
 DRAFT = "--server vllm --num-layers 61"
-SIDES = "--train specforge:default --serve vllm:default"
+SIDES = "--train specforge-ids:default --serve vllm-ids:default"
 CASES = [
     # --- check ---------------------------------------------------------------------------------------
     case("check-tp-malformed-list", "check --tp 1,,2", "--tp '1,,2'", "comma-separated list of integers", "1,2,4,8"),
@@ -269,7 +270,7 @@ CASES = [
          "eagle_config.use_aux_hidden_state must be true or false", "any non-empty string as true"),
     case("align-draft-a-million-ids", "align --draft-config {draft_many_ids.json} " + DRAFT,
          "1000000 layer ids is more than tpsim replays", "an EAGLE-3 draft takes three"),
-    case("resolve-more-ids-than-replayed", "resolve --convention sglang --layers " + ",".join(["2"] * 300) +
+    case("resolve-more-ids-than-replayed", "resolve --convention sglang-ids --layers " + ",".join(["2"] * 300) +
          " --num-layers 8", "300 layer ids is more than tpsim replays (at most 256)"),
     case("family-gpt-oss-field-as-spelled", "check --model tiny-gpt-oss --override num_local_experts=0",
          "field num_local_experts must be positive, got 0"),
@@ -357,8 +358,12 @@ CASES = [
     case("explain-svg-is-directory", "explain --tp 1 --svg {dir}", "is a directory", "explain.svg"),
     case("explain-svg-empty", ["explain", "--svg", ""], "--svg is empty"),
     # --- align ---------------------------------------------------------------------------------------
-    case("align-ids-empty", "align --train specforge: --serve vllm:default --num-layers 61",
+    case("align-ids-empty", "align --train specforge-ids: --serve vllm-ids:default --num-layers 61",
          "'' is not a comma-separated list of integers"),
+    case("align-profile-name-as-serve", "align --train specforge-ids:1,29,57 --serve sglang:-1,2,30 --num-layers 61",
+         '--serve sglang:-1,2,30: "sglang" names an engine profile', "write --serve sglang-ids:-1,2,30"),
+    case("align-profile-name-as-train", "align --train specforge:1,29,57 --serve sglang-ids:default --num-layers 61",
+         '"specforge" names a trainer profile', "write --train specforge-ids:1,29,57"),
     case("align-seed-2**70", f"align {SIDES} --model tiny --seed {SEED_2_70}", f"--seed {SEED_2_70} is out of range"),
     case("align-timeout-nan", f"align {SIDES} --model tiny --timeout nan", "--timeout nan must be a positive"),
     case("align-model-fifo", f"align {SIDES} --model {{fifo}}", "is not a regular file"),
@@ -415,13 +420,17 @@ CASES = [
     case("verify-no-path", "verify", "the following arguments are required"),
     case("verify-missing-in-dir", "verify {dir}/nope.safetensors", "nope.safetensors does not exist"),
     # --- resolve -------------------------------------------------------------------------------------
-    case("resolve-layers-malformed", "resolve --convention vllm --layers 1..3 --num-layers 8", "--layers '1..3'"),
+    case("resolve-layers-malformed", "resolve --convention vllm-ids --layers 1..3 --num-layers 8", "--layers '1..3'"),
     case("resolve-unknown-convention", "resolve --convention vLLM --num-layers 8", "unknown convention 'vLLM'",
          CONVENTIONS),
-    case("resolve-unknown-builtin-model", "resolve --convention sglang --model deepseek-v2", "does not exist",
+    case("resolve-profile-name-as-convention", "resolve --convention sglang --num-layers 8",
+         '"sglang" names an engine profile', "write --convention sglang-ids"),
+    case("resolve-convention-name-as-server", "resolve --server sglang-boundary-ids --num-layers 8",
+         '"sglang-boundary-ids" names an idealised convention', "write --server sglang-boundary"),
+    case("resolve-unknown-builtin-model", "resolve --convention sglang-ids --model deepseek-v2", "does not exist",
          "deepseek-v2-lite"),
-    case("resolve-model-png", "resolve --convention sglang --model {png.yaml}", "is not a text file"),
-    case("resolve-num-layers-and-model", "resolve --convention sglang --num-layers 61 --model tiny",
+    case("resolve-model-png", "resolve --convention sglang-ids --model {png.yaml}", "is not a text file"),
+    case("resolve-num-layers-and-model", "resolve --convention sglang-ids --num-layers 61 --model tiny",
          "--num-layers and --model both"),
     # --- no command ----------------------------------------------------------------------------------
     case("no-command", [], "required", "command"),
@@ -521,7 +530,7 @@ def option_values(option: str):
                                   "!!python/name:os.system", "{type: yarn, factor: 4, beta_fast: 0}", "*x", "&a 4"])
         return st.one_of(VALUES, st.builds("{}={}".format, st.sampled_from(CONFIG_FIELDS), st.one_of(VALUES, tricky)))
     if option in ("--train", "--serve"):
-        return st.one_of(VALUES, st.builds("{}:{}".format, st.sampled_from(CONVENTIONS.split(", ") + ["x"]), VALUES))
+        return st.one_of(VALUES, st.builds("{}:{}".format, st.sampled_from(CONVENTIONS.split(", ") + OLD_CONVENTIONS + ["x"]), VALUES))
     if option in ("--points", "--point"):
         return st.one_of(VALUES, st.builds("layers.{}.{}".format, VALUES, st.sampled_from(["out", "mlp.in", "attn.q"])))
     return VALUES
@@ -530,7 +539,7 @@ def option_values(option: str):
 RUN = ["--tp", "1", "--seq-len", "2", "--backend", "nccl"]  # valid, then refused after all validation
 RUN_OPTIONS = ["--model", "--layers", "--convention", "--dtype", "--seq-len", "--seed", "--device", "--backend",
                "--timeout", "--override", "--tp"]
-ALIGN_RUN = ["--train", "specforge:1,2,3", "--serve", "vllm:default", "--model", "tiny", "--seq-len", "2",
+ALIGN_RUN = ["--train", "specforge-ids:1,2,3", "--serve", "vllm-ids:default", "--model", "tiny", "--seq-len", "2",
              "--backend", "nccl"]
 FUZZ = {  # command -> option ("FILE": a positional) -> the command line before the fuzzed value
     "check": {o: ["check", *RUN] for o in RUN_OPTIONS},
@@ -539,12 +548,12 @@ FUZZ = {  # command -> option ("FILE": a positional) -> the command line before 
     "export": {o: ["export", "--out", "e", "--override", "vocab_size=1000000000000"]
                for o in ["--model", "--seed", "--out", "--dtype", "--max-shard-size", "--override"]},
     "explain": {**{o: ["explain", *RUN] for o in [*RUN_OPTIONS, "--layer"]}, "--svg": ["explain", *RUN]},
-    "align": {"--train": ["align", "--serve", "vllm:default", "--num-layers", "61"],
-              "--serve": ["align", "--train", "specforge:1,29,57", "--num-layers", "61"],
+    "align": {"--train": ["align", "--serve", "vllm-ids:default", "--num-layers", "61"],
+              "--serve": ["align", "--train", "specforge-ids:1,29,57", "--num-layers", "61"],
               "--draft-config": ["align", "--server", "vllm", "--num-layers", "61"],
               "--trainer": ["align", "--draft-config", "{draft_ok.json}", "--server", "vllm", "--num-layers", "61"],
               "--server": ["align", "--draft-config", "{draft_ok.json}", "--num-layers", "61"],
-              "--num-layers": ["align", "--train", "specforge:1,29,57", "--serve", "sglang:default"],
+              "--num-layers": ["align", "--train", "specforge-ids:1,29,57", "--serve", "sglang-ids:default"],
               **{o: ["align", *ALIGN_RUN] for o in ["--model", "--override", "--tp", "--dtype", "--seq-len", "--seed",
                                                     "--device", "--backend", "--timeout"]}},
     "diagnose": {"FILE": ["diagnose", "--reference", "{ref}"],
@@ -552,7 +561,7 @@ FUZZ = {  # command -> option ("FILE": a positional) -> the command line before 
                     for o in ["--reference", "--point", "--positions", "--hidden-size", "--step"]}},
     "scenario": {"FILE": ["scenario"]},
     "verify": {"FILE": ["verify"]},
-    "resolve": {o: ["resolve", "--convention", "sglang", "--num-layers", "8"]
+    "resolve": {o: ["resolve", "--convention", "sglang-ids", "--num-layers", "8"]
                 for o in ["--convention", "--layers", "--num-layers", "--model"]},
 }
 # Exit 1 means "a property failed" for check (a row), align (not aligned), diagnose (a point is not
@@ -610,8 +619,42 @@ def test_in_process_capture_sees_rich_output(clean_env):
     with contextlib.redirect_stdout(out):
         table(["a"], [["rich-cell"]])
     assert "rich-cell" in out.getvalue()
-    code, text, err = run_in_process(["resolve", "--convention", "vllm", "--num-layers", "8"])
+    code, text, err = run_in_process(["resolve", "--convention", "vllm-ids", "--num-layers", "8"])
     assert code == 0 and "aux_hidden_state_layers: [2, 4, 5]" in text and err == ""
+
+
+OLD_SPELLINGS = {  # where a convention is taken: (argv around it, the option, whether it takes CONVENTION:IDS)
+    "check": (["check", "--tp", "1"], "--convention", False),
+    "capture": (["capture", "--tp", "1", "--out", "x.safetensors"], "--convention", False),
+    "resolve": (["resolve", "--num-layers", "61"], "--convention", False),
+    "diagnose": (["diagnose", "x.safetensors", "--reference", "y.safetensors", "--layer-ids", "1,2"], "--convention",
+                 False),
+    "align-train": (["align", "--serve", "vllm-ids:default", "--num-layers", "61"], "--train", True),
+    "align-serve": (["align", "--train", "specforge-ids:default", "--num-layers", "61"], "--serve", True),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(where=st.sampled_from(sorted(OLD_SPELLINGS)), old=st.sampled_from(OLD_CONVENTIONS),
+       ids=st.one_of(st.just("default"), st.lists(st.integers(-3, 80), min_size=1, max_size=4).map(
+           lambda v: ",".join(map(str, v)))), joined=st.booleans())
+@example(where="align-serve", old="sglang", ids="-1,2,30", joined=False)
+def test_the_old_convention_spelling_is_refused_with_the_new(clean_env, tmp_path_factory, where, old, ids, joined):
+    """`--convention sglang`, `--serve sglang:-1,2,30`: "sglang" is the engine profile now; every
+    place that takes a convention refuses the bare name in one line that spells out the fix."""
+    base, option, with_ids = OLD_SPELLINGS[where]
+    value = f"{old}:{ids}" if with_ids else old
+    argv = [*base, f"{option}={value}"] if joined else [*base, option, value]
+    old_cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("old-spelling"))
+    try:
+        code, out, err = run_in_process(argv)
+    finally:
+        os.chdir(old_cwd)
+    fix = f"{old}-ids:{ids}" if with_ids else f"{old}-ids"
+    assert code == 2 and out == "" and err.count("\n") == 1, (argv, out, err)
+    assert err.startswith(f"tpsim: error: {option} {value}: \"{old}\" names "), err
+    assert err.rstrip().endswith(f"write {option} {fix}"), err
 
 
 @pytest.mark.parametrize("command,option", [(c, o) for c, opts in FUZZ.items() for o in opts], ids=FUZZ_IDS)

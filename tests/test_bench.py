@@ -49,7 +49,7 @@ def pool():
 def test_overhead_job_structure(pool):
     cfg = load_config(TINY)
     L = cfg.num_hidden_layers
-    positions = [str(p) for p in resolve("sglang", None, L).positions]
+    positions = [str(p) for p in resolve("sglang-ids", None, L).positions]
     repeats = 2
     for tp in (1, 2):
         results = pool.run(overhead_job, cfg=cfg.to_dict(), seed=0, dtype="float32", seq_len=8,
@@ -184,7 +184,7 @@ def test_transformers_model_holds_tpsim_weights(name):
     theirs = dict(ref.named_parameters())
     assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())
     L = cfg.num_hidden_layers
-    positions = [p for p in resolve("hf", list(range(L + 1)), L).positions if p.kind is not PositionKind.OUT or p.layer < L - 1]
+    positions = [p for p in resolve("hf-ids", list(range(L + 1)), L).positions if p.kind is not PositionKind.OUT or p.layer < L - 1]
     ids = torch.randint(0, cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         rec = Recorder(positions)

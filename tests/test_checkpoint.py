@@ -174,7 +174,7 @@ def test_layers_beyond_num_hidden_layers_are_skipped_with_a_note(tmp_path):
     notes = validate(Checkpoint(d), with_overrides(load_config(d), ["num_hidden_layers=1"]))
     beyond = sum(k.startswith(("model.layers.1.", "model.layers.2.", "model.layers.3.")) for k in tensors)
     assert notes[0].startswith(f"skipped {beyond} tensors of layers 1-3")
-    r = run_cli("check", "--model", d, "--tp", "1,2", "--override", "num_hidden_layers=2", "--convention", "vllm",
+    r = run_cli("check", "--model", d, "--tp", "1,2", "--override", "num_hidden_layers=2", "--convention", "vllm-ids",
                 "--layers", "0,1,2")
     assert r.returncode == 0, r
     assert "note: skipped" in r.stdout and "checkpoint" in r.stdout

@@ -84,12 +84,16 @@ BAD = [
         ("--tp 3", "num_attention_heads=8")),
     Bad("sglang-layer-out-of-range", ("check", "--layers=7,1,2"),
         ("layer id 7", "num_layers=8", "valid -1..6")),
-    Bad("vllm-layer-out-of-range", ("resolve", "--convention", "vllm", "--layers", "99", "--num-layers", "61"),
+    Bad("vllm-layer-out-of-range", ("resolve", "--convention", "vllm-ids", "--layers", "99", "--num-layers", "61"),
         ("layer id 99", "num_layers=61", "valid 0..61")),
     Bad("unknown-convention-check", ("check", "--convention", "sglang2"), ("'sglang2'", ALL_CONVENTIONS)),
     Bad("unknown-convention-resolve", ("resolve", "--convention", "medusa", "--num-layers", "8"),
         ("'medusa'", ALL_CONVENTIONS)),
-    Bad("hf-has-no-default", ("check", "--convention", "hf"), ("hf", "--layers")),
+    Bad("hf-has-no-default", ("check", "--convention", "hf-ids"), ("hf", "--layers")),
+    Bad("profile-name-as-convention", ("check", "--convention", "vllm"),
+        ('"vllm" names an engine profile', "write --convention vllm-ids")),
+    Bad("convention-name-as-server", ("check", "--server", "vllm-ids@0.25.0"),
+        ('"vllm-ids" names an idealised convention', "write --server vllm@0.25.0")),
     Bad("token-outside-vocab", ("capture", "--tokens", "1,2,5000", "--out", "{out}"),
         ("5000", "vocab_size=1000")),
     Bad("negative-token", ("capture", "--tokens=-1,2", "--out", "{out}"), ("-1", "vocab_size=1000")),
@@ -112,7 +116,7 @@ BAD = [
     Bad("out-in-missing-directory", ("capture", "--out", "{dir}/no/such/c.safetensors"),
         ("does not exist", "create it")),
     Bad("out-is-a-directory", ("capture", "--out", "{dir}"), ("is a directory",)),
-    Bad("resolve-without-layer-count", ("resolve", "--convention", "sglang"), ("--num-layers", "--model")),
+    Bad("resolve-without-layer-count", ("resolve", "--convention", "sglang-ids"), ("--num-layers", "--model")),
 ]
 assert len({b.id for b in BAD}) == len(BAD)
 
@@ -140,10 +144,10 @@ def job_specs(cfgs: dict[str, Path], cap_dir: Path, bad_dirs: dict[str, Path]) -
         "check_overflow": (True, ["check", "--tp", "1", "--seq-len", "4", "--json", "--dtype", "float16",
                                   "--model", cfgs["fp16_overflow"], *SLOW]),
         "capture_seq7": (True, ["capture", "--seq-len", "7", "--out", cap_dir / "seq7.safetensors", *SLOW]),
-        "resolve_text": (False, ["resolve", "--convention", "sglang", "--layers=-1,2,30", "--num-layers", "61"]),
-        "resolve_json": (False, ["resolve", "--convention", "sglang", "--layers=-1,2,30", "--num-layers", "61",
+        "resolve_text": (False, ["resolve", "--convention", "sglang-ids", "--layers=-1,2,30", "--num-layers", "61"]),
+        "resolve_json": (False, ["resolve", "--convention", "sglang-ids", "--layers=-1,2,30", "--num-layers", "61",
                                  "--json"]),
-        "resolve_default": (False, ["resolve", "--convention", "sglang", "--num-layers", "61", "--json"]),
+        "resolve_default": (False, ["resolve", "--convention", "sglang-ids", "--num-layers", "61", "--json"]),
         "imports_only": (False, ["check", "--help"]),  # the bad-input runs' CPU baseline
     }
     for tp in (1, 2):
@@ -245,15 +249,15 @@ def test_resolve_json(runs: Runs):
     r = runs["resolve_json"]
     assert r.returncode == 0, r
     d = json.loads(r.stdout)
-    assert d["convention"] == "sglang"
+    assert d["convention"] == "sglang-ids"
     assert d["num_layers"] == 61
     assert d["ids"] == [-1, 2, 30]
     assert d["used_default"] is False
     assert d["positions"] == ["embed", "out(2)", "out(30)"]
     assert d["layers_to_capture"] == [0, 3, 31]
-    assert d["equivalent_ids"]["sglang"] == [-1, 2, 30]
-    assert d["equivalent_ids"]["vllm"] == [0, 3, 31]
-    assert d["equivalent_ids"]["specforge"].startswith("unreachable:")  # specforge cannot say embed
+    assert d["equivalent_ids"]["sglang-ids"] == [-1, 2, 30]
+    assert d["equivalent_ids"]["vllm-ids"] == [0, 3, 31]
+    assert d["equivalent_ids"]["specforge-ids"].startswith("unreachable:")  # specforge-ids cannot say embed
 
 
 def test_resolve_sglang_default_on_61_layers(runs: Runs):
@@ -263,7 +267,7 @@ def test_resolve_sglang_default_on_61_layers(runs: Runs):
     assert d["used_default"] is True and d["ids"] is None
     assert d["layers_to_capture"] == [2, 30, 58]
     assert d["positions"] == ["out(1)", "out(29)", "out(57)"]
-    assert d["equivalent_ids"]["specforge"] == [1, 29, 57]
+    assert d["equivalent_ids"]["specforge-ids"] == [1, 29, 57]
 
 
 # --- 3. capture ------------------------------------------------------------------------------
@@ -290,7 +294,7 @@ def test_capture_file(runs: Runs, tp: int):
     for key in ("layers", "convention", "positions", "tp", "dtype", "config_sha256", "tpsim_version"):
         assert key in meta, f"metadata lacks {key}: {meta}"
     assert meta["layers"] == CAP_LAYERS
-    assert meta["convention"] == "sglang"
+    assert meta["convention"] == "sglang-ids"
     assert meta["positions"] == "embed,out(2),out(5)"
     assert meta["tp"] == str(tp)
     assert meta["dtype"] == "float32"

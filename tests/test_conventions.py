@@ -11,8 +11,8 @@ from tpsim.capture import Position, PositionKind
 from tpsim.profiles.conventions import default_ids, ids_for, resolve
 from tpsim.base.errors import UsageError
 
-LOOP_ORDER = {"sglang", "sglang-boundary", "vllm", "eagle"}  # capture ascending, each position once
-DEFAULT_CONVENTIONS = ["sglang", "sglang-boundary", "vllm", "specforge", "eagle"]
+LOOP_ORDER = {"sglang-ids", "sglang-boundary-ids", "vllm-ids", "eagle-ids"}  # capture ascending, each position once
+DEFAULT_CONVENTIONS = ["sglang-ids", "sglang-boundary-ids", "vllm-ids", "specforge-ids", "eagle-ids"]
 
 
 def capture_order(conv, positions):
@@ -31,13 +31,14 @@ def test_defaults_select_the_same_tensors(L):
 
 
 def test_sglang_default_is_not_shifted_but_explicit_ids_are():
-    assert resolve("sglang", None, 61).internal == [2, 30, 58]
-    assert resolve("sglang", [2, 30, 58], 61).internal == [3, 31, 59]  # PR #23569's review point
-    assert resolve("sglang", [1, 29, 57], 61).positions == resolve("sglang", None, 61).positions
+    assert resolve("sglang-ids", None, 61).internal == [2, 30, 58]
+    assert resolve("sglang-ids", [2, 30, 58], 61).internal == [3, 31, 59]  # PR #23569's review point
+    assert resolve("sglang-ids", [1, 29, 57], 61).positions == resolve("sglang-ids", None, 61).positions
 
 
-@example(src="sglang", ids=[-1, 2, 30], L=61, dst="vllm")
-@given(src=st.sampled_from(sorted(ID_RANGES)), L=st.integers(1, 80), dst=st.sampled_from(sorted(ID_RANGES) + ["sglang-boundary"]),
+@example(src="sglang-ids", ids=[-1, 2, 30], L=61, dst="vllm-ids")
+@given(src=st.sampled_from(sorted(ID_RANGES)), L=st.integers(1, 80),
+       dst=st.sampled_from(sorted(ID_RANGES) + ["sglang-boundary-ids"]),
        ids=st.lists(st.integers(-2, 90), min_size=1, max_size=5))
 def test_translation_round_trips(src, ids, L, dst):
     lo, hi = ID_RANGES[src](L)
@@ -65,31 +66,31 @@ def test_ids_outside_the_range_are_errors_that_name_it(conv, L, j):
 
 def test_worked_examples_deepseek_v3():
     L = 61
-    assert [str(p) for p in resolve("sglang", [-1, 2, 30], L).positions] == ["embed", "out(2)", "out(30)"]
-    assert [str(p) for p in resolve("specforge", [1, 29, 57], L).positions] == ["out(1)", "out(29)", "out(57)"]
+    assert [str(p) for p in resolve("sglang-ids", [-1, 2, 30], L).positions] == ["embed", "out(2)", "out(30)"]
+    assert [str(p) for p in resolve("specforge-ids", [1, 29, 57], L).positions] == ["out(1)", "out(29)", "out(57)"]
     # vLLM given SpecForge's ids at top level: shifted by one layer (vLLM PR #43671's failure class)
-    assert [str(p) for p in resolve("vllm", [1, 29, 57], L).positions] == ["out(0)", "out(28)", "out(56)"]
-    assert [str(p) for p in resolve("hf", [0, 61], L).positions] == ["embed", "final"]
-    assert resolve("vllm", [61], L).positions == [Position(PositionKind.OUT, 60)]
-    with pytest.raises(UsageError, match=r"out\(60\) is unreachable.*vllm id 61"):
-        resolve("sglang", [60], L)
+    assert [str(p) for p in resolve("vllm-ids", [1, 29, 57], L).positions] == ["out(0)", "out(28)", "out(56)"]
+    assert [str(p) for p in resolve("hf-ids", [0, 61], L).positions] == ["embed", "final"]
+    assert resolve("vllm-ids", [61], L).positions == [Position(PositionKind.OUT, 60)]
+    with pytest.raises(UsageError, match=r"out\(60\) is unreachable.*vllm-ids 61"):
+        resolve("sglang-ids", [60], L)
 
 
 def test_sglang_boundary_heuristic():
-    assert resolve("sglang-boundary", [1, 29, 57], 61).internal == [2, 30, 58]  # first id 1: +1
-    assert resolve("sglang-boundary", [2, 30, 58], 61).internal == [2, 30, 58]  # else as-is
+    assert resolve("sglang-boundary-ids", [1, 29, 57], 61).internal == [2, 30, 58]  # first id 1: +1
+    assert resolve("sglang-boundary-ids", [2, 30, 58], 61).internal == [2, 30, 58]  # else as-is
     with pytest.raises(UsageError, match="silently skip"):
-        resolve("sglang-boundary", [-1, 2], 61)
+        resolve("sglang-boundary-ids", [-1, 2], 61)
 
 
 def test_loop_order_dedupes_list_order_keeps():
-    assert len(resolve("sglang", [2, 2, 5], 8).positions) == 2
-    assert [str(p) for p in resolve("vllm", [5, 1], 8).positions] == ["out(0)", "out(4)"]
-    assert [str(p) for p in resolve("specforge", [4, 0, 4], 8).positions] == ["out(4)", "out(0)", "out(4)"]
+    assert len(resolve("sglang-ids", [2, 2, 5], 8).positions) == 2
+    assert [str(p) for p in resolve("vllm-ids", [5, 1], 8).positions] == ["out(0)", "out(4)"]
+    assert [str(p) for p in resolve("specforge-ids", [4, 0, 4], 8).positions] == ["out(4)", "out(0)", "out(4)"]
 
 
 def test_unknown_convention_lists_the_valid_ones():
-    with pytest.raises(UsageError, match="sglang, sglang-boundary, vllm"):
+    with pytest.raises(UsageError, match="sglang-ids, sglang-boundary-ids, vllm-ids"):
         default_ids("megatron", 8)
 
 
@@ -104,13 +105,13 @@ def _hf(j, L):
 
 
 TABLE = {
-    "sglang": (lambda ids: 1, lambda L: (0, L - 1), True, _before),
-    "sglang-boundary": (lambda ids: 1 if ids[0] == 1 else 0, lambda L: (0, L - 1), True, _before),
-    "vllm": (lambda ids: 0, lambda L: (0, L), True, _before),
-    "specforge": (lambda ids: 1, lambda L: (1, L), False, _before),
+    "sglang-ids": (lambda ids: 1, lambda L: (0, L - 1), True, _before),
+    "sglang-boundary-ids": (lambda ids: 1 if ids[0] == 1 else 0, lambda L: (0, L - 1), True, _before),
+    "vllm-ids": (lambda ids: 0, lambda L: (0, L), True, _before),
+    "specforge-ids": (lambda ids: 1, lambda L: (1, L), False, _before),
     "output-of": (lambda ids: 1, lambda L: (1, L), False, _before),
-    "hf": (lambda ids: 0, lambda L: (0, L), False, _hf),
-    "eagle": (lambda ids: 0, lambda L: (0, L - 1), True, _before),
+    "hf-ids": (lambda ids: 0, lambda L: (0, L), False, _hf),
+    "eagle-ids": (lambda ids: 0, lambda L: (0, L - 1), True, _before),
 }
 
 
@@ -122,9 +123,9 @@ def _table_cases(draw):
     return conv, L, ids
 
 
-@example(c=("sglang-boundary", 5, [1, -1]))
-@example(c=("specforge", 4, [3, 3, 0]))
-@example(c=("hf", 3, [3, 0]))
+@example(c=("sglang-boundary-ids", 5, [1, -1]))
+@example(c=("specforge-ids", 4, [3, 3, 0]))
+@example(c=("hf-ids", 3, [3, 0]))
 @given(c=_table_cases())
 def test_positions_follow_the_conventions_table(c):
     """For every convention and drawn ids, the positions are the table's (and ids outside its valid
@@ -175,6 +176,81 @@ def test_the_inverse_tries_only_the_ids_that_can_reach_a_boundary(L, data):
 
 
 def test_resolve_on_a_billion_layers_answers():
-    res = resolve("sglang", [1, 2], 10**9)
+    res = resolve("sglang-ids", [1, 2], 10**9)
     assert [str(p) for p in res.positions] == ["out(1)", "out(2)"]
-    assert ids_for("vllm", res.positions, 10**9) == [2, 3]
+    assert ids_for("vllm-ids", res.positions, 10**9) == [2, 3]
+
+
+# --- names: a convention's is never a profile's ------------------------------------------------
+
+OPTIONS = st.sampled_from(["--train", "--serve", "--convention"])
+ID_TEXT = st.one_of(st.none(), st.lists(st.integers(-3, 200), min_size=1, max_size=5))
+
+
+def _text(ids):
+    return "default" if ids is None else ",".join(map(str, ids))
+
+
+def test_no_convention_is_named_like_a_profile():
+    """`--convention sglang` and `--server sglang` once numbered ids differently under one name: no
+    convention's name (nor alias) is an engine's, a trainer's or a registry alias (either side)."""
+    from tpsim.profiles import registry
+    from tpsim.profiles.conventions import ALIASES, CONVENTIONS, PROFILE_NAMES, Convention
+    profiles = {*registry.ENGINES, *registry.TRAINERS, *registry.ALIASES, *registry.ALIASES.values()}
+    assert set(CONVENTIONS) == {c.value for c in Convention} | set(ALIASES)
+    assert not set(CONVENTIONS) & profiles
+    assert all(c.value.endswith("-ids") for c in Convention)
+    # the refusal's table: each old name is a profile's, and each convention has exactly one
+    assert set(PROFILE_NAMES) <= {*registry.ENGINES, *registry.ALIASES}
+    assert sorted(c.value for c, _ in PROFILE_NAMES.values()) == sorted(c.value for c in Convention)
+
+
+@given(old=st.sampled_from(["sglang", "sglang-boundary", "vllm", "specforge", "hf", "eagle"]), ids=ID_TEXT,
+       option=OPTIONS)
+def test_the_new_spelling_means_what_the_old_one_did(old, ids, option):
+    """`sglang:IDS` was Convention.SGLANG with IDS: `sglang-ids:IDS` is, and `sglang:IDS` is refused
+    with that spelling in one line."""
+    from tpsim.profiles.conventions import Convention, check_convention, parse_convention_ids
+    before = Convention[old.upper().replace("-", "_")]  # the member the bare name was the value of
+    new = f"{old}-ids"
+    assert parse_convention_ids(f"{new}:{_text(ids)}", option) == (before, ids)
+    assert check_convention(new) is before
+    for refuse in (lambda: parse_convention_ids(f"{old}:{_text(ids)}", option),
+                   lambda: check_convention(old, option, f":{_text(ids)}")):
+        with pytest.raises(UsageError) as e:
+            refuse()
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"{option} {old}:{_text(ids)}: "), msg
+        assert f'"{old}" names ' in msg and msg.endswith(f"write {option} {new}:{_text(ids)}"), msg
+    with pytest.raises(UsageError, match=f"the idealised convention is {new}$"):
+        check_convention(old)  # the Python API: no option to spell out
+
+
+def test_the_refusal_quotes_any_text_as_written():
+    from tpsim.profiles.conventions import parse_convention_ids
+    with pytest.raises(UsageError, match=r"^--serve sglang:\{: .* write --serve sglang-ids:\{$"):
+        parse_convention_ids("sglang:{", "--serve")  # once a str.format of the user's text
+    with pytest.raises(UsageError, match=r'^--serve sglang: "sglang" names .* write --serve sglang-ids:IDS$'):
+        parse_convention_ids("sglang", "--serve")
+
+
+def test_output_of_stays_an_alias():
+    from tpsim.profiles.conventions import Convention, parse_convention_ids
+    assert parse_convention_ids("output-of:1,29,57", "--train") == (Convention.SPECFORGE, [1, 29, 57])
+
+
+@given(name=st.sampled_from(["sglang-ids", "sglang-boundary-ids", "vllm-ids", "specforge-ids", "output-of",
+                             "hf-ids", "eagle-ids"]),
+       tail=st.sampled_from(["", "@0.5.12", ":llama", "@latest:deepseek_v3"]),
+       option=st.sampled_from(["--server", "--train"]))
+def test_a_convention_where_a_profile_is_taken_is_refused_with_the_profile(name, tail, option):
+    from tpsim.profiles import registry
+    from tpsim.profiles.conventions import refuse_convention_as_profile
+    with pytest.raises(UsageError) as e:
+        refuse_convention_as_profile(name + tail, option)
+    msg = str(e.value)
+    profile = msg.rpartition(f"write {option} ")[2]
+    assert "\n" not in msg and msg.startswith(f'{option} {name}{tail}: "{name}" names an idealised convention')
+    assert profile.endswith(tail) and profile.removesuffix(tail) in {*registry.ENGINES, *registry.ALIASES}
+    for engine in (*registry.ENGINES, *registry.ALIASES):  # a profile's name passes untouched
+        assert refuse_convention_as_profile(engine + tail, option) == engine + tail

@@ -549,7 +549,7 @@ def as_vllm(capture: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def vllm(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("vllm")
     layers = ",".join(map(str, VLLM_IDS))
-    argv = {tp: ["capture", "--tp", tp, "--convention", "vllm", "--layers", layers, "--seq-len", T,
+    argv = {tp: ["capture", "--tp", tp, "--convention", "vllm-ids", "--layers", layers, "--seq-len", T,
                  "--out", d / f"cap_tp{tp}.safetensors"] for tp in (1, 2)}
     for r in run_clis(argv).values():
         assert r.returncode == 0, r
@@ -564,7 +564,7 @@ def vllm(tmp_path_factory) -> dict[str, Path]:
     f["swap"] = vllm_file(d / "swap.safetensors", hs2[:, [0, 2, 1, 3]], ids)
     f["run_bf16"] = vllm_file(d / "run_bf16.safetensors", hs2.bfloat16(), ids)
     meta = load_meta(f["cap"])
-    f["cap_sglang"] = save(d / "cap_sglang.safetensors", load_file(str(f["cap"])), {**meta, "convention": "sglang"})
+    f["cap_sglang"] = save(d / "cap_sglang.safetensors", load_file(str(f["cap"])), {**meta, "convention": "sglang-ids"})
     return f
 
 
@@ -716,9 +716,9 @@ def csv(ids) -> str:
 @pytest.fixture(scope="module")
 def layer_ids(vllm) -> dict:
     d = vllm["dir"]
-    argv = {"every_vllm": ["--tp", 2, "--convention", "vllm", f"--layers={csv(EVERY_VLLM_ID)}"],
-            "every_sglang": ["--tp", 1, "--convention", "sglang", "--layers", csv(EVERY_SGLANG_ID)],
-            "sglang": ["--tp", 1, "--convention", "sglang", "--layers", csv(k - 1 for k in VLLM_IDS)]}
+    argv = {"every_vllm": ["--tp", 2, "--convention", "vllm-ids", f"--layers={csv(EVERY_VLLM_ID)}"],
+            "every_sglang": ["--tp", 1, "--convention", "sglang-ids", "--layers", csv(EVERY_SGLANG_ID)],
+            "sglang": ["--tp", 1, "--convention", "sglang-ids", "--layers", csv(k - 1 for k in VLLM_IDS)]}
     runs = run_clis({k: ["capture", *a, "--seq-len", T, "--out", d / f"{k}.safetensors"] for k, a in argv.items()})
     assert all(r.returncode == 0 for r in runs.values()), runs
     f = {k: d / f"{k}.safetensors" for k in argv}
@@ -789,7 +789,7 @@ def test_layer_ids_num_layers_from_the_reference(layer_ids, vllm):
     run = str(vllm["run"])
     cap = save(vllm["dir"] / "sglang_L3.safetensors", load_file(str(layer_ids["sglang"])),
                {**load_meta(layer_ids["sglang"]), "num_layers": "3"})
-    with pytest.raises(UsageError, match=re.escape("layer id 4 is out of range for vllm with num_layers=3")):
+    with pytest.raises(UsageError, match=re.escape("layer id 4 is out of range for vllm-ids with num_layers=3")):
         diagnose_files([run], str(cap), layer_ids=VLLM_IDS)
     with pytest.raises(UsageError, match=re.escape("--num-layers 8 differs from the reference's num_layers=3")):
         diagnose_files([run], str(cap), layer_ids=VLLM_IDS, num_layers=8)
@@ -804,11 +804,11 @@ LAYER_IDS_BAD = {  # id -> (argv from the files, substrings of the one error lin
     "repeated-id": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,2,3"], ("names 3 distinct layers",)),
     "more-ids": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "0,1,2,3,4"], ("names 5 layers", "4 slots")),
     "negative-spaced": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "-1,2,3,4"],
-                        ("--layer-ids -1,2,3,4", "layer id -1 is out of range for vllm with num_layers=8")),
+                        ("--layer-ids -1,2,3,4", "layer id -1 is out of range for vllm-ids with num_layers=8")),
     "negative-equals": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids=-1,2,3,4", "--num-layers", "8"],
-                        ("--layer-ids -1,2,3,4", "layer id -1 is out of range for vllm with num_layers=8")),
+                        ("--layer-ids -1,2,3,4", "layer id -1 is out of range for vllm-ids with num_layers=8")),
     "out-of-range": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,3,9", "--num-layers", "8"],
-                     ("layer id 9 is out of range for vllm with num_layers=8", "valid 0..8")),
+                     ("layer id 9 is out of range for vllm-ids with num_layers=8", "valid 0..8")),
     "not-integers": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "out(0)"],
                      ("--layer-ids 'out(0)' is not a comma-separated list of integers",)),
     "num-layers-alone": (lambda v, li, f: [*RUN(v, li, f), "--num-layers", "8"], ("--num-layers", "--layer-ids")),
@@ -829,6 +829,8 @@ LAYER_IDS_BAD = {  # id -> (argv from the files, substrings of the one error lin
     "capture-out-of-range": (lambda v, li, f: [li["sglang"], "--reference", li["every_sglang"], "--layer-ids",
                                                "5,6,7,8", "--convention", "output-of"],
                              ("--layer-ids 5,6,7,8 (--convention output-of)", "out of range")),
+    "profile-name-as-convention": (lambda v, li, f: [*RUN(v, li, f), "--layer-ids", "1,2,3,4", "--convention", "vllm"],
+                                   ('--convention vllm: "vllm" names an engine profile', "write --convention vllm-ids")),
     "capture-with-another-file": (lambda v, li, f: [li["sglang"], li["every_sglang"], "--reference", li["sglang"]],
                                   ("is a tpsim capture (one copy for the whole TP group); pass it alone",)),
 }

@@ -34,7 +34,7 @@ def layer(tp: int) -> list[Step]:
     even = [4] * tp
     return [point("attn.in", R, even), point("attn.q", S1, even), point("o_proj.partial", P, even),
             Step("collective", "all_reduce (o_proj)", R, "512 B per rank, bfloat16", "", ((4 * tp, WIDTH),) * tp),
-            point("out", R, even, capture="out(1): sglang 1 / vllm 2"), point("tokens", S0, even)]
+            point("out", R, even, capture="out(1): sglang-ids 1 / vllm-ids 2"), point("tokens", S0, even)]
 
 
 def render(svg: str) -> np.ndarray:
@@ -110,4 +110,4 @@ def test_explain_draws_the_tiny_layer_rank_by_rank(tmp_path):
     assert [b.findtext("{http://www.w3.org/2000/svg}title") for b in q] == \
         [f"layers.1.attn.q on rank {r}: 16x96, Shard(dim=-1)" for r in (0, 1)]
     assert ">all_reduce (model.layers.1.mlp)</text>" in svg and "2.0 KiB per rank" in svg
-    assert "out(1): sglang 1 / sglang-boundary 2 / vllm 2" in svg
+    assert "out(1): sglang-ids 1 / sglang-boundary-ids 2 / vllm-ids 2" in svg

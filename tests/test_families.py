@@ -199,7 +199,7 @@ def test_every_command_runs_on_each_family(tmp_path, name):
         "run": ["capture", "--model", name, "--tp", "2", "--points", points, "--seq-len", "8", "--out", run],
         "ref": ["capture", "--model", name, "--tp", "1", "--points", points, "--seq-len", "8", "--out", ref],
         "explain": ["explain", "--model", name, "--tp", "8"],
-        "align": ["align", "--train", "specforge:1,3,5", "--serve", "vllm:2,4,6", "--model", name, "--tp", "2"],
+        "align": ["align", "--train", "specforge-ids:1,3,5", "--serve", "vllm-ids:2,4,6", "--model", name, "--tp", "2"],
         "export": ["export", "--model", name, "--out", tmp_path / "ckpt"],
         "triage": ["triage", "--draft-config", ROOT / "configs/drafts/ids-at-top-level.json", "--server",
                    "sglang@0.5.6", "--tp", "4", "--model", name],

@@ -52,8 +52,8 @@ def forking(test):
 @forking
 def test_a_forked_command_prints_exits_and_writes_as_the_command_does(cwd):
     assert alone(), threading.enumerate()
-    ended, out, err = run(["resolve", "--convention", "specforge", "--layers", "1,29,57", "--num-layers", "61"], cwd)
-    assert ended.status == 0 and "specforge ids 1,29,57 on 61 layers -> out(1), out(29), out(57)" in out, (out, err)
+    ended, out, err = run(["resolve", "--convention", "specforge-ids", "--layers", "1,29,57", "--num-layers", "61"], cwd)
+    assert ended.status == 0 and "specforge-ids 1,29,57 on 61 layers -> out(1), out(29), out(57)" in out, (out, err)
     ended, out, err = run(["export", "--out", "ck"], cwd)  # a relative path: the run's working directory
     assert ended.status == 0, err
     assert json.loads((cwd / "ck" / "config.json").read_text())["num_hidden_layers"] == 8

@@ -56,7 +56,7 @@ def test_a_compiled_forward_captures_what_the_eager_one_does_without_host_sync(c
     cfg = with_overrides(load_config("configs/deepseek-v2-lite.yaml"), ["num_hidden_layers=3"])
     model = build_model(cfg, TPGroup(device=torch.device("cuda")), 0, "bfloat16")
     ids = torch.arange(1000, 1512, device="cuda")
-    positions = resolve("sglang", None, 3).positions[:2]
+    positions = resolve("sglang-ids", None, 3).positions[:2]
     caps = []
     for on in (False, True, True):  # eager, compiled (compiles), compiled again
         model.kernels = fused.KernelPolicy(on, min_tokens=1)

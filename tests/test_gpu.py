@@ -93,7 +93,7 @@ def check_tp_equivalence(runs, cfg, dtype, ids, positions):
 
 def test_ranks_share_the_gpu(cuda_pool):
     """One GPU: every rank takes cuda:0 (pool._worker: rank % device_count)."""
-    runs = run_tps(cuda_pool, TINY, 0, "float32", [1, 2, 3], list(resolve("sglang", None, 8).positions))
+    runs = run_tps(cuda_pool, TINY, 0, "float32", [1, 2, 3], list(resolve("sglang-ids", None, 8).positions))
     devices = {r["device"] for ranks in runs.values() for r in ranks}
     n = torch.cuda.device_count()
     assert devices == {f"cuda:{i}" for i in range(min(n, WORLD))}
@@ -118,7 +118,7 @@ ALL_EXPERTS = with_overrides(TINY, ["topk_method=greedy", "n_group=1", "topk_gro
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_tp_equivalence_bfloat16(cuda_pool, seed):
-    positions = list(resolve("sglang", None, ALL_EXPERTS.num_hidden_layers).positions)
+    positions = list(resolve("sglang-ids", None, ALL_EXPERTS.num_hidden_layers).positions)
     ids = input_ids_for(ALL_EXPERTS, seed, 32)
     runs = run_tps(cuda_pool, ALL_EXPERTS, seed, "bfloat16", ids, positions)
     check_tp_equivalence(runs, ALL_EXPERTS, "bfloat16", ids, positions)
@@ -127,7 +127,7 @@ def test_tp_equivalence_bfloat16(cuda_pool, seed):
 def test_tp_equivalence_bfloat16_compiled(cuda_pool):
     """The compiled path (MLA and MoE regions, fused kernels) at TP 1, 2, 4: equal within the bf16
     bound, every rank bitwise its group's rank 0."""
-    positions = list(resolve("sglang", None, ALL_EXPERTS.num_hidden_layers).positions)
+    positions = list(resolve("sglang-ids", None, ALL_EXPERTS.num_hidden_layers).positions)
     ids = input_ids_for(ALL_EXPERTS, 2, 48)
     runs = run_tps(cuda_pool, ALL_EXPERTS, 2, "bfloat16", ids, positions, compiled=True)
     check_tp_equivalence(runs, ALL_EXPERTS, "bfloat16", ids, positions)
@@ -148,7 +148,7 @@ def v2_lite_2_layers():
 def test_v2_lite_shape_bf16_forward_is_finite(v2_lite_2_layers):
     cfg, model = v2_lite_2_layers
     T = 64
-    positions = list(resolve("hf", [0, 1, 2], 2).positions)  # embed, out(0), final
+    positions = list(resolve("hf-ids", [0, 1, 2], 2).positions)  # embed, out(0), final
     ids = torch.tensor(input_ids_for(cfg, 0, T), device=model.group.device)
     with torch.inference_mode():
         rec = Recorder(positions)
@@ -170,7 +170,7 @@ def test_forward_makes_no_host_sync(v2_lite_2_layers):
 def forward_without_host_sync(model, ids: list[int]):
     """Warm up, then one captured forward under `set_sync_debug_mode("error")`: (capture, logits),
     or the test fails naming the tpsim line that synchronized."""
-    positions = list(resolve("hf", [0, 1, 2], 2).positions)
+    positions = list(resolve("hf-ids", [0, 1, 2], 2).positions)
     ids = torch.tensor(ids, device=model.group.device)
     with torch.inference_mode():
         for _ in range(2):
@@ -197,7 +197,7 @@ def test_cuda_graph_replay_is_the_eager_forward(v2_lite_2_layers):
     bit, for new ids copied into it each time."""
     from tpsim.capture.graphs import GraphedForward
     cfg, model = v2_lite_2_layers
-    positions = list(resolve("hf", [0, 1, 2], 2).positions)
+    positions = list(resolve("hf-ids", [0, 1, 2], 2).positions)
     with torch.inference_mode():
         graphed = GraphedForward(model, 8, positions)
         for seed in (5, 6):
@@ -218,7 +218,7 @@ def test_real_cuda_graphs_freeze_the_capture_set_of_the_start_up_order(v2_lite_2
     from tpsim.profiles.profile import GraphIds
     from tpsim.run.graphs import start
     cfg, model = v2_lite_2_layers
-    config, default = list(resolve("hf", [0, 2], 2).positions), list(resolve("hf", [1], 2).positions)
+    config, default = list(resolve("hf-ids", [0, 2], 2).positions), list(resolve("hf-ids", [1], 2).positions)
     frozen = {"CONFIG": config, "DEFAULT": default, "NONE": []}[order]
     ids = torch.tensor(input_ids_for(cfg, 7, 12), device=model.group.device)
     with torch.inference_mode():
@@ -262,7 +262,7 @@ FAMILY_TINY = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"]
 def test_tp_equivalence_float32_each_family(cuda_pool, name):
     """The GQA families (KV heads replicated at TP 4) at TP 2 and 4 on CUDA equal TP=1."""
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
-    positions = list(resolve("sglang", None, cfg.num_hidden_layers).positions)
+    positions = list(resolve("sglang-ids", None, cfg.num_hidden_layers).positions)
     ids = input_ids_for(cfg, 2, 24)
     check_tp_equivalence(run_tps(cuda_pool, cfg, 2, "float32", ids, positions), cfg, "float32", ids, positions)
 

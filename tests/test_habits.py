@@ -29,7 +29,7 @@ COMMANDS = {name: p for a in PARSER._actions if isinstance(a, argparse._SubParse
             for name, p in a.choices.items()}
 VALUE_OPTIONS = sorted((cmd, opt) for cmd, p in COMMANDS.items() for opt, a in p._option_string_actions.items()
                        if opt.startswith("--") and a.nargs in (None, "?"))
-ALIGN = ["align", "--train", "specforge:1,29,57", "--serve", "sglang:-1,2,30", "--num-layers", "61"]
+ALIGN = ["align", "--train", "specforge-ids:1,29,57", "--serve", "sglang-ids:-1,2,30", "--num-layers", "61"]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -61,7 +61,7 @@ def test_a_value_starting_with_a_minus_parses_as_with_equals(cmd_opt, value, res
 
 
 def test_the_seed_case_typed_the_natural_way(capsys):
-    assert run_command(["resolve", "--convention", "sglang", "--layers", "-1,2,30", "--num-layers", "61"]) == 0
+    assert run_command(["resolve", "--convention", "sglang-ids", "--layers", "-1,2,30", "--num-layers", "61"]) == 0
     assert "embed, out(2), out(30)" in capsys.readouterr().out
 
 

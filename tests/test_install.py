@@ -82,7 +82,7 @@ def test_scenarios_are_listed_and_run_from_any_directory(installed):
 
 def test_built_in_models_by_name(installed):
     tpsim, cwd = installed
-    r = sh([tpsim, "resolve", "--convention", "sglang", "--layers", "-1,2,30", "--model", "deepseek-v3"], cwd)
+    r = sh([tpsim, "resolve", "--convention", "sglang-ids", "--layers", "-1,2,30", "--model", "deepseek-v3"], cwd)
     assert r.returncode == 0 and "61" in r.stdout, r.stdout + r.stderr
 
 

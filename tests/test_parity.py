@@ -225,7 +225,7 @@ def test_cli_capture_of_a_transformers_checkpoint_at_tp4(tmp_path):
     ids = [5, 17, 2, 300, 41, 9, 77, 128, 6]
     hidden, _ = hf_reference(model, ids)
     out = tmp_path / "cap.safetensors"
-    r = run_cli("capture", "--model", tmp_path / "hf", "--tp", "4", "--convention", "hf", "--layers", "0,2,3",
+    r = run_cli("capture", "--model", tmp_path / "hf", "--tp", "4", "--convention", "hf-ids", "--layers", "0,2,3",
                 "--tokens", ",".join(map(str, ids)), "--out", out)
     assert r.returncode == 0, r
     with safe_open(str(out), "pt") as f:

@@ -124,7 +124,7 @@ def test_explain_tiny_lists_every_point_and_collective(tmp_path):
     assert [c["name"].split()[0] for c in colls] == ["all_reduce"] * 3 + ["all_gather"]
     assert all(c["detail"].startswith("640 B per rank") for c in colls[:3])  # 5 tokens x 64 x bf16
     out1 = next(row for row in rep["rows"] if row["name"] == "layers.1.out")
-    assert "sglang 1" in out1["capture"] and "vllm 2" in out1["capture"] and "specforge 1" in out1["capture"]
+    assert "sglang-ids 1" in out1["capture"] and "vllm-ids 2" in out1["capture"] and "specforge-ids 1" in out1["capture"]
     xml.dom.minidom.parse(str(svg))  # a well-formed SVG
 
 

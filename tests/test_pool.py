@@ -102,7 +102,7 @@ def test_every_field_of_a_run_is_agreed_on(rank_pool, field):
     from it passed the whole suite: agree() was only tested with its own fields)."""
     cfg = load_config(model_path("tiny"))
     spec = RunSpec(ModelSource("tiny", cfg), 0, "float32", tuple(range(5)),
-                   tuple(resolve("sglang", None, cfg.num_hidden_layers).positions))
+                   tuple(resolve("sglang-ids", None, cfg.num_hidden_layers).positions))
     with pytest.raises(UsageError, match=rf"the ranks disagree on {field} \(rank 0 \w+; ranks 1-7 \w+\)"):
         rank_pool.run(run_disagree_job, spec=spec, field=field, from_rank=1)
     assert rank_pool.run(run_disagree_job, spec=spec, field=field, from_rank=8) == {r: "ran" for r in range(8)}

@@ -272,7 +272,7 @@ def test_resolve_server_reports_the_dropped_slot():
 @pytest.mark.parametrize("argv,words", [
     (["resolve", "--server", "nope", "--num-layers", "8"], ["unknown profile 'nope'"]),
     (["resolve", "--num-layers", "8"], ["--convention NAME or --server PROFILE"]),
-    (["check", "--server", "sglang", "--convention", "vllm", "--tp", "1"], ["--server and --convention"]),
+    (["check", "--server", "sglang", "--convention", "vllm-ids", "--tp", "1"], ["--server and --convention"]),
     (["capture", "--server", "vllm@0.1.0", "--out", "/tmp/tpsim-never-written.safetensors"],
      ["is profiled for 0.18.0 .. 0.34.0", "0.1.0 is older"]),
 ])

@@ -71,8 +71,8 @@ def cases(draw, dtype="float32", max_layers=3):
 
 
 # The largest width at TP = world, one token; and the default tiny config at TP=8.
-@example(c=(8, {**TINY, "vocab_size": 65}, resolve("hf", [0, 8, 3], 8), 0, [64]))
-@example(c=(8, TINY, resolve("sglang", None, 8), 1, list(range(16))))
+@example(c=(8, {**TINY, "vocab_size": 65}, resolve("hf-ids", [0, 8, 3], 8), 0, [64]))
+@example(c=(8, TINY, resolve("sglang-ids", None, 8), 1, list(range(16))))
 @given(c=cases())
 def test_capture_is_full_identical_and_tp_invariant(rank_pool, c):
     tp, cfg_d, res, seed, ids = c
@@ -123,7 +123,7 @@ def test_bf16_capture_within_norm_bound(rank_pool, c):
 def test_negative_control_is_caught(rank_pool, sabotage):
     """A deliberately wrong shard must fail the same comparison by far more than its tolerance."""
     cfg = config_from_dict(TINY)
-    res = resolve("sglang", None, cfg.num_hidden_layers)
+    res = resolve("sglang-ids", None, cfg.num_hidden_layers)
     ids = list(range(1, 17))
     out = rank_pool.run(model_job, cfg=TINY, seed=3, dtype="float32", input_ids=ids,
                         positions=[str(p) for p in res.positions], tp=4, sabotage=sabotage)
@@ -136,7 +136,7 @@ def test_deepseek_v3_shape_width():
     and a small vocab so it runs on a laptop:
     sglang ids [-1, 2, 30] hold on 61 layers; width 3 x 7168 = 21504."""
     v3 = load_config(ROOT / "configs/deepseek-v3.yaml")
-    res = resolve("sglang", [-1, 2, 30], v3.num_hidden_layers)
+    res = resolve("sglang-ids", [-1, 2, 30], v3.num_hidden_layers)
     assert [str(p) for p in res.positions] == ["embed", "out(2)", "out(30)"]
     assert res.internal == [0, 3, 31]
     assert len(res.positions) * v3.hidden_size == 21504
@@ -144,6 +144,6 @@ def test_deepseek_v3_shape_width():
                               "vocab_size": 1000, "n_routed_experts": 16,
                               "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "moe_intermediate_size": 64,
                               "intermediate_size": 256, "first_k_dense_replace": 2})
-    res = resolve("sglang", [-1, 0, 1], 3)
+    res = resolve("sglang-ids", [-1, 0, 1], 3)
     cap, _, _ = tp1_run(small, 0, "bfloat16", [1, 2, 3, 4], res.positions)
     assert tuple(cap.shape) == (4, 21504)

@@ -42,7 +42,7 @@ def capture(model, ids, compiled: bool | None) -> torch.Tensor:
     """The sglang default capture; `compiled` None: with the kernels as they are."""
     if compiled is not None:
         model.kernels = fused.KernelPolicy(compiled, min_tokens=1)
-    rec = Recorder(resolve("sglang", None, CFG.num_hidden_layers).positions)
+    rec = Recorder(resolve("sglang-ids", None, CFG.num_hidden_layers).positions)
     with torch.inference_mode():
         model(ids, recorder=rec)
     return rec.concat()
@@ -126,7 +126,7 @@ def test_the_other_moe_families_trace_whole(name):
     cfg = load_config(f"configs/{name}.yaml")
     model = build_model(cfg, TPGroup(device=torch.device("cpu")), 0, "bfloat16")
     ids = torch.arange(19) % cfg.vocab_size
-    positions = resolve("sglang", None, cfg.num_hidden_layers).positions
+    positions = resolve("sglang-ids", None, cfg.num_hidden_layers).positions
     caps = []
     for compiled in (False, True):
         model.kernels = fused.KernelPolicy(compiled, min_tokens=1)

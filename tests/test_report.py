@@ -39,7 +39,7 @@ def rank_results(tp: int, T: int, width: int, rel: float, logits_rel: float) -> 
 @example(dtype="bfloat16", rel=0.0, logits_rel=TOLERANCE["bfloat16"] * 1.001)
 @given(dtype=st.sampled_from(sorted(TOLERANCE)), rel=st.floats(0, 1), logits_rel=st.floats(0, 1))
 def test_relative_error_decides_the_verdict(dtype, rel, logits_rel):
-    res = resolve("sglang", None, CFG.num_hidden_layers)
+    res = resolve("sglang-ids", None, CFG.num_hidden_layers)
     T, width = 16, len(res.positions) * CFG.hidden_size
     spec = RunSpec(ModelSource("tiny", CFG), 0, dtype, tuple(range(T)), tuple(res.positions))
     report = summarize(spec, res, [2], rank_results(2, T, width, rel, logits_rel))
@@ -53,7 +53,7 @@ def test_a_flip_across_a_wide_router_margin_fails_check():
     """check excused a real bug as rounding: with the shared experts added on every rank before the
     reduce, every token's routing moved and check compared 42 % of the capture and said "a routing
     near-tie". A flip is excused only when its router margin is measured below NEAR_TIE."""
-    res = resolve("sglang", None, CFG.num_hidden_layers)
+    res = resolve("sglang-ids", None, CFG.num_hidden_layers)
     T, width = 16, len(res.positions) * CFG.hidden_size
     spec = RunSpec(ModelSource("tiny", CFG), 0, "float32", tuple(range(T)), tuple(res.positions))
     rows = [replace(r, real_flip=(1, 0, 0.03)) for r in rank_results(2, T, width, 0.0, 0.0)]

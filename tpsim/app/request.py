@@ -149,7 +149,7 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
     if ids.server is None:
         if ids.draft_config is not None:
             raise UsageError("--draft-config is read as an engine reads it: give --server PROFILE too")
-        return resolve(ids.convention or "sglang", layers, L)
+        return resolve(ids.convention or Convention.SGLANG, layers, L)
     if ids.convention is not None:
         raise UsageError("--server and --convention both say how ids are numbered; give one of them")
     profile = for_target(ids.server, cfg.model_type)

@@ -12,7 +12,7 @@ import argparse
 import torch.nn.functional as F
 
 from tpsim.capture import Position
-from tpsim.profiles.conventions import Convention, check_convention
+from tpsim.profiles.conventions import named_ids, parse_convention_ids, refuse_convention_as_profile
 from tpsim.offline.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
                                  read_draft_config)
 from tpsim.app.ranks import on_ranks
@@ -33,25 +33,6 @@ from tpsim.run.spec import ModelSource
 from tpsim.base.ui import say, table
 
 
-def parse_spec(text: str, option: str) -> tuple[Convention, list[int] | None]:
-    """`CONVENTION:IDS` -> (convention, ids or None for `default`)."""
-    name, colon, ids = text.partition(":")
-    example = f"{option} specforge:1,29,57 or {option} sglang:default"
-    if not colon:
-        raise UsageError(f"{option} {text!r} has no ':'; write CONVENTION:IDS, e.g. {example}")
-    try:
-        conv = check_convention(name.strip())
-    except UsageError as e:
-        raise UsageError(f"{option}: {e}") from None
-    if ids.strip() == "default":
-        return conv, None
-    try:
-        return conv, [int(x) for x in ids.split(",")]
-    except ValueError:
-        raise UsageError(f"{option} {text!r}: {ids!r} is not a comma-separated list of integers or 'default'; "
-                         f"e.g. {example} (negative ids are fine: sglang:-1,2,30)") from None
-
-
 def check_inputs(args) -> None:
     """Exactly one input style, complete; a layer count from exactly one place."""
     by_config = any(v is not None for v in (args.draft_config, args.trainer, args.server))
@@ -60,7 +41,7 @@ def check_inputs(args) -> None:
         raise UsageError("give either --train/--serve or --draft-config/--trainer/--server, not both")
     if not by_ids and not by_config:
         raise UsageError("nothing to align: give --train CONVENTION:IDS --serve CONVENTION:IDS, or "
-                         "--draft-config PATH --server sglang|sglang-boundary|vllm")
+                         "--draft-config PATH --server sglang|vllm")
     for opt, v in (("--train", args.train), ("--serve", args.serve)) if by_ids else ():
         if v is None:
             raise UsageError(f"{opt} is missing; give both --train CONVENTION:IDS and --serve CONVENTION:IDS")
@@ -92,14 +73,15 @@ def align_sides(args, L: int, kind: str) -> tuple[Report, Profile | None]:
     if args.draft_config is None:
         out = []
         for role, text in (("train", args.train), ("serve", args.serve)):
-            conv, ids = parse_spec(text, f"--{role}")
+            conv, ids = parse_convention_ids(text, f"--{role}")
             out.append(make_side(role, conv, ids, L, f"--{role} {text}"))
         return align(out[0], out[1]), None
     draft = read_draft_config(args.draft_config)
     serve_p = serving(args.server, kind)
     if ":" in args.server:  # the server names the model: the trainer trained for the same one
         kind = args.server.partition(":")[2].strip()
-    train_p = lookup(args.train or args.trainer or "specforge", kind)
+    trainer = args.train or args.trainer or "specforge"
+    train_p = lookup(refuse_convention_as_profile(trainer, "--train" if args.train else "--trainer"), kind)
     train, _ = side_from_config("train", train_p, draft, L)
     serve, _ = side_from_config("serve", serve_p, draft, L)
     return align_profiles(train, serve, serve_p), serve_p
@@ -179,7 +161,7 @@ def print_report(report: Report, args) -> None:
     train, serve = report.train, report.serve
     say(f"tpsim align: train {train.convention} vs serve {serve.convention} on {train.num_layers} layers")
     for side in (train, serve):
-        say(f"{side.role}: {side.convention} ids {side.ids_text()} (from {side.source}) -> "
+        say(f"{side.role}: {named_ids(side.convention, side.ids_text())} (from {side.source}) -> "
             f"{positions_text(side.positions)} ({side.order})")
         for n in side.notes:
             say(f"note: {side.role}: {n}")
@@ -217,9 +199,10 @@ def _row(s: Slot, run: bool) -> list[str]:
 def add_parser(sub) -> None:
     p = add_command(sub, "align")
     p.add_argument("--train", metavar="CONVENTION:IDS|PROFILE",
-                   help="training side: specforge:1,29,57 or specforge:default; with --draft-config a profile "
-                        "(default specforge), e.g. specforge@2026-07-01")
-    p.add_argument("--serve", metavar="CONVENTION:IDS", help="serving side, e.g. sglang:-1,2,30 or vllm:default")
+                   help="training side: specforge-ids:1,29,57 or specforge-ids:default; with --draft-config a "
+                        "profile (default specforge), e.g. specforge@2026-07-01")
+    p.add_argument("--serve", metavar="CONVENTION:IDS",
+                   help="serving side, e.g. sglang-ids:-1,2,30 or vllm-ids:default")
     p.add_argument("--draft-config", metavar="PATH", help="or read the ids from the draft's config.json as each program does")
     p.add_argument("--trainer", metavar="PROFILE", help=argparse.SUPPRESS)  # the old name of --train PROFILE
     add_server_option(p)

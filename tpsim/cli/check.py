@@ -8,6 +8,7 @@ from tpsim.cli.pp_options import add_pp_options, pp_degree, pp_tp_degrees
 from tpsim.app.check import run_check, run_graphs
 from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text
 from tpsim.base.ui import say, table
+from tpsim.profiles.conventions import named_ids
 from tpsim.cli.parser import add_command
 
 
@@ -63,7 +64,7 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
         f"seed {spec.seed}, {spec.source.weights} weights{fp8}")
     for note in spec.source.notes:
         say(f"note: {note}")
-    say(f"capture: {res.convention} ids {ids} -> {res.positions_text} (width {n} x {H} = {n * H})")
+    say(f"capture: {named_ids(res.convention, ids)} -> {res.positions_text} (width {n} x {H} = {n * H})")
     if res.unverified:
         say(res.unverified.line)
     for note in res.notes:

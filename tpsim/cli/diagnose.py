@@ -4,9 +4,9 @@ takes the options and prints.)"""
 
 from __future__ import annotations
 
-from tpsim.profiles.conventions import CONVENTIONS
+from tpsim.profiles.conventions import Convention, check_convention
 from tpsim.offline.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
-from tpsim.cli.options import add_json, emit_json, int_list, optional_int
+from tpsim.cli.options import CONVENTION_METAVAR, add_json, emit_json, int_list, optional_int
 from tpsim.base.errors import UsageError
 from tpsim.offline.dumps import DumpKind
 from tpsim.offline.reference import parse_positions
@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
                         "named by its position (out(1), ...; slot{i} stays an alias) and compared with the "
                         "reference's tensor at that position, whatever convention the reference was captured in; "
                         "a tpsim capture file: ids in --convention, naming its slots likewise")
-    p.add_argument("--convention", choices=CONVENTIONS,
-                   help="with --layer-ids on a tpsim capture file: the numbering of the ids (default vllm); the "
+    p.add_argument("--convention", metavar=CONVENTION_METAVAR,
+                   help="with --layer-ids on a tpsim capture file: the numbering of the ids (default vllm-ids); the "
                         "draft's ids in its trainer's numbering (e.g. output-of for SpecForge's hook) name each slot "
                         "by the position the draft was trained on, so a slot the engine took from another layer "
                         "shows as that layer")
@@ -51,11 +51,14 @@ def cmd_diagnose(args) -> int:
     layer_ids = None if args.layer_ids is None else int_list(args.layer_ids, "--layer-ids")
     if args.num_layers is not None and layer_ids is None:
         raise UsageError("--num-layers checks --layer-ids, which is not given; add --layer-ids or drop --num-layers")
+    if args.convention is not None:  # kept as written (output-of stays output-of in the report)
+        check_convention(args.convention, "--convention")
     if args.convention is not None and layer_ids is None:
         raise UsageError("--convention numbers --layer-ids, which is not given; add --layer-ids or drop --convention")
+    convention = args.convention or Convention.VLLM.value
     report = diagnose_files(args.files, args.reference, args.point, positions,
                             optional_int(args.hidden_size, "--hidden-size", 1), optional_int(args.step, "--step", 0),
-                            layer_ids, optional_int(args.num_layers, "--num-layers", 1), args.convention or "vllm")
+                            layer_ids, optional_int(args.num_layers, "--num-layers", 1), convention)
     if args.json:
         emit_json(report.to_dict())
     else:

@@ -49,7 +49,7 @@ class Row:
 
 
 def capture_ids(point: str, L: int) -> str:
-    """`sglang 2 / vllm 3 / ...`: the id each convention writes to capture this point."""
+    """`sglang-ids 2 / vllm-ids 3 / ...`: the id each convention writes to capture this point."""
     pos = position_of(point)
     if pos is None:
         return ""

@@ -10,7 +10,7 @@ from tpsim.app.preflight import check_divides_world, check_timeout, torchrun_wor
 from tpsim.app.request import Ids, RunRequest
 from tpsim.app.run_options import GraphsAsk, PipelineAsk
 from tpsim.base.errors import UsageError
-from tpsim.profiles.conventions import CONVENTIONS, check_convention
+from tpsim.profiles.conventions import CONVENTIONS, Convention, check_convention, refuse_convention_as_profile
 from tpsim.profiles.resolution import Resolution
 from tpsim.cli.pp_options import pp_degree
 from tpsim.config.loader import builtin_names
@@ -35,6 +35,19 @@ def integer(text: str, option: str, low: int | None = None, example: str = "") -
     if low is not None and v < low:
         raise UsageError(f"{option} {v} must be at least {low}")
     return v
+
+
+def convention_option(text: str) -> Convention:
+    """--convention's value: a convention (a profile's name, e.g. `sglang`, is refused with the convention's)."""
+    return check_convention(text, "--convention")
+
+
+CONVENTION_METAVAR = "{" + ",".join(CONVENTIONS) + "}"
+
+
+def server_option(text: str) -> str:
+    """--server's value: a profile (a convention's name, e.g. `sglang-ids`, is refused with the profile's)."""
+    return refuse_convention_as_profile(text, "--server")
 
 
 def positive_int(text: str, option: str) -> int:
@@ -86,9 +99,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     add_model_option(p)
     p.add_argument("--layers", help="layer ids in the convention's numbering, e.g. --layers -1,2,30 "
                                     "(default: the convention's default ids)")
-    p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}",
-                   help="how --layers numbers the layers: an engine's or trainer's own numbering "
-                        "(default sglang; tpsim resolve shows each)")
+    p.add_argument("--convention", type=convention_option, metavar=CONVENTION_METAVAR,
+                   help="how --layers numbers the layers: an engine's or trainer's own numbering, idealised "
+                        "(default sglang-ids; tpsim resolve shows each; --server replays a real engine version)")
     add_server_option(p, draft=True)
     add_execution_options(p)
 
@@ -101,7 +114,7 @@ def add_model_option(p: argparse.ArgumentParser, help: str = "") -> None:
 
 
 def add_server_option(p: argparse.ArgumentParser, draft: bool = False) -> None:
-    p.add_argument("--server", metavar="PROFILE",
+    p.add_argument("--server", metavar="PROFILE", type=server_option,
                    help="replay a named engine version: ENGINE[@VERSION][:MODEL], e.g. sglang@0.5.12:deepseek_v2 "
                         "or vllm (tpsim profiles lists them; default version: the latest known, model: --model's)")
     if draft:

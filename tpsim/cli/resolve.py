@@ -3,8 +3,9 @@ or as a named engine version handles them with --server)."""
 
 from __future__ import annotations
 
-from tpsim.profiles.conventions import CONVENTIONS, Convention, check_convention, ids_for, resolve
-from tpsim.cli.options import add_json, add_server_option, emit_json, layer_ids, positive_int
+from tpsim.profiles.conventions import Convention, ids_for, named_ids, resolve
+from tpsim.cli.options import (CONVENTION_METAVAR, add_json, add_server_option, convention_option, emit_json,
+                               layer_ids, positive_int)
 from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
 from tpsim.base.errors import UsageError
 from tpsim.profiles.findings import findings
@@ -17,7 +18,7 @@ from tpsim.cli.parser import add_command
 
 def add_parser(sub) -> None:
     p = add_command(sub, "resolve")
-    p.add_argument("--convention", type=check_convention, metavar="{" + ",".join(CONVENTIONS) + "}",
+    p.add_argument("--convention", type=convention_option, metavar=CONVENTION_METAVAR,
                    help="the numbering --layers is written in")
     add_server_option(p)
     p.add_argument("--layers", help="layer ids, e.g. --layers -1,2,30 (default: the convention's default)")
@@ -49,13 +50,13 @@ def cmd_resolve(args) -> int:
         emit_json({**res.to_dict(), "equivalent_ids": equivalents})
         return 0
     ids = "default" if res.ids is None else ",".join(map(str, res.ids))
-    print(f"{res.convention} ids {ids} on {L} layers -> {', '.join(map(str, res.positions))}")
+    print(f"{named_ids(res.convention, ids)} on {L} layers -> {', '.join(map(str, res.positions))}")
     print(f"{res.internal_name}: {res.internal}")
     for n in res.notes:
         print(f"note: {n}")
     print("same positions in other conventions:")
     for conv, v in equivalents.items():
-        print(f"  {conv:16} {v if isinstance(v, str) else ','.join(map(str, v))}")
+        print(f"  {conv:20} {v if isinstance(v, str) else ','.join(map(str, v))}")
     return 0
 
 

@@ -4,7 +4,7 @@ in the same slot order, as the server that runs it?
 Each side is a convention and its ids, given as `--train CONVENTION:IDS --serve CONVENTION:IDS`,
 or what a profiled engine reads from the draft's config.json (`--draft-config PATH --server
 PROFILE [--train PROFILE]`; tpsim.offline.sides builds those sides). Slot i of a side is the i-th feature
-its capture concatenates (list order for specforge/hf, ascending and each position once for the
+its capture concatenates (list order for specforge-ids/hf-ids, ascending and each position once for the
 loop-order engines). Aligned means every slot holds the same position and both sides have the
 same number of slots. With `--model` the model also runs once (at `--tp`) and each slot gets the
 cosine between the feature training saw and the one the server captures.
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpsim.capture import Position, PositionKind
-from tpsim.profiles.conventions import Convention, check_convention, default_ids, ids_for, resolve
+from tpsim.profiles.conventions import Convention, check_convention, default_ids, ids_for, named_ids, resolve
 from tpsim.profiles.draft import value_at
 from tpsim.profiles.replay import check_id_count
 from tpsim.profiles.vllm import V2_DSPARK, V2_LAYER_IDS
@@ -131,7 +131,8 @@ def make_side(role: str, convention: str | Convention, ids: list[int] | None, L:
 
 def _default_side(role: str, conv: Convention, L: int, source: str, fallback: str | None) -> Side:
     if conv is Convention.HF:
-        raise UsageError(f"hf has no default ids; write --{role} hf:IDS, e.g. --{role} hf:2,{L // 2},{L - 3}")
+        raise UsageError(f"hf-ids has no default ids; write --{role} hf-ids:IDS, e.g. "
+                         f"--{role} hf-ids:2,{L // 2},{L - 3}")
     ids = default_ids(conv, L)
     try:
         res = resolve(conv, None, L)
@@ -284,7 +285,7 @@ def _reordered(train: Side, serve: Side) -> bool:
 
 def _slot_reasons(slot: Slot, train: Side, serve: Side, reordered: bool, fix: Fix) -> list[Reason]:
     t, s = slot.train, slot.serve
-    out = [Reason("unreachable", f"{side.role} {side.convention} id {c.id}: {c.error}")
+    out = [Reason("unreachable", f"{side.role} {named_ids(side.convention, c.id, 'id')}: {c.error}")
            for side, c in ((train, t), (serve, s)) if c is not None and c.position is None]
     if t is None or s is None:
         lack = train if t is None else serve
@@ -300,7 +301,7 @@ def _position_reasons(i: int, tp: Position, sp: Position, train: Side, serve: Si
                       fix: Fix) -> list[Reason]:
     if reordered:
         k = train.positions.index(sp)
-        since = (" (the specforge convention is SpecForge's HF-hook backend, removed in 7d1fbf08; current "
+        since = (" (the specforge-ids convention is SpecForge's HF-hook backend, removed in 7d1fbf08; current "
                  "SpecForge captures through SGLang, ascending: --draft-config --train specforge replays it)"
                  if train.convention == Convention.SPECFORGE.value else "")
         return [Reason("order", f"serve {sp} is train slot {k}: the same positions, {train.convention} "
@@ -308,7 +309,7 @@ def _position_reasons(i: int, tp: Position, sp: Position, train: Side, serve: Si
     out = []
     if sp.kind is PositionKind.EMBED and tp.kind is not PositionKind.EMBED:
         out.append(Reason("embed-never-trained", f"serve captures embed in slot {i}, where training saw {tp}"))
-    hint = f"; {serve.convention} id {fix.slot_ids[tp]} captures {tp}" if tp in fix.slot_ids else ""
+    hint = f"; {named_ids(serve.convention, fix.slot_ids[tp], 'id')} captures {tp}" if tp in fix.slot_ids else ""
     if PositionKind.FINAL in (tp.kind, sp.kind):
         out.append(Reason("post-norm", f"train {tp}, serve {sp}: final is the final-norm output, "
                                        f"the rest are pre-norm residual sums{hint}"))
@@ -340,12 +341,12 @@ def serve_fix(train: Side, serve: Side) -> Fix:
         ids = ids_for(conv, want, L)
         got = resolve(conv, ids, L).positions
     except UsageError as e:
-        return Fix(None, f"no {conv} ids capture {positions_text(want)}: {e}")
+        return Fix(None, f"{conv}: no ids capture {positions_text(want)}: {e}")
     if got != want:
-        return Fix(None, f"no {conv} ids capture {positions_text(want)} in this order: {conv} concatenates "
+        return Fix(None, f"{conv}: no ids capture {positions_text(want)} in this order: {conv} concatenates "
                          f"{serve.order}; retrain with ids in ascending order, each once")
     fixed = make_side("serve", conv, ids, L)
-    return Fix(ids, f"serve with {conv} ids {','.join(map(str, ids))}",
+    return Fix(ids, f"serve with {named_ids(conv, ','.join(map(str, ids)))}",
                {c.position: c.id for c in fixed.slots})
 
 

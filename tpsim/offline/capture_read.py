@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpsim.profiles.conventions import resolve
+from tpsim.profiles.conventions import Convention, check_convention, resolve
 from tpsim.base.errors import UsageError
 from tpsim.capture.files import RANK_DUMP_FORMAT
 from tpsim.offline.dumps import (UNKNOWN_LAYERS, VLLM_HIDDEN, VLLM_TOKENS, DumpKind, RankSet, open_safetensors,
@@ -37,15 +37,15 @@ def is_capture(path: Path) -> bool:
 
 def read_run(files: list[str], step: int | None = None, points: list[str] | None = None,
              layer_ids: list[int] | None = None, num_layers: int | None = None,
-             convention: str = "vllm") -> RankSet:
+             convention: str = Convention.VLLM.value) -> RankSet:
     """One run's files: a tpsim capture file, or tpsim.offline.dumps' kinds (rank dumps, SGLang dumper
     files, a vLLM file whose slots `layer_ids` name in vLLM's numbering)."""
     paths = expand(files)
     captures = [p for p in paths if is_capture(p)]
     if not captures:
-        if layer_ids is not None and convention != "vllm":
+        if layer_ids is not None and check_convention(convention) is not Convention.VLLM:
             raise UsageError(f"--convention {convention} numbers --layer-ids for a tpsim capture file; a vLLM file's "
-                             "slots are named by the ids vLLM ran with (--convention vllm)")
+                             "slots are named by the ids vLLM ran with (--convention vllm-ids)")
         return read_rank_files(files, step, points, layer_ids, num_layers)
     if len(paths) != 1:
         raise UsageError(f"{captures[0]} is a tpsim capture (one copy for the whole TP group); pass it alone, "

@@ -341,7 +341,7 @@ def _is_position(name: str) -> bool:
 def diagnose_files(files: list[str], reference: str, points: list[str] | None = None,
                    positions: list[str] | None = None, hidden: int | None = None,
                    step: int | None = None, layer_ids: list[int] | None = None,
-                   num_layers: int | None = None, convention: str = "vllm") -> DiagnoseReport:
+                   num_layers: int | None = None, convention: str = "vllm-ids") -> DiagnoseReport:
     """Read, validate and diagnose: the report `tpsim diagnose` prints. `layer_ids`: ids in
     `convention` naming the slots by position: vLLM's `eagle_aux_hidden_state_layer_ids` for a vLLM
     file, any convention's for a tpsim capture (`num_layers`, or the reference's metadata, only bounds

@@ -33,7 +33,7 @@ from 0.25.0). Slot i is the point `slot{i}`; the file names neither the layers n
 so slot i is compared with the reference's `slot{i}`: a vLLM file's slot i, a split by
 `--hidden-size`, or the i-th slot of a capture made with vLLM's convention. Given the server's
 ids (`--layer-ids`, vLLM's numbering: id k is `embed` for k = 0, else out(k-1); converted by
-tpsim.capture.resolve's `vllm` convention), slot i is the point named by the i-th position in
+tpsim.capture.resolve's `vllm-ids` convention), slot i is the point named by the i-th position in
 ascending order, `slot{i}` its alias, and is compared with the reference's tensor at that
 position, in whatever convention the reference was captured.
 """
@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tpsim.profiles.conventions import resolve
+from tpsim.profiles.conventions import Convention, resolve
 from tpsim.base.errors import UsageError
 from tpsim.capture.files import RANK_DUMP_FORMAT
 from tpsim.base.safetensors import tensor_sha256
@@ -392,7 +392,7 @@ LAYER_IDS_FIX = "pass the eagle_aux_hidden_state_layer_ids vLLM ran with, one pe
 
 def vllm_slot_names(req: VllmRequest, ids: list[int], num_layers: int | None) -> list[str]:
     """The positions vLLM's `eagle_aux_hidden_state_layer_ids` put in the file's slots, ascending as
-    vLLM writes them (id k: the residual stream entering layer k; tpsim.capture.resolve's `vllm`
+    vLLM writes them (id k: the residual stream entering layer k; tpsim.capture.resolve's `vllm-ids`
     convention). `num_layers` None: the ids' upper end (num_layers: out(num_layers-1)) goes unchecked;
     no id names a position that needs it."""
     text, (T, n, H) = ",".join(map(str, ids)), req.hidden_states.shape
@@ -400,7 +400,7 @@ def vllm_slot_names(req: VllmRequest, ids: list[int], num_layers: int | None) ->
         raise UsageError(f"--layer-ids {text}: layer id {min(ids)} is negative (vLLM's ids run from 0, embed, to "
                          f"num_layers, the last layer's output); {LAYER_IDS_FIX}")
     try:
-        res = resolve("vllm", ids, UNKNOWN_LAYERS if num_layers is None else num_layers)
+        res = resolve(Convention.VLLM, ids, UNKNOWN_LAYERS if num_layers is None else num_layers)
     except UsageError as e:
         raise UsageError(f"--layer-ids {text}: {e}; {LAYER_IDS_FIX}") from None
     names = [str(p) for p in res.positions]

@@ -126,9 +126,10 @@ def read_reference(path_text: str, positions: list[str] | None, hidden: int | No
 
 
 def vllm_order(meta: dict[str, str]) -> bool:
-    """A capture made with vLLM's convention (`--convention vllm`, or `--server vllm...`, which writes the
-    profile's name `vllm@VERSION:MODEL`): its slots are in the order vLLM writes its aux layers."""
-    return meta.get("convention", "").partition("@")[0] == "vllm"
+    """A capture made with vLLM's convention (`--convention vllm-ids`, or `--server vllm...`, which writes the
+    profile's name `vllm@VERSION:MODEL`; captures from before the convention's rename say `vllm`): its slots
+    are in the order vLLM writes its aux layers."""
+    return meta.get("convention", "").partition("@")[0].partition(":")[0] in ("vllm", "vllm-ids")
 
 
 def with_slot_names(slots: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
