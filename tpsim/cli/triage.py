@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 
 from tpsim.offline.align import read_draft_config
-from tpsim.cli.align import parse_spec
 from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, one_tp, \
     positive_int, request_from
 from tpsim.cli.parser import add_command, refuse_without
@@ -20,7 +19,7 @@ from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import for_target, lookup
 from tpsim.app.preflight import check_divides_world, check_timeout
-from tpsim.profiles.conventions import default_ids
+from tpsim.profiles.conventions import default_ids, parse_convention_ids, refuse_convention_as_profile
 from tpsim.app.remedies import replay_fixes
 from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs, Trained, Triage, triage
@@ -40,7 +39,7 @@ def add_parser(sub) -> None:
     add_server_option(p)
     p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
                    help="what trained the draft: a trainer's profile reading the draft config (default specforge: "
-                        "the current code), or the ids training used, e.g. specforge-ids:1,29,57")
+                        "the current code), or the ids training used in a convention's numbering, e.g. specforge-ids:1,29,57")
     add_tp(p, "TP degree served")
     p.add_argument("--model",
                    help="the target: a checkpoint directory, a config, or a built-in (default: the built-in the "
@@ -97,11 +96,11 @@ def trained_from(text: str, model_type: str, L: int) -> Trained:
     """--train: CONVENTION:IDS (the ids training used) or a trainer's PROFILE (it reads the draft config)."""
     name, colon, rest = text.partition(":")
     if colon and IDS.fullmatch(rest.strip()):
-        conv, ids = parse_spec(text, "--train")
+        conv, ids = parse_convention_ids(text, "--train")
         if ids is None:
             ids = default_ids(conv, L)
         return Trained(conv.profile, conv, tuple(ids), text)
-    return Trained(lookup(text, model_type))
+    return Trained(lookup(refuse_convention_as_profile(text, "--train"), model_type))
 
 
 def to_dict(t: Triage, args) -> dict:
