@@ -57,8 +57,8 @@ def test_the_draft_names_its_target_and_a_too_big_target_gets_a_stand_in():
 
 
 @pytest.mark.parametrize("raw,model,words", [
-    ({**V3_DRAFT, "vocab_size": None}, None, "its hidden_size 7168 fits deepseek-v3, kimi-k2; name the target"),
-    ({"hidden_size": 12345}, None, "its hidden_size 12345 fits no built-in target"),
+    ({**V3_DRAFT, "vocab_size": None}, None, "deepseek-v3, kimi-k2 all match its hidden_size 7168; name the target"),
+    ({"hidden_size": 12345}, None, "no built-in target matches its hidden_size 12345"),
     (V3_DRAFT, "tiny", "built for a target of hidden size 7168 (hidden_size), and --model tiny has hidden_size 64"),
     ({"hidden_size": 7168, "target_hidden_size": 4096}, "deepseek-v3", "hidden size 4096 (target_hidden_size)"),
 ])
@@ -117,5 +117,5 @@ def test_a_speculators_draft_names_its_verifier():
     """hidden_size 4096 fits three built-ins; the speculators format's verifier architectures pick one."""
     raw = {"hidden_size": 4096, "speculators_config": {"verifier": {"architectures": ["LlamaForCausalLM"]}}}
     assert target_for(draft(raw), None, [], 2).name == "llama-3.1-8b"
-    with pytest.raises(UsageError, match="fits llama-3.1-8b, qwen3-235b-a22b, qwen3-8b"):
+    with pytest.raises(UsageError, match="llama-3.1-8b, qwen3-235b-a22b, qwen3-8b all match its hidden_size 4096"):
         target_for(draft({"hidden_size": 4096}), None, [], 2)

@@ -65,8 +65,8 @@ def _named_by_draft(draft: DraftConfig, width: int | None, key: str) -> tuple[st
     said = f"{key} {width}" + (f" and vocab_size {vocab}" if isinstance(vocab, int) else "") + \
         (f" and verifier {', '.join(arch)}" if arch else "")
     if len(fits) != 1:
-        which = f"fits {', '.join(fits)}" if fits else "fits no built-in target"
-        raise UsageError(f"--draft-config {draft.path}: its {said} {which}; name the target with --model (a built-in, "
+        which = f"{', '.join(fits)} all match its {said}" if fits else f"no built-in target matches its {said}"
+        raise UsageError(f"--draft-config {draft.path}: {which}; name the target with --model (a built-in, "
                          "or the target's config.json or checkpoint directory)")
     return fits[0], f"the built-in whose hidden_size and vocab_size match the draft's {said}; --model names another"
 
