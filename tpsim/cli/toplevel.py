@@ -15,7 +15,7 @@ reimplementation of the target over real collectives (gloo on CPU, NCCL on GPUs)
 engine's capture (named versions: tpsim profiles) and checks it holds what the draft trained on."""
 EPILOG = """\
 start here:
-  tpsim triage --draft-config DRAFT/config.json --server sglang@0.5.6 --tp 8 --model deepseek-v3
+  tpsim triage --draft-config DRAFT/config.json --server sglang@0.5.12 --tp 8 --train specforge-ids:1,29,57
   tpsim check                      the built-in tiny model at TP 1,2,4,8
   tpsim COMMAND --help             each command's options and examples
 
