@@ -17,6 +17,7 @@ from tpsim.config.loader import builtin_names
 from tpsim.modes import DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode, Strategy, TensorParallel, tbo
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec
+from tpsim.weights.gguf_builtin import GGUF_TARGETS
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "f32": "float32", "half": "float16"}
@@ -108,7 +109,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 def add_model_option(p: argparse.ArgumentParser, help: str = "") -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=help or f"the target: a built-in name ({', '.join(builtin_names())}), a YAML/JSON "
+                   help=help or f"the target: a built-in name ({', '.join([*builtin_names(), *GGUF_TARGETS])}), a YAML/JSON "
                                 "config with a Hugging Face config.json's fields, or an HF model directory "
                                 "(default tiny)")
 

@@ -11,6 +11,7 @@ import torch
 
 from tpsim.base.errors import UsageError
 from tpsim.capture import Position
+from tpsim.weights.gguf_builtin import GGUF_TARGETS, checkpoint_dir
 from tpsim.weights.reader import Checkpoint, validate
 from tpsim.config.loader import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
 from tpsim.modes import Mode, Strategy, TensorParallel
@@ -23,9 +24,12 @@ DEVICES = ("cpu", "cuda")
 
 
 def model_path(text: str) -> Path:
-    """--model as a path: a file or directory as given, else a built-in config by name."""
+    """--model as a path: a file or directory as given, else a built-in config by name, else a
+    built-in GGUF target (smollm2-135m) as the checkpoint directory converted from it."""
     p = Path(text)
     if not p.exists():
+        if text in GGUF_TARGETS:
+            return checkpoint_dir(text)
         for cand in (BUILTIN_CONFIGS / text, BUILTIN_CONFIGS / f"{text}.yaml"):
             if cand.is_file():
                 return cand
