@@ -22,6 +22,7 @@ class DraftConfig:
     fc_norm: bool = False  # EAGLE-3.1: one RMSNorm per aux chunk before fc (SpecForge PR #568)
     norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the whole [T, 3*Ht] before fc (SGLang PR #32334)
     norm_before_residual: bool = False  # vLLM llama_eagle3 `_norm_before_residual`
+    norm_output: bool = False  # EAGLE-3.1: the next step is fed the final-normed hidden, not the pre-norm one
     aux_layer_ids: tuple[int, ...] | None = None
 
     @classmethod
@@ -39,6 +40,7 @@ class DraftConfig:
             num_aux=len(ids) if ids else 3, fc_norm=bool(raw.get("fc_norm", False)),
             norm_before_fc=bool(raw.get("norm_before_fc", False)),
             norm_before_residual=bool(raw.get("norm_before_residual", False)),
+            norm_output=bool(raw.get("norm_output", False)),
             aux_layer_ids=tuple(ids) if ids else None)
 
     @property

@@ -4,8 +4,11 @@ Step 0 takes the target's capture `[T, num_aux*Ht]` (optionally normed: `input_n
 `fc` to H; a later step takes the draft's own pre-final-norm hidden, H wide, and skips fc: SGLang
 `llama_eagle3.py` returns `hidden_states_to_aux` ("For draft decode, we capture the hidden state before
 norm", commit 03d5a777), vLLM returns `(hidden_states, hidden_prenorm)` (PR #16937), SpecForge's TTT loop
-sets `hidden_states = hidden_states_out` (`algorithms/eagle3/model.py` @a6b6b023). Logits are over the
-draft vocab Vd; target id = i + d2t[i]."""
+sets `hidden_states = hidden_states_out` (`algorithms/eagle3/model.py` @a6b6b023). EAGLE-3.1 drafts
+(`norm_output: true`) feed back the normed hidden instead: SGLang `llama_eagle3.py` picks
+`hidden_states_to_logits if self.norm_output else hidden_states_to_aux` (default False at commit 9d18277c,
+cited in SpecForge PR #879), speculators PR #610 `--norm-output`. Logits are over the draft vocab Vd;
+target id = i + d2t[i]."""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from tpsim.parallel.group import TPGroup
 
 @dataclass(frozen=True)
 class DraftStep:
-    """One draft step over T rows: `hidden` `[T, H]` pre-final-norm (what the next step is fed), `logits`
+    """One draft step over T rows: `hidden` `[T, H]` what the next step is fed (pre-final-norm; normed under
+    `norm_output`), `logits`
     `[T, Vd]` over the draft vocab, `positions` `[T]` this step's."""
 
     hidden: torch.Tensor
@@ -63,7 +67,8 @@ class Eagle3Draft(nn.Module):
     def _run(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
              cache: DraftCache) -> DraftStep:
         out = self.midlayer(positions, self.embed_tokens(tokens), hidden, cache)
-        return DraftStep(out, self.lm_head(self.norm(out)), positions)
+        normed = self.norm(out)
+        return DraftStep(normed if self.cfg.norm_output else out, self.lm_head(normed), positions)
 
     def first(self, capture: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
               cache: DraftCache) -> DraftStep:
