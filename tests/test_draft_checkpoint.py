@@ -111,6 +111,10 @@ def test_embed_tokens_dropped_as_by_the_sglang_export(tmp_path, clean):
     found = inspect(write(tmp_path / "d", CONFIG, tensors))
     assert [f.defect for f in found] == [DraftDefect.EMBED_ABSENT]
     assert "to_sglang" in found[0].source and "embedding-source" in found[0].fix
+    with pytest.raises(ValueError, match="embed_tokens"):
+        build(read(tmp_path / "d"))
+    target_embed = torch.randn(40, 16)
+    assert torch.equal(build(read(tmp_path / "d"), embed=target_embed).embed_tokens.weight[:40], target_embed)
 
 
 def test_key_no_loader_reads(tmp_path, clean):

@@ -62,3 +62,17 @@ def test_d2t_maps_draft_ids_to_target_ids():
     full = model.target_logits(logits)
     assert full.shape == (2, 40) and torch.isinf(full).sum() == 2 * (40 - 12)
     assert torch.equal(full.argmax(-1), model.to_target(logits.argmax(-1)))
+
+
+def test_fc_takes_the_target_width_when_it_differs():
+    cfg = DraftConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=4, vocab_size=40, draft_vocab_size=12, target_hidden_size=24)
+    model = Eagle3Draft(cfg)
+    assert tuple(model.fc.weight.shape) == (16, 72)
+    for spec in specs(model).values():
+        spec.load(torch.randn(spec.shape) / 4)
+    with torch.no_grad():
+        cache = DraftCache()
+        s0 = model.first(torch.randn(3, 72), torch.tensor([1, 2, 3]), torch.arange(3), cache)
+        s1 = model.next(s0, torch.tensor([4, 5, 6]), cache)
+    assert s0.hidden.shape == s1.hidden.shape == (3, 16)

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 import torch
 
 from tpsim.draft.model import Eagle3Draft
+from tpsim.layers.linear import WeightSpec
 
 
-def specs(model: Eagle3Draft) -> dict:
+def specs(model: Eagle3Draft) -> dict[str, WeightSpec]:
     out = {}
     for module in model.modules():
         if hasattr(module, "weight_specs"):
