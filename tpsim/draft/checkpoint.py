@@ -17,7 +17,7 @@ from tpsim.draft.model import Eagle3Draft
 from tpsim.draft.weights import load, specs
 from tpsim.parallel.group import TPGroup
 
-SPECFORGE = "SpecForge specforge/modeling/draft/llama3_eagle.py @a6b6b023"
+SPECFORGE = "SpecForge specforge/modeling/draft/llama3_eagle.py (research doc §2.2)"
 EXPORT_WARNING = ("SpecForge export: \"a key the serving loader does not expect is skipped (or zero-filled) "
                   "without an error\" (_REQUIRED_SERVING_KEYS)")
 VOCAB_KEYS = ("d2t", "t2d")
@@ -133,8 +133,9 @@ def _keys(ckpt: DraftCheckpoint) -> list[DraftFinding]:
             continue
         if name not in places:
             out.append(DraftFinding(DraftDefect.IGNORED_KEY,
-                                    f"{name} {tuple(tensor.shape)} is read by no EAGLE-3 loader of this layout: "
-                                    "it is dropped silently", EXPORT_WARNING,
+                                    f"{name} {tuple(tensor.shape)} has no place in the draft this config "
+                                    "describes: a loader building that draft skips it without an error",
+                                    EXPORT_WARNING,
                                     "rename it to the layout's key (midlayer.*, fc, norm, lm_head) or drop it", name))
         elif _misshapen(name, tuple(tensor.shape), places[name].shape):
             out.append(DraftFinding(DraftDefect.SHAPE, f"{name} has shape {tuple(tensor.shape)}, the config implies "

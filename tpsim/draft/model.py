@@ -2,13 +2,15 @@
 
 Step 0 takes the target's capture `[T, num_aux*Ht]` (optionally normed: `input_norm` or `fc_norm`) through
 `fc` to H; a later step takes the draft's own pre-final-norm hidden, H wide, and skips fc: SGLang
-`llama_eagle3.py` returns `hidden_states_to_aux` ("For draft decode, we capture the hidden state before
-norm", commit 03d5a777), vLLM returns `(hidden_states, hidden_prenorm)` (PR #16937), SpecForge's TTT loop
-sets `hidden_states = hidden_states_out` (`algorithms/eagle3/model.py` @a6b6b023). EAGLE-3.1 drafts
-(`norm_output: true`) feed back the normed hidden instead: SGLang `llama_eagle3.py` picks
-`hidden_states_to_logits if self.norm_output else hidden_states_to_aux` (default False at commit 9d18277c,
-cited in SpecForge PR #879), speculators PR #610 `--norm-output`. Logits are over the draft vocab Vd;
-target id = i + d2t[i]."""
+`python/sglang/srt/models/llama_eagle3.py` returns `hidden_states_to_aux` ("For draft decode, we capture the
+hidden state before norm"; the file the research doc reads at commit 03d5a777), vLLM returns
+`(hidden_states, hidden_prenorm)` (PR #16937: "the pre-normalization value can be passed into the next
+iteration"), SpecForge's TTT loop sets `hidden_states = hidden_states_out` (`specforge/algorithms/eagle3/
+model.py`, research doc §2.3 step 6). EAGLE-3.1 drafts (`norm_output: true`) feed back the normed hidden
+instead: SpecForge PR #879 ("Eagle3's next hidden states are un-normalised ... Eagle3.1's next hidden states
+are normalised"; it links SGLang `llama_eagle3.py` @9d18277c, `norm_output` default False), speculators
+PR #610 (`--norm-output`: "Feed post-norm hidden states back across TTT steps"). Logits are over the draft
+vocab Vd; target id = i + d2t[i]."""
 
 from __future__ import annotations
 
