@@ -1,0 +1,149 @@
+"""Reading an EAGLE-3 draft directory in SpecForge's layout (config.json + *.safetensors; keys `fc.weight`,
+`midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`, optional `embed_tokens.weight`; research doc
+§2.2) into `Eagle3Draft`, and `inspect`, which lists what is wrong with it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from tpsim.draft.config import DraftConfig
+from tpsim.draft.findings import DraftDefect, DraftFinding
+from tpsim.draft.model import Eagle3Draft
+from tpsim.draft.weights import load, specs
+from tpsim.parallel.group import TPGroup
+
+SPECFORGE = "SpecForge specforge/modeling/draft/llama3_eagle.py (research doc §2.2)"
+EXPORT_WARNING = ("SpecForge export: \"a key the serving loader does not expect is skipped (or zero-filled) "
+                  "without an error\" (_REQUIRED_SERVING_KEYS)")
+VOCAB_KEYS = ("d2t", "t2d")
+
+
+@dataclass(frozen=True)
+class DraftCheckpoint:
+    path: Path
+    config: DraftConfig
+    tensors: dict[str, torch.Tensor]
+
+
+def read(path: str | Path) -> DraftCheckpoint:
+    """`path`: the draft directory, or its config.json."""
+    path = Path(path)
+    folder = path.parent if path.is_file() else path
+    config = DraftConfig.from_json(json.loads((folder / "config.json").read_text()))
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    return DraftCheckpoint(folder, config, tensors)
+
+
+def build(ckpt: DraftCheckpoint, embed: torch.Tensor | None = None) -> Eagle3Draft:
+    """The draft with the checkpoint's weights; `embed`: the target's `[V, H]` embedding, for a draft exported
+    without its own (EMBED_ABSENT). Raises on a shape `inspect` reports, or on no embedding at all."""
+    tensors = dict(ckpt.tensors)
+    if embed is not None:
+        tensors["embed_tokens.weight"] = embed
+    if "embed_tokens.weight" not in tensors:
+        raise ValueError(f"{ckpt.path}: no embed_tokens.weight; pass the target's embedding (embed=)")
+    model = Eagle3Draft(ckpt.config)
+    load(model, tensors)
+    return model
+
+
+def inspect(path: str | Path, target_hidden: int | None = None) -> list[DraftFinding]:
+    """Every finding for the draft at `path`; `target_hidden`: the target's hidden size, when known
+    (else the config's `target_hidden_size`, else its `hidden_size`)."""
+    ckpt = read(path)
+    return [*_fc_width(ckpt, target_hidden), *_vocab_map(ckpt), *_keys(ckpt)]
+
+
+def _fc_width(ckpt: DraftCheckpoint, target_hidden: int | None) -> list[DraftFinding]:
+    fc = ckpt.tensors.get("fc.weight")
+    if fc is None or fc.dim() != 2:
+        return []
+    cfg = ckpt.config
+    ht = target_hidden or cfg.target_hidden_size
+    expected = cfg.num_aux * ht
+    if fc.shape[1] == expected:
+        return []
+    whence = (f"{len(cfg.aux_layer_ids)} aux layer ids {list(cfg.aux_layer_ids)}" if cfg.aux_layer_ids
+              else "3 captured layers (no ids in the config: the engines' default)")
+    fits = f"; it fits {fc.shape[1] // ht} captures" if fc.shape[1] % ht == 0 else ""
+    return [DraftFinding(
+        DraftDefect.FC_WIDTH,
+        f"fc.weight takes {fc.shape[1]} inputs but the capture is {whence} x target hidden {ht} = {expected}{fits}",
+        f"{SPECFORGE} (fc = Linear(3*target_hidden_size, hidden_size)); research doc §2.3 step 2",
+        "capture as many layers as the draft was trained on (set eagle_aux_hidden_state_layer_ids), or fix "
+        "target_hidden_size in config.json", "fc.weight")]
+
+
+def _vocab_map(ckpt: DraftCheckpoint) -> list[DraftFinding]:
+    cfg, t = ckpt.config, ckpt.tensors
+    d2t, t2d = t.get("d2t"), t.get("t2d")
+    out = []
+    source = "EAGLE training: d2t = used_tokens[i] - i, t2d marks the draft's target ids (research doc §2.2)"
+
+    def finding(cause: str, key: str) -> DraftFinding:
+        return DraftFinding(DraftDefect.VOCAB_MAP, cause, source,
+                            "re-export d2t and t2d together from the same token-frequency map", key)
+
+    if d2t is not None:
+        if d2t.shape != (cfg.draft_vocab_size,):
+            out.append(finding(f"d2t has shape {tuple(d2t.shape)}, draft_vocab_size is {cfg.draft_vocab_size}", "d2t"))
+        else:
+            targets = torch.arange(len(d2t)) + d2t.long()
+            if bool(((targets < 0) | (targets >= cfg.vocab_size)).any()):
+                out.append(finding(f"d2t maps draft ids outside the target vocab [0, {cfg.vocab_size})", "d2t"))
+            elif len(torch.unique(targets)) != len(targets):
+                out.append(finding("d2t maps two draft ids to the same target id", "d2t"))
+            elif t2d is not None and t2d.shape == (cfg.vocab_size,):
+                if not bool(t2d.bool()[targets].all()) or int(t2d.bool().sum()) != len(targets):
+                    out.append(finding("t2d does not mark exactly the target ids d2t maps to", "t2d"))
+    if t2d is not None and t2d.shape != (cfg.vocab_size,):
+        out.append(finding(f"t2d has shape {tuple(t2d.shape)}, vocab_size is {cfg.vocab_size}", "t2d"))
+    return out
+
+
+def _keys(ckpt: DraftCheckpoint) -> list[DraftFinding]:
+    places = specs(Eagle3Draft(ckpt.config, TPGroup(device=torch.device("meta"))))  # shapes only, no memory
+    out = []
+    if "embed_tokens.weight" not in ckpt.tensors:
+        out.append(DraftFinding(
+            DraftDefect.EMBED_ABSENT,
+            "no embed_tokens.weight: the draft's token embedding must come from elsewhere (the target's), and "
+            "a loader that does not fetch it runs the draft on whatever the embedding was initialised to",
+            "SpecForge export/to_sglang.py drops every key containing \"embed\"; export/to_hf.py re-adds it "
+            "(research doc §2.2)",
+            "re-export with SpecForge export/to_hf.py --embedding-source TARGET, or copy the target's "
+            "embed_tokens.weight into the draft", "embed_tokens.weight"))
+    for name in sorted(set(places) - set(ckpt.tensors) - {"embed_tokens.weight"}):
+        out.append(DraftFinding(DraftDefect.MISSING_KEY, f"{name} is absent but the config calls for it",
+                                EXPORT_WARNING, f"re-export the draft with {name}", name))
+    for name in VOCAB_KEYS:
+        if name not in ckpt.tensors and ckpt.config.draft_vocab_size != ckpt.config.vocab_size:
+            out.append(DraftFinding(DraftDefect.MISSING_KEY, f"{name} is absent with draft_vocab_size "
+                                    f"{ckpt.config.draft_vocab_size} < vocab_size {ckpt.config.vocab_size}",
+                                    EXPORT_WARNING, f"re-export the draft with {name}", name))
+    for name, tensor in sorted(ckpt.tensors.items()):
+        if name in VOCAB_KEYS:
+            continue
+        if name not in places:
+            out.append(DraftFinding(DraftDefect.IGNORED_KEY,
+                                    f"{name} {tuple(tensor.shape)} has no place in the draft this config "
+                                    "describes: a loader building that draft skips it without an error",
+                                    EXPORT_WARNING,
+                                    "rename it to the layout's key (midlayer.*, fc, norm, lm_head) or drop it", name))
+        elif _misshapen(name, tuple(tensor.shape), places[name].shape):
+            out.append(DraftFinding(DraftDefect.SHAPE, f"{name} has shape {tuple(tensor.shape)}, the config implies "
+                                    f"{places[name].shape}", SPECFORGE, "make config.json match the weights", name))
+    return out
+
+
+def _misshapen(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    if name == "fc.weight" and len(shape) == 2:  # its input width is `_fc_width`'s finding
+        return shape[0] != expected[0]
+    return shape != expected

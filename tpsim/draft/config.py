@@ -1,0 +1,48 @@
+"""An EAGLE-3 draft's config.json, as the keys SpecForge writes and the engines read (research doc §2.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    num_aux: int = 3
+    fc_norm: bool = False  # EAGLE-3.1: one RMSNorm per aux chunk before fc (SpecForge PR #568)
+    norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the whole [T, 3*Ht] before fc (SGLang PR #32334)
+    norm_before_residual: bool = False  # vLLM llama_eagle3 `_norm_before_residual`
+    norm_output: bool = False  # EAGLE-3.1: the next step is fed the final-normed hidden, not the pre-norm one
+    aux_layer_ids: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "DraftConfig":
+        h = raw["hidden_size"]
+        heads = raw["num_attention_heads"]
+        eagle = raw.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+        return cls(
+            hidden_size=h, intermediate_size=raw["intermediate_size"], num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads", heads), head_dim=raw.get("head_dim") or h // heads,
+            vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+            target_hidden_size=raw.get("target_hidden_size") or h, rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=raw.get("rope_theta", 10000.0), rope_scaling=raw.get("rope_scaling"),
+            num_aux=len(ids) if ids else 3, fc_norm=bool(raw.get("fc_norm", False)),
+            norm_before_fc=bool(raw.get("norm_before_fc", False)),
+            norm_before_residual=bool(raw.get("norm_before_residual", False)),
+            norm_output=bool(raw.get("norm_output", False)),
+            aux_layer_ids=tuple(ids) if ids else None)
+
+    @property
+    def capture_width(self) -> int:
+        return self.num_aux * self.target_hidden_size
