@@ -53,3 +53,14 @@ def test_a_patch_that_does_not_apply_is_refused(server, words):
 def test_a_crash_says_how_to_name_a_patched_server():
     r = run_cli("resolve", "--server", "sglang@0.5.12", "--layers", "-1,2,5", "--model", "tiny")
     assert "replay it with --server sglang@0.5.11:deepseek_v2+embed" in r.stdout, r
+
+
+def test_align_reads_the_trainer_for_the_patched_servers_model():
+    """`:deepseek_v3+embed`: the trainer's profile is the one for deepseek_v3, not a model named 'deepseek_v3+embed'."""
+    plain = run_cli("align", "--draft-config", "deepseek-v3-edited-ids", "--server", "sglang@0.5.12:deepseek_v3",
+                    "--num-layers", "61", "--json")
+    patched = run_cli("align", "--draft-config", "deepseek-v3-edited-ids", "--server",
+                      "sglang@0.5.12:deepseek_v3+embed", "--num-layers", "61", "--json")
+    import json
+    assert json.loads(plain.stdout)["train"]["convention"] == json.loads(patched.stdout)["train"]["convention"]
+    assert "embedding slot never seen in training" in patched.stdout

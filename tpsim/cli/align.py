@@ -79,7 +79,7 @@ def align_sides(args, L: int, kind: str) -> tuple[Report, Profile | None]:
     draft = read_draft_config(args.draft_config)
     serve_p = serving(args.server, kind)
     if ":" in args.server:  # the server names the model: the trainer trained for the same one
-        kind = args.server.partition(":")[2].strip()
+        kind = args.server.partition("+")[0].partition(":")[2].strip()
     trainer = args.train or args.trainer or "specforge"
     train_p = lookup(refuse_convention_as_profile(trainer, "--train" if args.train else "--trainer"), kind)
     train, _ = side_from_config("train", train_p, draft, L)
