@@ -1,4 +1,4 @@
-"""A process that has imported tpsim's CLI once and runs each `tpsim ARGS` of the tests as a fresh
+"""A process that has imported tpsim's commands once and runs each `tpsim ARGS` of the tests as a fresh
 fork of itself: the import (~2.5 s of CPU) is paid once per test session, not once per run.
 
     python tests/cliserver.py SOCKET
@@ -48,7 +48,8 @@ def _runner(conn: socket.socket) -> None:
 
 def serve(path: str) -> None:
     die_with_parent(os.getppid())  # the test session gone: so is the server (before torch's import)
-    import tpsim.cli.main  # noqa: F401  (the point: everything the CLI imports, once)
+    from tpsim.cli.main import import_commands
+    import_commands()  # the point: everything the commands import (torch too), once
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners reap themselves
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)

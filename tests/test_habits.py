@@ -111,7 +111,7 @@ def test_one_tp_default_rule_stated_in_every_help():
 
 @pytest.mark.parametrize("cmd", ["capture", "explain", "triage"])
 def test_a_single_degree_command_runs_at_the_default_tp(cmd, tmp_path):
-    from tpsim.cli.options import one_tp
+    from tpsim.cli.run_args import one_tp
     assert one_tp(parse([cmd, "--draft-config", "x"] if cmd == "triage" else
                         [cmd, "--out", "x"] if cmd == "capture" else [cmd])) == DEFAULT_TP
 

@@ -1,5 +1,6 @@
-"""`python -m tpsim` and the `tpsim` script. Ctrl-C while torch is still importing (seconds) ends
-as Ctrl-C does later, with one line and exit 130, not a traceback from inside an import."""
+"""`python -m tpsim` and the `tpsim` script. Ctrl-C while torch is still importing (seconds: the
+command's module imports it once the command line has been read) ends as Ctrl-C does later, with one
+line and exit 130, not a traceback from inside an import."""
 
 import os
 import signal
@@ -19,8 +20,8 @@ def main() -> int:
         return answer(sys.argv[1:])
     from tpsim.cli.main import main as run_cli
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here the command unwinds (ranks stopped)
-    return run_cli()
+    # once the command's module is imported, the command unwinds on Ctrl-C (ranks stopped)
+    return run_cli(imported=lambda: signal.signal(signal.SIGINT, signal.default_int_handler))
 
 
 if __name__ == "__main__":

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from tpsim.base.environ import dead_local_peers, is_reporting_process
 from tpsim.base.errors import RankError, UsageError
-from tpsim.base.procs import all_procs
 from tpsim.base.ui import ProgressLine
 from tpsim.parallel.launch import default_backend
 from tpsim.parallel.pool import RankPool, peer_symptom
@@ -20,11 +18,6 @@ from tpsim.parallel.torchrun import gather_to_rank0, init_from_env, under_torchr
 from tpsim.run.spec import RunSpec
 
 _TORCHRUN_CTX = None
-
-
-def is_reporting_process() -> bool:
-    """The process that prints results: the launcher, or global rank 0 under torchrun."""
-    return not under_torchrun() or os.environ.get("RANK", "0") == "0"
 
 
 def pick_backend(device: str, backend: str | None, world: int) -> str:
@@ -37,26 +30,6 @@ def pick_backend(device: str, backend: str | None, world: int) -> str:
               "tensors, which measures nothing about speed", file=sys.stderr)
         return "gloo"
     return default_backend(device)
-
-
-def dead_local_peers() -> list[int]:
-    """The global ranks of this torchrun node whose processes are gone (torchrun's agent is the
-    parent of every local rank: a sibling missing, or a zombie, has died)."""
-    try:
-        me, local, size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return []
-    parent, alive = os.getppid(), set()
-    for proc in all_procs():
-        if proc.ppid != parent or proc.state == "Z":
-            continue
-        try:
-            environ = Path(f"/proc/{proc.pid}/environ").read_text().split("\0")
-            alive.add(int(dict(kv.split("=", 1) for kv in environ if "=" in kv).get("RANK", "-1")))
-        except (OSError, ValueError):
-            continue
-    first = me - local
-    return [r for r in range(first, first + size) if r != me and r not in alive]
 
 
 def run_on_ranks(job: Callable, world: int, *, device: str, backend: str | None, timeout_s: float,

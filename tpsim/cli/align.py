@@ -7,8 +7,6 @@ Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-import argparse
-
 import torch.nn.functional as F
 
 from tpsim.capture import Position
@@ -16,9 +14,9 @@ from tpsim.profiles.conventions import named_ids, parse_convention_ids, refuse_c
 from tpsim.offline.align import (LABELS, ModelRun, Report, Slot, align, make_side, positions_text,
                                  read_draft_config)
 from tpsim.app.ranks import on_ranks
-from tpsim.cli.options import (EXECUTION_OPTIONS, add_execution_options, add_json, add_server_option, add_tp, emit_json,
-                               load_source, one_tp, positive_int, run_spec)
-from tpsim.cli.parser import add_command, refuse_without
+from tpsim.cli.options import EXECUTION_OPTIONS, emit_json, positive_int
+from tpsim.cli.parser import refuse_without
+from tpsim.cli.run_args import load_source, one_tp, run_spec
 from tpsim.config.loader import DEFAULT_MODEL_TYPE
 from tpsim.base.errors import UsageError
 from tpsim.run.jobs import capture_job
@@ -195,22 +193,4 @@ def _row(s: Slot, run: bool) -> list[str]:
         row.append("-" if s.cosine is None else f"{s.cosine:.6f}")
     return row + [list(map(str, s.reasons))]
 
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "align")
-    p.add_argument("--train", metavar="CONVENTION:IDS|PROFILE",
-                   help="training side: specforge-ids:1,29,57 or specforge-ids:default; with --draft-config a "
-                        "profile (default specforge), e.g. specforge@2026-07-01")
-    p.add_argument("--serve", metavar="CONVENTION:IDS",
-                   help="serving side, e.g. sglang-ids:-1,2,30 or vllm-ids:default")
-    p.add_argument("--draft-config", metavar="PATH", help="or read the ids from the draft's config.json as each program does")
-    p.add_argument("--trainer", metavar="PROFILE", help=argparse.SUPPRESS)  # the old name of --train PROFILE
-    add_server_option(p)
-    p.add_argument("--num-layers", help="num_hidden_layers of the target model")
-    p.add_argument("--model", help="or the target model (config or HF directory): also runs it and reports the "
-                                   "cosine per slot")
-    add_tp(p, "TP degree of the --model run")
-    add_execution_options(p)
-    p.set_defaults(seq_len="16")
-    add_json(p, cmd_align)
 

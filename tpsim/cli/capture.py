@@ -10,31 +10,14 @@ import torch
 
 from tpsim import __version__
 from tpsim.capture.points import check_points
-from tpsim.cli.options import add_mode_options, add_run_options, add_tp, load_source, one_tp, run_spec
-from tpsim.cli.outputs import add_force, check_output
+from tpsim.cli.run_args import load_source, one_tp, run_spec
+from tpsim.cli.outputs import check_output
 from tpsim.base.errors import UsageError
 from tpsim.capture.files import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0
 from tpsim.run.jobs import capture_job, points_job
 from tpsim.app.ranks import on_ranks
 from tpsim.run.spec import ModelSource
-from tpsim.cli.parser import add_command
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "capture")
-    add_run_options(p)
-    add_mode_options(p)
-    add_tp(p)
-    p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
-    p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "
-                                                "OUT.rank0.safetensors ...)")
-    p.add_argument("--pp", help="pipeline-parallel stages the --server engine is launched with: where it refuses them "
-                                "at start-up nothing is written (tpsim check --pp replays a pipeline)")
-    p.add_argument("--points", help="named points to capture per rank instead of --layers, e.g. "
-                                    "layers.3.attn.o_proj.partial,layers.3.mlp.in (tpsim explain lists them)")
-    add_force(p)
-    p.set_defaults(func=cmd_capture)
 
 
 def check_not_an_input(outs: list[Path], source: ModelSource) -> None:

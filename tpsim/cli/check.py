@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from tpsim.cli.graph_options import add_graph_options
-from tpsim.cli.options import add_json, add_mode_options, add_run_options, emit_json, run_spec, tp_degrees
-from tpsim.cli.pp_options import add_pp_options, pp_degree, pp_tp_degrees
+from tpsim.cli.options import emit_json
+from tpsim.cli.pp_options import pp_degree
+from tpsim.cli.run_args import pp_tp_degrees, run_spec, tp_degrees
 from tpsim.app.check import run_check, run_graphs
 from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text
 from tpsim.base.ui import say, table
 from tpsim.profiles.conventions import named_ids
-from tpsim.cli.parser import add_command
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "check")
-    add_run_options(p)
-    add_mode_options(p)
-    add_pp_options(p)
-    add_graph_options(p)
-    p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "
-                                "torchrun every divisor of the world size)")
-    add_json(p, cmd_check)
 
 
 def cmd_check(args) -> int:

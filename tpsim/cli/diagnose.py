@@ -6,44 +6,11 @@ from __future__ import annotations
 
 from tpsim.profiles.conventions import Convention, check_convention
 from tpsim.offline.diagnosis import SIMILARITY, THRESHOLDS, DiagnoseReport, diagnose_files, shapes_text
-from tpsim.cli.options import CONVENTION_METAVAR, add_json, emit_json, int_list, optional_int
+from tpsim.cli.options import emit_json, int_list, optional_int
 from tpsim.base.errors import UsageError
 from tpsim.offline.dumps import DumpKind
 from tpsim.offline.reference import parse_positions
 from tpsim.base.ui import say, table
-from tpsim.cli.parser import add_command
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "diagnose")
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="one run's per-rank files: tpsim rank dumps ({stem}.rank{r}.safetensors) or SGLang "
-                        "dumper .pt files (or a directory of them), or one vLLM hidden-states file "
-                        "({req_id}.safetensors, gathered), or one tpsim capture file (gathered); docs/dumps.md "
-                        "says how to get them")
-    p.add_argument("--reference", required=True,
-                   help="a tpsim capture file, a TP=1 rank dump, training features (.pt/.safetensors), or a vLLM "
-                        "hidden-states file")
-    p.add_argument("--point", action="append", help="diagnose only this point (repeatable; default: every point "
-                                                    "present on every rank)")
-    p.add_argument("--positions", help="names of the reference's slots, e.g. embed,out(1),out(3)")
-    p.add_argument("--hidden-size", help="split the reference's slots by this width")
-    p.add_argument("--step", help="SGLang dumps: the step (forward pass) to diagnose")
-    p.add_argument("--layer-ids", metavar="IDS",
-                   help="a vLLM file: the eagle_aux_hidden_state_layer_ids the server ran with (vLLM's numbering: "
-                        "id k is the residual stream entering layer k, 0 = embed), e.g. 2,16,29; slot i is then "
-                        "named by its position (out(1), ...; slot{i} stays an alias) and compared with the "
-                        "reference's tensor at that position, whatever convention the reference was captured in; "
-                        "a tpsim capture file: ids in --convention, naming its slots likewise")
-    p.add_argument("--convention", metavar=CONVENTION_METAVAR,
-                   help="with --layer-ids on a tpsim capture file: the numbering of the ids (default vllm-ids); the "
-                        "draft's ids in its trainer's numbering (e.g. output-of for SpecForge's hook) name each slot "
-                        "by the position the draft was trained on, so a slot the engine took from another layer "
-                        "shows as that layer")
-    p.add_argument("--num-layers", metavar="N",
-                   help="with --layer-ids: the model's decoder layers, to check the ids against (0..N) (default: "
-                        "the reference's num_layers metadata, else unchecked)")
-    add_json(p, cmd_diagnose)
 
 
 def cmd_diagnose(args) -> int:

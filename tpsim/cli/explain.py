@@ -18,10 +18,10 @@ from tpsim.capture.points import catalogue, position_of
 from tpsim.capture.positions import Position
 from tpsim.app.ranks import on_ranks
 from tpsim.cli.diagram import Step, draw
-from tpsim.cli.options import (add_execution_options, add_json, add_mode_options, add_model_option, add_tp, emit_json,
-                               integer, load_source, one_tp, request_from)
-from tpsim.cli.outputs import add_force, check_output
-from tpsim.cli.pp_options import add_pp_options, stage_rows
+from tpsim.cli.options import emit_json, integer
+from tpsim.cli.outputs import check_output
+from tpsim.cli.pp_options import stage_rows
+from tpsim.cli.run_args import load_source, one_tp, request_from
 from tpsim.config.loader import with_overrides
 from tpsim.base.errors import UsageError
 from tpsim.base.atomic import write_text
@@ -34,8 +34,6 @@ from tpsim.app.run_options import pipeline_for
 from tpsim.run.results import PointsResult
 from tpsim.run.spec import ModelSource, RunSpec
 from tpsim.base.ui import human_bytes, say, table
-from tpsim.cli.parser import add_command
-
 
 
 @dataclass
@@ -124,20 +122,6 @@ def steps(by_rank: list[list[Row]]) -> list[Step]:
     return [Step(rows[0].kind, rows[0].name, rows[0].placement, rows[0].detail, rows[0].capture,
                  tuple(tuple(int(d) for d in row.shape.split("x") if d) for row in rows))
             for rows in zip(*by_rank, strict=True)]
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "explain")
-    add_model_option(p)
-    add_execution_options(p)
-    add_mode_options(p, strategy=False)
-    add_pp_options(p)
-    p.set_defaults(seq_len="16", dtype="bfloat16")
-    add_tp(p)
-    p.add_argument("--layer", help="decoder layer to explain (default: the first MoE layer, else 0)")
-    p.add_argument("--svg", metavar="PATH", help="also draw it, one lane per rank, into this .svg file")
-    add_force(p)
-    add_json(p, cmd_explain)
 
 
 def cmd_explain(args) -> int:

@@ -11,27 +11,12 @@ import torch
 from tpsim.weights.reader import expected_tensors
 from tpsim.weights.export import export_checkpoint, total_bytes
 from tpsim.config.loader import load_config, with_overrides
-from tpsim.cli.options import DTYPES, add_override, dtype_name, seed_value
 from tpsim.base.errors import UsageError
-from tpsim.run.spec import DEFAULT_MODEL, model_path
+from tpsim.run.spec import model_path
 from tpsim.base.ui import human_bytes, progress_bar
-from tpsim.cli.parser import add_command
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "export")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="YAML/JSON config or built-in name (default tiny)")
-    p.add_argument("--seed", type=seed_value, default=0, help="weights seed (default 0)")
-    p.add_argument("--out", required=True, help="output directory (created; must be empty unless --force)")
-    p.add_argument("--dtype", default="auto", type=dtype_name, choices=DTYPES,
-                   help="weights dtype (auto: float32; bf16, fp16, fp32 also accepted)")
-    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file before sharding (default 5GB)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    add_override(p)
-    p.set_defaults(func=cmd_export)
 
 
 def parse_size(text: str, option: str) -> int:

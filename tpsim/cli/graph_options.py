@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tpsim.app.run_options import DEFAULT_GRAPH_TOKENS, GRAPH_IDS
+from tpsim.cli.choices import DEFAULT_GRAPH_TOKENS, GRAPH_IDS
 
 
 def add_graph_options(p: argparse.ArgumentParser) -> None:

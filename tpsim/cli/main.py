@@ -3,46 +3,63 @@
 Exit codes: 0 every property holds; 1 a property failed; 2 bad input; 3 a rank failed or
 stalled; 4 an output could not be written (the previous file, if any, is untouched).
 
-One module per command (its arguments and its printing); what they share is in options.py.
+One module per command (what it runs and prints), imported once the command line has been read
+(command_function); every command's options are in arguments.py (their prose in commands.toml),
+what they share in options.py. Reading the command line imports no torch: `tpsim COMMAND --help`
+and an argument argparse refuses answer at once.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import signal
 import sys
 import time
 
+from tpsim.cli.arguments import add_parser
 from tpsim.cli.toplevel import ORDER, top_parser
-from tpsim.cli import align, capture, check, diagnose, explain, export, profiles, resolve, scenario, triage, verify
 from tpsim.cli.parser import Parser
+from tpsim.base.environ import asked_start_method, check_torchrun_env, dead_local_peers, is_reporting_process, \
+    under_torchrun
 from tpsim.base.errors import RankError, UsageError
 from tpsim.base import faults
-from tpsim.parallel.pool import start_method
-from tpsim.parallel.torchrun import check_torchrun_env, exit_torchrun_rank, under_torchrun
-from tpsim.app.ranks import dead_local_peers, is_reporting_process
 from tpsim.base.ui import PipeSafe
 
 REPORT_GRACE_S = 5.0
-COMMANDS = (triage, check, capture, export, explain, align, diagnose, scenario, verify, resolve, profiles)
 
 
 def build_parser() -> Parser:
     parser, sub = top_parser()
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for name in ORDER:
+        add_parser(sub, name)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def command_function(name: str):
+    """What runs command `name`: cmd_NAME of tpsim/cli/NAME.py, imported here, once the command line
+    has been read (those modules import torch: --help, and what argparse refuses, never get this far)."""
+    return getattr(importlib.import_module(f"tpsim.cli.{name}"), f"cmd_{name}")
+
+
+def import_commands() -> None:
+    """Every command's module imported now, by a process whose forks run commands (tpsim scenario,
+    tests/cliserver.py), so that no fork imports them (and torch) again."""
+    for name in ORDER:
+        command_function(name)
+
+
+def main(argv: list[str] | None = None, imported=None) -> int:
+    """`imported`: called once the command's module (torch with it) is imported, before it runs."""
     # SIGTERM unwinds like Ctrl-C, so the rank pool's cleanup runs (ranks stopped, rendezvous removed)
     signal.signal(signal.SIGTERM, on_sigterm)
     if not isinstance(sys.stdout, PipeSafe):
         sys.stdout = PipeSafe(sys.stdout)
-    code = run_command(argv)
+    code = run_command(argv, imported)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the report is out
     if under_torchrun():
+        from tpsim.parallel.torchrun import exit_torchrun_rank  # torch: loaded already where a rank ran a job
         exit_torchrun_rank(code)
     return code
 
@@ -60,20 +77,23 @@ def on_sigterm(signum, frame) -> None:
 _running_job = False  # on_sigterm may name a dead peer only while the command runs, not while it reports
 
 
-def run_command(argv: list[str] | None) -> int:
+def run_command(argv: list[str] | None, imported=None) -> int:
     try:  # the environment first: a broken one is every process's to report (RANK may say "not rank 0")
         check_torchrun_env()
         faults.check()
-        start_method("cpu")  # TPSIM_RANK_START, read when a pool starts
+        asked_start_method()  # TPSIM_RANK_START, read when a pool starts
     except UsageError as e:
         print(f"tpsim: error: {e}", file=sys.stderr)
         return 2
     global _running_job
     try:
         args = build_parser().parse_args(argv)
+        run = command_function(args.command)
+        if imported is not None:
+            imported()
         _running_job = True
         try:
-            return args.func(args)
+            return run(args)
         finally:
             _running_job = False
     except UsageError as e:

@@ -1,23 +1,14 @@
-"""What the commands share: the option parsers, the run options, and the RunSpec they build
-(every value validated here, once, before any rank starts)."""
+"""What the commands share: the option groups and their value parsers (no torch: `tpsim COMMAND
+--help` builds them; what a run does with them is tpsim.cli.run_args)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from tpsim.app.preflight import check_divides_world, check_timeout, torchrun_world
-from tpsim.app.request import Ids, RunRequest
-from tpsim.app.run_options import GraphsAsk, PipelineAsk
 from tpsim.base.errors import UsageError
-from tpsim.profiles.conventions import CONVENTIONS, Convention, check_convention, refuse_convention_as_profile
-from tpsim.profiles.resolution import Resolution
-from tpsim.cli.pp_options import pp_degree
-from tpsim.config.loader import builtin_names
-from tpsim.modes import DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, MODES, Mode, Strategy, TensorParallel, tbo
-from tpsim.parallel.torchrun import under_torchrun
-from tpsim.run.spec import DEFAULT_MODEL, ModelSource, RunSpec
-from tpsim.weights.gguf_builtin import GGUF_TARGETS
+from tpsim.cli.choices import CONVENTIONS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, GGUF_TARGETS, MODES
+from tpsim.config.loader import DEFAULT_MODEL, builtin_names
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "f32": "float32", "half": "float16"}
@@ -38,8 +29,10 @@ def integer(text: str, option: str, low: int | None = None, example: str = "") -
     return v
 
 
-def convention_option(text: str) -> Convention:
-    """--convention's value: a convention (a profile's name, e.g. `sglang`, is refused with the convention's)."""
+def convention_option(text: str):
+    """--convention's value: a Convention (a profile's name, e.g. `sglang`, is refused with the convention's).
+    tpsim.profiles.conventions, and torch with it, is imported once a value is given, not for --help."""
+    from tpsim.profiles.conventions import check_convention
     return check_convention(text, "--convention")
 
 
@@ -47,7 +40,9 @@ CONVENTION_METAVAR = "{" + ",".join(CONVENTIONS) + "}"
 
 
 def server_option(text: str) -> str:
-    """--server's value: a profile (a convention's name, e.g. `sglang-ids`, is refused with the profile's)."""
+    """--server's value: a profile (a convention's name, e.g. `sglang-ids`, is refused with the profile's;
+    imported as convention_option's is)."""
+    from tpsim.profiles.conventions import refuse_convention_as_profile
     return refuse_convention_as_profile(text, "--server")
 
 
@@ -75,10 +70,9 @@ def int_list(text: str, option: str) -> list[int]:
                          f"e.g. {LIST_EXAMPLES.get(option, '1,2,3')}") from None
 
 
-def add_json(p: argparse.ArgumentParser, func) -> None:
-    """--json and the command's function: the last options every command with a report adds."""
+def add_json(p: argparse.ArgumentParser) -> None:
+    """--json: the last option every command with a report adds."""
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (and write no other file)")
-    p.set_defaults(func=func)
 
 
 def dtype_name(text: str) -> str:
@@ -185,83 +179,5 @@ def layer_ids(args) -> list[int] | None:
     return None if args.layers is None else int_list(args.layers, "--layers")
 
 
-def load_source(args, tps: list[int]) -> ModelSource:
-    mode = getattr(args, "mode", None)
-    if mode is not None and Mode.kind(mode).whole_weights:  # every weight whole on each rank: nothing split
-        tps = []
-    return ModelSource.load(args.model, args.override or [], tps)
-
-
-# --option -> the mode field it sets; the mode that owns the field says where it applies
-MODE_OPTIONS = (("--fusion-max-tokens", "fusion_max_tokens", "fusion_max_tokens"), ("--ep-output", "ep_output", "ep_output"),
-                ("--dp-padding", "dp_padding", "dp_padding"), ("--enable-dp-lm-head", "enable_dp_lm_head", "dp_lm_head"),
-                ("--dp-local-tokens", "dp_local_tokens", "dp_local_tokens"))
-
-
-def mode_of(args) -> Mode:
-    """The Mode the --mode options name (each option refused where its mode is not the one named)."""
-    kind = Mode.kind(args.mode)
-    given = {name: getattr(args, attr) for option, attr, name in MODE_OPTIONS if getattr(args, attr) is not None}
-    for option, attr, name in MODE_OPTIONS:
-        if name in given and name not in kind.options():
-            raise UsageError(f"{option} applies to --mode {Mode.owner(name).name} only, not --mode {args.mode}")
-    if "fusion_max_tokens" in given:
-        given["fusion_max_tokens"] = integer(given["fusion_max_tokens"], "--fusion-max-tokens")
-    if getattr(args, "tbo", False):
-        if "tbo" not in kind.options():
-            raise tbo.not_in_mode(args.mode)
-        given["tbo"] = True
-    return kind(**given)
-
-
 def add_tp(p: argparse.ArgumentParser, what: str = "TP degree") -> None:
     p.add_argument("--tp", help=f"{what} ({TP_RULE})")
-
-
-def one_tp(args) -> int:
-    """--tp of a command that runs one degree: DEFAULT_TP, or the torchrun world."""
-    if args.tp is None:
-        return torchrun_world() if under_torchrun() else DEFAULT_TP
-    tp = positive_int(args.tp, "--tp")
-    check_divides_world(tp)
-    return tp
-
-
-def tp_degrees(args) -> list[int]:
-    """--tp as a sorted list of degrees (default 1,2,4,8; under torchrun every divisor of the world)."""
-    if args.tp is None:
-        world = torchrun_world()
-        return [t for t in range(1, world + 1) if world % t == 0] if under_torchrun() else [1, 2, 4, 8]
-    tps = int_list(args.tp, "--tp")
-    for t in tps:
-        if t < 1:
-            raise UsageError(f"--tp {t} must be a positive integer")
-        check_divides_world(t)
-    return sorted(set(tps))
-
-
-def request_from(args, tps: list[int]) -> RunRequest:
-    """argv's options as the typed request (each command's parser says which options it has)."""
-    given = vars(args)
-    tokens, seq_len, size = given.get("tokens"), given.get("seq_len"), given.get("graph_tokens")
-    return RunRequest(
-        model=args.model, overrides=tuple(args.override or ()), tps=tuple(tps), seed=args.seed, dtype=args.dtype,
-        weights=given.get("weights"), compile=given.get("compile"), device=args.device, backend=args.backend,
-        timeout=args.timeout, ignore_limits=args.ignore_limits,
-        tokens=None if tokens is None else tuple(int_list(tokens, "--tokens")),
-        seq_len=None if seq_len is None else positive_int(seq_len, "--seq-len"),
-        ids=Ids(None if given.get("layers") is None else tuple(int_list(args.layers, "--layers")),
-                given.get("convention"), given.get("server"), given.get("draft_config")),
-        mode=mode_of(args) if "mode" in given else TensorParallel(), strategy=given.get("strategy"),
-        tbo_asked=bool(given.get("tbo")),
-        pipeline=PipelineAsk(pp_degree(args), given.get("pp_split"), given.get("pp_capture")),
-        graphs=GraphsAsk(bool(given.get("cuda_graph")), given.get("graph_ids"),
-                         None if size is None else integer(size, "--graph-tokens", example=", e.g. --graph-tokens 4")))
-
-
-def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=None,
-             mode: tuple[Mode, Strategy] | None = None) -> tuple[RunSpec, Resolution | None]:
-    """Everything validated before any rank starts (`mode`: the mode and strategy when the caller
-    decided them, else the --mode options)."""
-    check_timeout(args.timeout)
-    return request_from(args, tps).spec(source, positions, mode)

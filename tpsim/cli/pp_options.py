@@ -4,13 +4,13 @@ engine replayed splits them, the capture handled as that engine does at a stage 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from tpsim.capture.pipeline import PP_CAPTURES
 from tpsim.base.errors import UsageError
-from tpsim.parallel.torchrun import under_torchrun
-from tpsim.parallel.pipeline import SPLITS
-from tpsim.run.pipeline import Pipeline
-from tpsim.app.preflight import max_cpu_ranks, torchrun_world
+from tpsim.cli.choices import PP_CAPTURES, SPLITS
+
+if TYPE_CHECKING:
+    from tpsim.run.pipeline import Pipeline
 
 
 def add_pp_options(p: argparse.ArgumentParser) -> None:
@@ -35,20 +35,6 @@ def pp_degree(args) -> int:
     if pp < 1:
         raise UsageError(f"--pp {pp} must be at least 1 (1: no pipeline parallelism)")
     return pp
-
-
-def pp_tp_degrees(args, pp: int) -> list[int] | None:
-    """The TP degrees of a --pp run without --tp (None: --tp was given): under torchrun the world
-    size over pp, else those of 1, 2, 4, 8 whose pp x tp ranks the guard allows (at least 1)."""
-    if args.tp is not None or pp == 1:
-        return None
-    if under_torchrun():
-        world = torchrun_world()
-        if world % pp:
-            raise UsageError(f"--pp {pp}: the torchrun world of {world} ranks does not split into {pp} stages; "
-                             f"launch pp x tp ranks")
-        return [world // pp]
-    return [t for t in (1, 2, 4, 8) if pp * t <= max_cpu_ranks()] or [1]
 
 
 def stage_rows(pipe: Pipeline, num_layers: int, tp: int, tokens: int, hidden: int) -> list[dict]:

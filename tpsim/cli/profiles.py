@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import textwrap
 
-from tpsim.cli.options import add_json, emit_json
+from tpsim.cli.options import emit_json
 from tpsim.profiles import fingerprints, registry
 from tpsim.profiles.fingerprints import Classified, Status
 from tpsim.profiles.profile import Behaviour, Profile, Source, describe, differences
 from tpsim.base.ui import say, table
-from tpsim.cli.parser import add_command
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "profiles")
-    p.add_argument("--sources", action="store_true", help="print every behaviour with its source and the "
-                                                          "lines of code it was read from")
-    add_json(p, cmd_profiles)
 
 
 def entries() -> list[tuple[Profile, Profile]]:

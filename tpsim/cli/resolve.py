@@ -4,8 +4,7 @@ or as a named engine version handles them with --server)."""
 from __future__ import annotations
 
 from tpsim.profiles.conventions import Convention, ids_for, named_ids, resolve
-from tpsim.cli.options import (CONVENTION_METAVAR, add_json, add_server_option, convention_option, emit_json,
-                               layer_ids, positive_int)
+from tpsim.cli.options import emit_json, layer_ids, positive_int
 from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
 from tpsim.base.errors import UsageError
 from tpsim.profiles.findings import findings
@@ -13,18 +12,6 @@ from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import serving
 from tpsim.profiles.replay import replay
 from tpsim.run.spec import model_path
-from tpsim.cli.parser import add_command
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "resolve")
-    p.add_argument("--convention", type=convention_option, metavar=CONVENTION_METAVAR,
-                   help="the numbering --layers is written in")
-    add_server_option(p)
-    p.add_argument("--layers", help="layer ids, e.g. --layers -1,2,30 (default: the convention's default)")
-    p.add_argument("--num-layers", help="num_hidden_layers of the model")
-    p.add_argument("--model", help="or read num_hidden_layers (and the model type) from this config")
-    add_json(p, cmd_resolve)
 
 
 def cmd_resolve(args) -> int:

@@ -9,16 +9,7 @@ from tpsim.cli.options import emit_json
 from tpsim.base.errors import UsageError
 from tpsim.app.scenarios import BUG_CLASSES, available, load, run
 from tpsim.base.ui import ProgressLine, say, table
-from tpsim.cli.parser import add_command
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "scenario")
-    p.add_argument("name", nargs="?", help="scenario name (see --list)")
-    p.add_argument("--list", action="store_true", help="list the scenarios")
-    p.add_argument("--all", action="store_true", help="run every scenario and report which were caught")
-    p.add_argument("--json", action="store_true", help="with --all: the report as JSON on stdout")
-    p.set_defaults(func=cmd_scenario)
+from tpsim.cli.main import import_commands
 
 
 def cmd_scenario(args) -> int:
@@ -38,6 +29,7 @@ def cmd_scenario(args) -> int:
     spec = load(args.name)
     print(f"[{spec.bug_class}] {spec.summary}", end="\n\n")
     print("sources: " + "; ".join(spec.sources), end="\n\n")
+    import_commands()  # the steps run as forks of this process: what they import, imported once
     out = run(spec, echo=lambda text: print(text, flush=True))
     print(f"scenario {args.name}: {'caught as expected' if out.caught else 'NOT as expected'} "
           f"(expected exit {spec.expect_exit} and {spec.expected()})")
@@ -46,6 +38,7 @@ def cmd_scenario(args) -> int:
 
 def run_all(as_json: bool) -> int:
     specs = [load(n) for n in available()]
+    import_commands()  # the steps run as forks of this process: what they import, imported once
     progress = ProgressLine()
     outcomes = []
     try:

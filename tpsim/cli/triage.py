@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 
 from tpsim.offline.align import read_draft_config
-from tpsim.cli.options import add_execution_options, add_json, add_server_option, add_tp, emit_json, one_tp, \
-    positive_int, request_from
-from tpsim.cli.parser import add_command, refuse_without
+from tpsim.cli.options import emit_json, positive_int
+from tpsim.cli.parser import refuse_without
+from tpsim.cli.run_args import one_tp, request_from
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.fingerprints import unverified
@@ -25,39 +25,11 @@ from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs, Trained, Triage, triage
 from tpsim.base.ui import say
 
-GPUS = [g.value for g in Gpu]
 IDS = re.compile(r"default|-?\d+(\s*,\s*-?\d+)*")  # --train NAME:IDS, not ENGINE:MODEL
 
 
 SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend": "--moe-a2a-backend",
                 "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion"}
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "triage")
-    p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
-    add_server_option(p)
-    p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
-                   help="what trained the draft: a trainer's profile reading the draft config (default specforge: "
-                        "the current code), or the ids training used in a convention's numbering, e.g. specforge-ids:1,29,57")
-    add_tp(p, "TP degree served")
-    p.add_argument("--model",
-                   help="the target: a checkpoint directory, a config, or a built-in (default: the built-in the "
-                        "draft's hidden_size and vocab_size name); a target too big to run here is replayed on a "
-                        "stand-in at toy widths; --override num_hidden_layers=K runs a truncation")
-    served = p.add_argument_group("engine flags as served")
-    served.add_argument("--gpu", default="H200", choices=GPUS, help="the GPU served on (default H200)")
-    served.add_argument("--nnodes", default="1", help="nodes (default 1)")
-    served.add_argument("--enable-dp-attention", action="store_true", help="SGLang's DP attention was on")
-    served.add_argument("--moe-a2a-backend", default="none", choices=["none", "deepep"],
-                        help="SGLang's MoE all-to-all backend (deepep: expert parallel, token-scattered)")
-    served.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true",
-                        help="the all-reduce fused into the next norm was asked for (the profile says when it is "
-                             "on anyway)")
-    served.add_argument("--disable-cuda-graph", action="store_true", help="served without CUDA graphs")
-    served.add_argument("--pp", help="pipeline-parallel stages served (vLLM --pipeline-parallel-size, SGLang --pp-size)")
-    add_execution_options(p)
-    add_json(p, cmd_triage)
 
 
 def cmd_triage(args) -> int:

@@ -6,15 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpsim.cli.options import add_json
 from tpsim.offline.verify import check_index, files_of, verify_file
-from tpsim.cli.parser import add_command
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "verify")
-    p.add_argument("paths", nargs="+", metavar="FILE|DIR")
-    add_json(p, cmd_verify)
 
 
 def cmd_verify(args) -> int:

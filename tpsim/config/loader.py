@@ -21,6 +21,7 @@ from tpsim.config.families import BY_MODEL_TYPE, DEFAULT_MODEL_TYPE, MODEL_TYPES
 # repository's configs/, their one source), the repository's configs/ in a checkout.
 _PACKAGED = Path(__file__).resolve().parents[1] / "builtin"
 BUILTIN_CONFIGS = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "configs"
+DEFAULT_MODEL = "tiny"  # the built-in config a run takes without --model
 
 
 def builtin_names() -> list[str]:

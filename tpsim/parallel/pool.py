@@ -4,7 +4,6 @@ brings the pool down with one line naming it (tpsim.parallel.launch has the rank
 
 from __future__ import annotations
 
-import enum
 import multiprocessing
 import os
 import queue
@@ -22,25 +21,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tpsim.base.environ import START_ENV, StartMethod, asked_start_method  # noqa: F401  (START_ENV: imported from here)
 from tpsim.base.errors import RankError, UsageError
 from tpsim.base import faults
 from tpsim.base.procs import proc_stat
 from tpsim.base import deathsig
 from tpsim.base.forkguard import LAUNCHER_ENV
 from tpsim.parallel.launch import RankContext, build_groups
-
-
-class StartMethod(enum.Enum):
-    """How a pool's ranks come to life. Both pay torch's import (~2 s of CPU) once per launcher, not
-    once per rank: FORK copies the launcher, which has imported torch and tpsim already; FORKSERVER
-    forks from a server that imported them once (multiprocessing's forkserver, tpsim preloaded) and
-    serves every later pool of the process."""
-
-    FORK = "fork"
-    FORKSERVER = "forkserver"
-
-
-START_ENV = "TPSIM_RANK_START"  # fork or forkserver: overrides start_method's choice
 
 
 def can_fork() -> bool:
@@ -53,13 +40,9 @@ def can_fork() -> bool:
 
 def start_method(device: str) -> StartMethod:
     """FORK where a fork is safe (can_fork) for CPU ranks; FORKSERVER elsewhere. TPSIM_RANK_START chooses."""
-    env = os.environ.get(START_ENV)
-    if env:
-        try:
-            return StartMethod(env)
-        except ValueError:
-            raise UsageError(f"{START_ENV}={env!r} is not one of fork, forkserver; fix it or unset {START_ENV}") \
-                from None
+    asked = asked_start_method()
+    if asked is not None:
+        return asked
     return StartMethod.FORK if device == "cpu" and can_fork() else StartMethod.FORKSERVER
 
 

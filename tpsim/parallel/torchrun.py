@@ -1,5 +1,6 @@
-"""Ranks started by torchrun: its environment checked, the world joined (env rendezvous) with
-tpsim.parallel.launch's TP groups, results gathered on rank 0, and a rank's clean exit."""
+"""Ranks started by torchrun: the world joined (env rendezvous) with tpsim.parallel.launch's TP
+groups, results gathered on rank 0, and a rank's clean exit (its environment is checked, without
+torch, by tpsim.base.environ)."""
 
 from __future__ import annotations
 
@@ -10,38 +11,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from tpsim.base.environ import under_torchrun  # noqa: F401  (imported from here too)
 from tpsim.base.errors import UsageError
 from tpsim.parallel.launch import RankContext, build_groups, default_backend
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ
-                                                    and "LOCAL_RANK" in os.environ)
-
-
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def check_torchrun_env() -> None:
-    """torchrun's variables, all or none and well formed, before anything tries to join its
-    rendezvous (one line naming the missing or bad one, not a traceback from init_process_group)."""
-    given = [v for v in TORCHRUN_VARS[:3] if v in os.environ]
-    if not given:
-        return
-    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
-    if missing:
-        raise UsageError(f"{', '.join(given)} set but {', '.join(missing)} not: a partial torchrun environment; "
-                         f"launch with torchrun, or unset {', '.join(given)}")
-    values = {v: os.environ[v] for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    bad = [f"{v}={x!r}" for v, x in values.items() if not x.isdecimal()]
-    if not bad and int(values["WORLD_SIZE"]) < 1:
-        bad = [f"WORLD_SIZE={values['WORLD_SIZE']!r}"]
-    if not bad and int(values["RANK"]) >= int(values["WORLD_SIZE"]):
-        bad = [f"RANK={values['RANK']} with WORLD_SIZE={values['WORLD_SIZE']}"]
-    if bad:
-        raise UsageError(f"torchrun environment: {bad[0]} is not valid (non-negative integers, RANK < WORLD_SIZE); "
-                         "launch with torchrun")
-
 
 
 def init_from_env(device: str, backend: str | None, timeout_s: float) -> RankContext:

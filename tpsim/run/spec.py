@@ -14,11 +14,11 @@ from tpsim.capture import Position
 from tpsim.weights.gguf_builtin import GGUF_TARGETS, checkpoint_dir
 from tpsim.weights.reader import Checkpoint, validate
 from tpsim.config.loader import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
+from tpsim.config.loader import DEFAULT_MODEL  # noqa: F401  (defined with the built-in names; imported from here too)
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline
 
-DEFAULT_MODEL = "tiny"
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 1e-2}  # ‖TP=t − TP=1‖ / ‖TP=1‖
 DEVICES = ("cpu", "cuda")
 

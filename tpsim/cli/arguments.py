@@ -1,0 +1,180 @@
+"""Every command's options (each command's prose is in commands.toml): nothing here imports
+torch, so `tpsim COMMAND --help` prints without it. What runs a command is cmd_COMMAND in
+tpsim/cli/COMMAND.py, imported once the command line has been read (tpsim.cli.main)."""
+
+from __future__ import annotations
+
+import argparse
+
+from tpsim.cli.choices import GPUS
+from tpsim.cli.graph_options import add_graph_options
+from tpsim.cli.options import (CONVENTION_METAVAR, DTYPES, add_execution_options, add_json, add_mode_options,
+                               add_model_option, add_override, add_run_options, add_server_option, add_tp,
+                               convention_option, dtype_name, seed_value)
+from tpsim.cli.outputs import add_force
+from tpsim.cli.parser import add_command
+from tpsim.cli.pp_options import add_pp_options
+from tpsim.config.loader import DEFAULT_MODEL
+
+
+def add_parser(sub, name: str) -> argparse.ArgumentParser:
+    """Command `name`'s parser: its help, description and examples from commands.toml, its options
+    from the function of its name below."""
+    p = add_command(sub, name)
+    OPTIONS[name](p)
+    return p
+
+
+def triage(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
+    add_server_option(p)
+    p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
+                   help="what trained the draft: a trainer's profile reading the draft config (default specforge: "
+                        "the current code), or the ids training used in a convention's numbering, e.g. specforge-ids:1,29,57")
+    add_tp(p, "TP degree served")
+    p.add_argument("--model",
+                   help="the target: a checkpoint directory, a config, or a built-in (default: the built-in the "
+                        "draft's hidden_size and vocab_size name); a target too big to run here is replayed on a "
+                        "stand-in at toy widths; --override num_hidden_layers=K runs a truncation")
+    served = p.add_argument_group("engine flags as served")
+    served.add_argument("--gpu", default="H200", choices=GPUS, help="the GPU served on (default H200)")
+    served.add_argument("--nnodes", default="1", help="nodes (default 1)")
+    served.add_argument("--enable-dp-attention", action="store_true", help="SGLang's DP attention was on")
+    served.add_argument("--moe-a2a-backend", default="none", choices=["none", "deepep"],
+                        help="SGLang's MoE all-to-all backend (deepep: expert parallel, token-scattered)")
+    served.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true",
+                        help="the all-reduce fused into the next norm was asked for (the profile says when it is "
+                             "on anyway)")
+    served.add_argument("--disable-cuda-graph", action="store_true", help="served without CUDA graphs")
+    served.add_argument("--pp", help="pipeline-parallel stages served (vLLM --pipeline-parallel-size, SGLang --pp-size)")
+    add_execution_options(p)
+    add_json(p)
+
+
+def check(p: argparse.ArgumentParser) -> None:
+    add_run_options(p)
+    add_mode_options(p)
+    add_pp_options(p)
+    add_graph_options(p)
+    p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "
+                                "torchrun every divisor of the world size)")
+    add_json(p)
+
+
+def capture(p: argparse.ArgumentParser) -> None:
+    add_run_options(p)
+    add_mode_options(p)
+    add_tp(p)
+    p.add_argument("--tokens", help="token ids, e.g. 1,2,3 (instead of --seq-len)")
+    p.add_argument("--out", required=True, help="output .safetensors file (with --points: one file per rank, "
+                                                "OUT.rank0.safetensors ...)")
+    p.add_argument("--pp", help="pipeline-parallel stages the --server engine is launched with: where it refuses them "
+                                "at start-up nothing is written (tpsim check --pp replays a pipeline)")
+    p.add_argument("--points", help="named points to capture per rank instead of --layers, e.g. "
+                                    "layers.3.attn.o_proj.partial,layers.3.mlp.in (tpsim explain lists them)")
+    add_force(p)
+
+
+def export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="YAML/JSON config or built-in name (default tiny)")
+    p.add_argument("--seed", type=seed_value, default=0, help="weights seed (default 0)")
+    p.add_argument("--out", required=True, help="output directory (created; must be empty unless --force)")
+    p.add_argument("--dtype", default="auto", type=dtype_name, choices=DTYPES,
+                   help="weights dtype (auto: float32; bf16, fp16, fp32 also accepted)")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file before sharding (default 5GB)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    add_override(p)
+
+
+def explain(p: argparse.ArgumentParser) -> None:
+    add_model_option(p)
+    add_execution_options(p)
+    add_mode_options(p, strategy=False)
+    add_pp_options(p)
+    p.set_defaults(seq_len="16", dtype="bfloat16")
+    add_tp(p)
+    p.add_argument("--layer", help="decoder layer to explain (default: the first MoE layer, else 0)")
+    p.add_argument("--svg", metavar="PATH", help="also draw it, one lane per rank, into this .svg file")
+    add_force(p)
+    add_json(p)
+
+
+def align(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train", metavar="CONVENTION:IDS|PROFILE",
+                   help="training side: specforge-ids:1,29,57 or specforge-ids:default; with --draft-config a "
+                        "profile (default specforge), e.g. specforge@2026-07-01")
+    p.add_argument("--serve", metavar="CONVENTION:IDS",
+                   help="serving side, e.g. sglang-ids:-1,2,30 or vllm-ids:default")
+    p.add_argument("--draft-config", metavar="PATH", help="or read the ids from the draft's config.json as each program does")
+    p.add_argument("--trainer", metavar="PROFILE", help=argparse.SUPPRESS)  # the old name of --train PROFILE
+    add_server_option(p)
+    p.add_argument("--num-layers", help="num_hidden_layers of the target model")
+    p.add_argument("--model", help="or the target model (config or HF directory): also runs it and reports the "
+                                   "cosine per slot")
+    add_tp(p, "TP degree of the --model run")
+    add_execution_options(p)
+    p.set_defaults(seq_len="16")
+    add_json(p)
+
+
+def diagnose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="one run's per-rank files: tpsim rank dumps ({stem}.rank{r}.safetensors) or SGLang "
+                        "dumper .pt files (or a directory of them), or one vLLM hidden-states file "
+                        "({req_id}.safetensors, gathered), or one tpsim capture file (gathered); docs/dumps.md "
+                        "says how to get them")
+    p.add_argument("--reference", required=True,
+                   help="a tpsim capture file, a TP=1 rank dump, training features (.pt/.safetensors), or a vLLM "
+                        "hidden-states file")
+    p.add_argument("--point", action="append", help="diagnose only this point (repeatable; default: every point "
+                                                    "present on every rank)")
+    p.add_argument("--positions", help="names of the reference's slots, e.g. embed,out(1),out(3)")
+    p.add_argument("--hidden-size", help="split the reference's slots by this width")
+    p.add_argument("--step", help="SGLang dumps: the step (forward pass) to diagnose")
+    p.add_argument("--layer-ids", metavar="IDS",
+                   help="a vLLM file: the eagle_aux_hidden_state_layer_ids the server ran with (vLLM's numbering: "
+                        "id k is the residual stream entering layer k, 0 = embed), e.g. 2,16,29; slot i is then "
+                        "named by its position (out(1), ...; slot{i} stays an alias) and compared with the "
+                        "reference's tensor at that position, whatever convention the reference was captured in; "
+                        "a tpsim capture file: ids in --convention, naming its slots likewise")
+    p.add_argument("--convention", metavar=CONVENTION_METAVAR,
+                   help="with --layer-ids on a tpsim capture file: the numbering of the ids (default vllm-ids); the "
+                        "draft's ids in its trainer's numbering (e.g. output-of for SpecForge's hook) name each slot "
+                        "by the position the draft was trained on, so a slot the engine took from another layer "
+                        "shows as that layer")
+    p.add_argument("--num-layers", metavar="N",
+                   help="with --layer-ids: the model's decoder layers, to check the ids against (0..N) (default: "
+                        "the reference's num_layers metadata, else unchecked)")
+    add_json(p)
+
+
+def scenario(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", help="scenario name (see --list)")
+    p.add_argument("--list", action="store_true", help="list the scenarios")
+    p.add_argument("--all", action="store_true", help="run every scenario and report which were caught")
+    p.add_argument("--json", action="store_true", help="with --all: the report as JSON on stdout")
+
+
+def verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="FILE|DIR")
+    add_json(p)
+
+
+def resolve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--convention", type=convention_option, metavar=CONVENTION_METAVAR,
+                   help="the numbering --layers is written in")
+    add_server_option(p)
+    p.add_argument("--layers", help="layer ids, e.g. --layers -1,2,30 (default: the convention's default)")
+    p.add_argument("--num-layers", help="num_hidden_layers of the model")
+    p.add_argument("--model", help="or read num_hidden_layers (and the model type) from this config")
+    add_json(p)
+
+
+def profiles(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sources", action="store_true", help="print every behaviour with its source and the "
+                                                          "lines of code it was read from")
+    add_json(p)
+
+
+OPTIONS = {"triage": triage, "check": check, "capture": capture, "export": export, "explain": explain, "align": align,
+           "diagnose": diagnose, "scenario": scenario, "verify": verify, "resolve": resolve, "profiles": profiles}
