@@ -51,6 +51,15 @@ def triage(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
+def draft(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="DIR|config.json", help="the draft: its directory (config.json and *.safetensors, "
+                                                           "SpecForge's layout) or its config.json")
+    p.add_argument("--model", help="the target (a built-in, a config or a checkpoint directory): fc's input width is "
+                                   "checked against its hidden_size (default: the draft config's target_hidden_size, "
+                                   "else its hidden_size)")
+    add_json(p)
+
+
 def check(p: argparse.ArgumentParser) -> None:
     add_run_options(p)
     add_mode_options(p)
@@ -176,5 +185,5 @@ def profiles(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-OPTIONS = {"triage": triage, "check": check, "capture": capture, "export": export, "explain": explain, "align": align,
-           "diagnose": diagnose, "scenario": scenario, "verify": verify, "resolve": resolve, "profiles": profiles}
+OPTIONS = {"triage": triage, "draft": draft, "check": check, "capture": capture, "export": export, "explain": explain,
+           "align": align, "diagnose": diagnose, "scenario": scenario, "verify": verify, "resolve": resolve, "profiles": profiles}

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
+
+from tpsim.base.errors import UsageError
 
 from tpsim.draft.config import DraftConfig
 from tpsim.draft.findings import DraftDefect, DraftFinding
@@ -31,13 +34,30 @@ class DraftCheckpoint:
 
 
 def read(path: str | Path) -> DraftCheckpoint:
-    """`path`: the draft directory, or its config.json."""
+    """`path`: the draft directory, or its config.json (UsageError, one line, on anything unreadable)."""
     path = Path(path)
     folder = path.parent if path.is_file() else path
-    config = DraftConfig.from_json(json.loads((folder / "config.json").read_text()))
+    fix = "give the draft's directory (config.json and *.safetensors) or its config.json"
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"{path}: no draft config.json there; {fix}")
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+        config = DraftConfig.from_json(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{folder / 'config.json'} is not a JSON draft config ({str(e).splitlines()[0][:80]}); {fix}") \
+            from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{folder / 'config.json'}: an EAGLE-3 draft config needs hidden_size, intermediate_size, "
+                         f"num_attention_heads and vocab_size ({type(e).__name__}: {e}); {fix}") from None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise UsageError(f"{folder}: no *.safetensors beside config.json; {fix}")
     tensors: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(str(f)))
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UsageError(f"{f} is not a readable safetensors file ({str(e).splitlines()[0][:80]}); {fix}") from None
     return DraftCheckpoint(folder, config, tensors)
 
 
