@@ -68,13 +68,15 @@ def test_the_seed_case_typed_the_natural_way(capsys):
 # --- no abbreviations ------------------------------------------------------------------------
 
 REQUIRED = {"capture": ["--out", "x"], "export": ["--out", "x"], "triage": ["--draft-config", "x"],
-            "diagnose": ["f", "--reference", "r"], "verify": ["f"], "draft": ["d"]}
+            "diagnose": ["f", "--reference", "r"], "verify": ["f"], "draft": ["d"],
+            "acceptance": ["--draft", "d"]}
 LONG = sorted((cmd, opt) for cmd, p in COMMANDS.items() for opt in p._option_string_actions if opt.startswith("--"))
 
 
 @given(cmd_opt=st.sampled_from(LONG), cut=st.integers(min_value=3))
 @example(cmd_opt=("check", "--layers"), cut=7)
 @example(cmd_opt=("draft", "--help"), cut=3)  # a command with a required positional
+@example(cmd_opt=("acceptance", "--backend"), cut=3)  # a command with a required option
 @settings(max_examples=60)
 def test_a_prefix_of_an_option_is_refused_and_the_option_suggested(cmd_opt, cut):
     cmd, opt = cmd_opt

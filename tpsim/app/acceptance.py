@@ -1,0 +1,243 @@
+"""`tpsim acceptance`'s measurement: the draft run on the capture it was trained on and on the capture the
+engine serves (triage's two captures: ids as each program reads them, the served mode and strategy at the
+served TP), over the target's greedy answers, reported as AL and per-position acceptance side by side
+(tpsim.draft.acceptance says why one teacher-forced forward per capture is exact for greedy chain drafting)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tpsim.app.ranks import on_ranks
+from tpsim.app.triage import Captures, Inputs, captures
+from tpsim.base.errors import UsageError
+from tpsim.capture.positions import Position
+from tpsim.config.loader import BUILTIN_CONFIGS
+from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, rounds
+from tpsim.draft.checkpoint import DraftCheckpoint, build
+from tpsim.modes import Mode, Strategy, TensorParallel
+from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job
+from tpsim.run.spec import RunSpec
+from tpsim.weights.reader import Checkpoint
+from tpsim.weights.seeded import init_tensor
+
+PROMPTS = BUILTIN_CONFIGS / "prompts"
+EMBED = "model.embed_tokens.weight"
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """A prompt and the target's greedy answer: `tokens[:prompt]` the prompt."""
+
+    tokens: tuple[int, ...]
+    prompt: int
+    text: str = ""
+
+    @property
+    def answer(self) -> int:
+        return len(self.tokens) - self.prompt
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """Where the sequences come from: built-in prompts with their answers, or prompts to answer."""
+
+    sequences: tuple[Sequence, ...]  # answered already (may be empty)
+    to_answer: tuple[tuple[int, ...], ...] = ()
+    new_tokens: int = 0
+    stop: int | None = None
+    origin: str = ""
+
+
+@dataclass(frozen=True)
+class Fed:
+    """One capture the draft is fed: whose, which positions, in which mode and strategy, at which TP;
+    `failure`: why the engine never feeds the draft this capture (nothing to measure)."""
+
+    label: str
+    positions: tuple[Position, ...]
+    mode: Mode
+    strategy: Strategy
+    tp: int
+    failure: str | None = None
+
+    @property
+    def text(self) -> str:
+        where = ", ".join(map(str, self.positions)) or "nothing"
+        return f"{where} at TP {self.tp}" + (f", mode {self.mode.name} ({self.strategy})" if self.tp > 1 else "")
+
+
+@dataclass(frozen=True)
+class Measured:
+    fed: Fed
+    acceptance: Acceptance | None  # None: not measured (fed.failure says why)
+    ranks_identical: bool = True
+
+    def to_dict(self) -> dict:
+        a = self.acceptance
+        return {"label": self.fed.label, "positions": [str(p) for p in self.fed.positions], "tp": self.fed.tp,
+                "mode": self.fed.mode.name, "capture_strategy": self.fed.strategy.value, "failure": self.fed.failure,
+                "ranks_identical": self.ranks_identical,
+                "acceptance_length": None if a is None else round(a.length, 4),
+                "per_position": None if a is None else [round(x, 4) for x in a.per_position],
+                "rounds": None if a is None else a.rounds}
+
+
+@dataclass
+class AcceptanceReport:
+    inputs: Inputs
+    captures: Captures
+    k: int
+    sequences: list[Sequence]
+    trained: Measured
+    served: Measured
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def difference(self) -> float | None:
+        t, s = self.trained.acceptance, self.served.acceptance
+        return None if t is None or s is None else s.length - t.length
+
+    @property
+    def noise(self) -> float | None:
+        """Two standard errors of the difference: a served AL this close to the trained one is kept."""
+        t, s = self.trained.acceptance, self.served.acceptance
+        return None if t is None or s is None else 2 * (t.stderr ** 2 + s.stderr ** 2) ** 0.5
+
+    @property
+    def kept(self) -> bool:
+        """The served capture keeps the trained AL (within noise); False when the engine feeds the draft nothing."""
+        d, n = self.difference, self.noise
+        return d is not None and not d < -n
+
+
+def builtin_prompts(model: str) -> Path | None:
+    path = PROMPTS / f"{model}.json"
+    return path if path.is_file() else None
+
+
+def read_prompts(path: Path, new_tokens: int) -> Prompts:
+    """A prompts file: JSON `{"sequences": [{"prompt": [ids], "answer": [ids]}, ...]}` (answers kept, as the
+    built-in ones), or one prompt per line as comma-separated token ids (answered greedily here)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--prompts {path}: cannot read it ({getattr(e, 'strerror', None) or e}); give a file of "
+                         "token-id lines (1,2,3) or tpsim's prompts JSON") from None
+    fix = "give one prompt per line as comma-separated token ids, or tpsim's prompts JSON"
+    if text.lstrip().startswith("{"):
+        try:
+            raw = json.loads(text)
+            seqs = tuple(Sequence(tuple(int(i) for i in s["prompt"] + s.get("answer", [])), len(s["prompt"]),
+                                  s.get("text", "")) for s in raw["sequences"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"--prompts {path}: not tpsim's prompts JSON ({type(e).__name__}: {e}); {fix}") from None
+        return Prompts(seqs, origin=str(path))
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                prompts.append(tuple(int(x) for x in line.replace(" ", "").split(",")))
+            except ValueError:
+                raise UsageError(f"--prompts {path} line {n}: {line.strip()[:40]!r} is not comma-separated token "
+                                 f"ids; {fix}") from None
+    if not prompts:
+        raise UsageError(f"--prompts {path} holds no prompt; {fix}")
+    return Prompts((), tuple(prompts), new_tokens, origin=str(path))
+
+
+def seeded_prompts(vocab: int, n: int, length: int, new_tokens: int, seed: int) -> Prompts:
+    g = torch.Generator().manual_seed(seed ^ 0xAC)
+    return Prompts((), tuple(tuple(torch.randint(0, vocab, (length,), generator=g).tolist()) for _ in range(n)),
+                   new_tokens, origin=f"{n} seeded random prompts of {length} tokens")
+
+
+def fed(inputs: Inputs, caps: Captures, fc_width: int) -> tuple[Fed, Fed]:
+    """The trained capture (the trainer's positions, the whole stream at TP 1) and the served one."""
+    H = inputs.target.source.cfg.hidden_size
+    trained = Fed("trained", tuple(caps.trained_positions), TensorParallel(), Strategy.MODEL_LEVEL, 1)
+    rep, got, mode, tp = caps.replay, caps.config, caps.mode, inputs.served.tp
+    failure = got.failure if got.off else rep.failure
+    if failure is None and not rep.positions:
+        failure = f"{inputs.serve.name} captures nothing from these ids"
+    if failure is None and len(rep.positions) * H != fc_width:
+        failure = f"the capture is {rep.width_text(H)}: the draft's fc fails on it"
+    served = Fed("served", tuple(rep.positions), mode.mode, mode.strategy, tp, failure)
+    return trained, served
+
+
+def target_embedding(spec: RunSpec) -> torch.Tensor:
+    """The target's `[V, H]` embedding, for a draft exported without its own."""
+    cfg = spec.cfg
+    if spec.source.checkpoint is None:
+        return init_tensor(spec.seed, EMBED, (cfg.vocab_size, cfg.hidden_size))
+    with Checkpoint(spec.source.checkpoint).open(EMBED) as src:
+        return src[:].float()
+
+
+def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts) -> AcceptanceReport | None:
+    """AL trained vs served (None on a torchrun rank other than 0)."""
+    caps = captures(inputs)
+    trained, served = fed(inputs, caps, draft.config.capture_width)
+    if trained.failure is None and len(trained.positions) * inputs.target.source.cfg.hidden_size \
+            != draft.config.capture_width:
+        raise UsageError(f"training captured {len(trained.positions)} states ({', '.join(map(str, trained.positions))})"
+                         f" and the draft's fc reads {draft.config.num_aux}; --train names what trained this draft")
+    train_spec, _ = inputs.request.spec(inputs.target.source, trained.positions, (trained.mode, trained.strategy))
+    notes: list[str] = []
+    seqs = list(prompts.sequences)
+    if prompts.to_answer:
+        got = on_ranks(answers_job, train_spec, 1, prompts=[list(p) for p in prompts.to_answer],
+                       new_tokens=prompts.new_tokens, stop=prompts.stop)
+        if got is None:
+            return None
+        seqs += [Sequence(tuple(s), len(p)) for s, p in zip(got[0], prompts.to_answer)]
+    on_train = _captures(train_spec, 1, seqs)
+    if on_train is None:
+        return None
+    seqs, on_train = _greedy(seqs, on_train, notes)
+    model = build(draft, None if "embed_tokens.weight" in draft.tensors else target_embedding(train_spec)).eval()
+    report = AcceptanceReport(inputs, caps, k, seqs, _measure(model, trained, on_train, seqs, k),
+                              Measured(served, None), notes)
+    if served.failure is None:
+        serve_spec, _ = inputs.request.spec(inputs.target.source, served.positions, (served.mode, served.strategy))
+        on_serve = _captures(serve_spec, served.tp, seqs)
+        if on_serve is None:
+            return None
+        report.served = _measure(model, served, on_serve, seqs, k)
+    return report
+
+
+def _captures(spec: RunSpec, tp: int, seqs: list[Sequence]) -> list[SequenceCapture] | None:
+    got = on_ranks(captures_job, spec, tp, tp=tp, sequences=[list(s.tokens) for s in seqs])
+    return None if got is None else next(r for r in got.values() if r is not None)
+
+
+def _greedy(seqs: list[Sequence], caps: list[SequenceCapture], notes: list[str]):
+    """Each sequence up to where tpsim's target stops agreeing that its answer is the greedy one (an answer made
+    elsewhere, or a near-tie that rounding flips)."""
+    kept, kept_caps = [], []
+    for s, c in zip(seqs, caps):
+        n = greedy_prefix(list(s.tokens), c.argmax, s.prompt)
+        if n < len(s.tokens):
+            notes.append(f"sequence {len(kept) + 1}: tpsim's target disagrees with the given answer at token {n} of "
+                         f"{len(s.tokens)}: measured up to there")
+        kept.append(Sequence(s.tokens[:n], s.prompt, s.text))
+        kept_caps.append(SequenceCapture(c.capture[:n], c.identical, c.argmax[:n]))
+    return kept, kept_caps
+
+
+def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence], k: int) -> Measured:
+    if any(c.capture.shape[0] < len(s.tokens) for c, s in zip(caps, seqs)):
+        c, s = next((c, s) for c, s in zip(caps, seqs) if c.capture.shape[0] < len(s.tokens))
+        return Measured(Fed(what.label, what.positions, what.mode, what.strategy, what.tp,
+                            f"rank 0 holds {c.capture.shape[0]} of the {len(s.tokens)} tokens' rows: what the engine "
+                            "feeds the draft then is not replayed"), None)
+    total = Acceptance(k, ())
+    for c, s in zip(caps, seqs):
+        toks = torch.tensor(s.tokens)
+        total = total + rounds(chains(model, c.capture[:len(s.tokens)].float(), toks, k), list(s.tokens), s.prompt)
+    return Measured(what, total, all(c.identical for c in caps))

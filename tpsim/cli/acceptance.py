@@ -1,0 +1,118 @@
+"""`tpsim acceptance`: the acceptance length a capture costs, measured: the draft on the capture it was trained
+on and on the capture the engine serves, over the target's greedy answers (tpsim.app.acceptance).
+
+Exit 0 the served capture keeps the trained AL (within two standard errors), 1 it does not or the engine never
+feeds the draft, 2 bad input, 3 a rank failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpsim.app.acceptance import (AcceptanceReport, Measured, builtin_prompts, measure, read_prompts,
+                                  seeded_prompts)
+from tpsim.app.preflight import check_divides_world, check_timeout
+from tpsim.app.target import target_for
+from tpsim.app.triage import Inputs
+from tpsim.base.errors import UsageError
+from tpsim.base.ui import say
+from tpsim.cli.options import emit_json, positive_int
+from tpsim.cli.run_args import one_tp, request_from
+from tpsim.cli.served import engines_from
+from tpsim.config.loader import BUILTIN_CONFIGS
+from tpsim.draft.checkpoint import read
+from tpsim.offline.align import read_draft_config
+from tpsim.profiles.fingerprints import unverified
+
+
+def draft_dir(text: str) -> Path:
+    """--draft: a directory, a config.json in one, or a built-in draft's name."""
+    builtin = BUILTIN_CONFIGS / "drafts" / text
+    if not Path(text).exists() and "/" not in text and builtin.is_dir():
+        return builtin
+    return Path(text)
+
+
+def cmd_acceptance(args) -> int:
+    if args.server is None:
+        raise UsageError("acceptance needs --server PROFILE, the engine as served, e.g. --server sglang@0.5.12 "
+                         "(tpsim profiles lists them)")
+    check_timeout(args.timeout)
+    k = positive_int(args.steps, "--steps")
+    tp = one_tp(args)
+    check_divides_world(tp)
+    path = draft_dir(args.draft)
+    ckpt = read(path)
+    config = read_draft_config(str(path))
+    target = target_for(config, args.model, args.override or [], tp)
+    if target.standin is not None:
+        raise UsageError(f"--model {target.name} is too big to run here and a stand-in's answers say nothing about "
+                         "acceptance; give a target that runs here (e.g. --model smollm2-135m)")
+    args.model = target.name
+    serve, trained, served = engines_from(args, target.real, tp)
+    prompts = _prompts(args, target)
+    report = measure(Inputs(trained, serve, served, config, request_from(args, sorted({1, tp})), target),
+                     ckpt, k, prompts)
+    if report is None:  # a torchrun rank other than 0
+        return 0
+    stale = unverified(args.server, target.real.model_type)
+    if args.json:
+        emit_json({**to_dict(report, args, prompts.origin), "unverified": stale and stale.to_dict()})
+    else:
+        print_report(report, args, prompts.origin)
+        if stale:
+            say(stale.line)
+    return 0 if report.kept else 1
+
+
+def _prompts(args, target):
+    new_tokens = positive_int(args.new_tokens, "--new-tokens")
+    if args.prompts is not None:
+        return read_prompts(Path(args.prompts), new_tokens)
+    builtin = builtin_prompts(target.name)
+    if builtin is not None:
+        return read_prompts(builtin, new_tokens)
+    return seeded_prompts(target.real.vocab_size, 8, 16, new_tokens, args.seed)
+
+
+def to_dict(r: AcceptanceReport, args, origin: str) -> dict:
+    return {"kept": r.kept, "draft": args.draft, "server": args.server, "serve_profile": r.inputs.serve.name,
+            "train": r.inputs.trained.name, "model": r.inputs.target.name, "tp": r.inputs.served.tp, "steps": r.k,
+            "prompts": origin, "sequences": len(r.sequences),
+            "answer_tokens": sum(s.answer for s in r.sequences),
+            "trained": r.trained.to_dict(), "served": r.served.to_dict(),
+            "difference": None if r.difference is None else round(r.difference, 4),
+            "noise": None if r.noise is None else round(r.noise, 4), "notes": r.notes}
+
+
+def _line(m: Measured) -> str:
+    a = m.acceptance
+    if a is None:
+        return f"  {m.fed.label:8} {m.fed.text}: not measured: {m.fed.failure}"
+    per = " ".join(f"{x:.2f}" for x in a.per_position)
+    split = "" if m.ranks_identical else " (the ranks' captures differ: rank 0's fed the draft)"
+    return f"  {m.fed.label:8} AL {a.length:.2f} ± {a.stderr:.2f}  per position {per}  ({a.rounds} rounds)  " \
+           f"{m.fed.text}{split}"
+
+
+def print_report(r: AcceptanceReport, args, origin: str) -> None:
+    t = r.inputs.target
+    say(f"tpsim acceptance: draft {args.draft} on {t.name} ({t.real.num_hidden_layers} layers, hidden_size "
+        f"{t.real.hidden_size}), trained by {r.inputs.trained.name}, served by {args.server} at TP {r.inputs.served.tp}")
+    say(f"prompts: {origin}: {len(r.sequences)} sequences, {sum(s.answer for s in r.sequences)} answer tokens; "
+        f"greedy chain drafting, k = {r.k} draft tokens per verify round")
+    say(f"served mode: {r.captures.mode.mode.name}, capture strategy {r.captures.mode.strategy} "
+        f"({'; '.join(r.captures.mode.why)})")
+    for n in r.notes:
+        say(f"note: {n}")
+    say(_line(r.trained))
+    say(_line(r.served))
+    d = r.difference
+    if d is None:
+        say("VERDICT: the engine never feeds the draft this capture (see above)")
+    elif r.kept:
+        say(f"VERDICT: the served capture keeps the trained AL ({d:+.2f}, noise ±{r.noise:.2f})")
+    else:
+        say(f"VERDICT: the served capture costs {-d:.2f} tokens per verify round (AL {r.trained.acceptance.length:.2f} "
+            f"-> {r.served.acceptance.length:.2f}, noise ±{r.noise:.2f}); tpsim triage with the same flags names the "
+            "cause and the fix")
