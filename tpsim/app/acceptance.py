@@ -173,17 +173,27 @@ def target_embedding(spec: RunSpec) -> torch.Tensor:
     """The target's `[V, H]` embedding, for a draft exported without its own."""
     cfg = spec.cfg
     if spec.source.checkpoint is None:
-        return init_tensor(spec.seed, EMBED, (cfg.vocab_size, cfg.hidden_size))
+        return init_tensor(spec.seed, EMBED, (cfg.vocab_size, cfg.hidden_size), spec.device)
     with Checkpoint(spec.source.checkpoint).open(EMBED) as src:
         return src[:].float()
 
 
-def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts) -> AcceptanceReport | None:
-    """AL trained vs served (None on a torchrun rank other than 0)."""
-    caps = captures(inputs)
-    trained, served = fed(inputs, caps, draft.config.capture_width)
-    if trained.failure is None and len(trained.positions) * inputs.target.source.cfg.hidden_size \
-            != draft.config.capture_width:
+@dataclass
+class Prepared:
+    """What every served capture is compared with: the sequences (kept where tpsim's target agrees they are
+    greedy), the draft, and its acceptance on the capture it was trained on."""
+
+    sequences: list[Sequence]
+    draft: object  # Eagle3Draft
+    trained: Measured
+    k: int
+    notes: list[str]
+
+
+def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prompts: Prompts) -> Prepared | None:
+    """The target's answers and the trained capture's acceptance (None on a torchrun rank other than 0)."""
+    trained = fed(inputs, caps, draft.config.capture_width)[0]
+    if len(trained.positions) * inputs.target.source.cfg.hidden_size != draft.config.capture_width:
         raise UsageError(f"training captured {len(trained.positions)} states ({', '.join(map(str, trained.positions))})"
                          f" and the draft's fc reads {draft.config.num_aux}; --train names what trained this draft")
     train_spec, _ = inputs.request.spec(inputs.target.source, trained.positions, (trained.mode, trained.strategy))
@@ -199,16 +209,29 @@ def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts) ->
     if on_train is None:
         return None
     seqs, on_train = _greedy(seqs, on_train, notes)
-    model = build(draft, None if "embed_tokens.weight" in draft.tensors else target_embedding(train_spec)).eval()
-    report = AcceptanceReport(inputs, caps, k, seqs, _measure(model, trained, on_train, seqs, k),
-                              Measured(served, None), notes)
-    if served.failure is None:
-        serve_spec, _ = inputs.request.spec(inputs.target.source, served.positions, (served.mode, served.strategy))
-        on_serve = _captures(serve_spec, served.tp, seqs)
-        if on_serve is None:
-            return None
-        report.served = _measure(model, served, on_serve, seqs, k)
-    return report
+    model = build(draft, None if "embed_tokens.weight" in draft.tensors else target_embedding(train_spec),
+                  train_spec.device).eval()
+    return Prepared(seqs, model, _measure(model, trained, on_train, seqs, k), k, notes)
+
+
+def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
+    """The draft's acceptance on the capture `inputs`' engine serves (None on a torchrun rank other than 0)."""
+    what = fed(inputs, caps, prep.draft.cfg.capture_width)[1]
+    if what.failure is not None:
+        return Measured(what, None)
+    spec, _ = inputs.request.spec(inputs.target.source, what.positions, (what.mode, what.strategy))
+    on_serve = _captures(spec, what.tp, prep.sequences)
+    return None if on_serve is None else _measure(prep.draft, what, on_serve, prep.sequences, prep.k)
+
+
+def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts) -> AcceptanceReport | None:
+    """AL trained vs served (None on a torchrun rank other than 0)."""
+    caps = captures(inputs)
+    prep = prepare(inputs, caps, draft, k, prompts)
+    on_serve = None if prep is None else served(prep, inputs, caps)
+    if on_serve is None:
+        return None
+    return AcceptanceReport(inputs, caps, k, prep.sequences, prep.trained, on_serve, prep.notes)
 
 
 def _captures(spec: RunSpec, tp: int, seqs: list[Sequence]) -> list[SequenceCapture] | None:
@@ -238,6 +261,37 @@ def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence]
                             "feeds the draft then is not replayed"), None)
     total = Acceptance(k, ())
     for c, s in zip(caps, seqs):
-        toks = torch.tensor(s.tokens)
-        total = total + rounds(chains(model, c.capture[:len(s.tokens)].float(), toks, k), list(s.tokens), s.prompt)
+        dev = model.d2t.device
+        toks = torch.tensor(s.tokens, device=dev)
+        cap = c.capture[:len(s.tokens)].to(dev, torch.float32)
+        total = total + rounds(chains(model, cap, toks, k).cpu(), list(s.tokens), s.prompt)
     return Measured(what, total, all(c.identical for c in caps))
+
+
+@dataclass
+class TriageMeasure:
+    """`triage --measure`: the draft's acceptance as trained, as served, and with each replayed fix applied."""
+
+    trained: Measured
+    served: Measured
+    fixed: dict[int, Measured]  # finding index -> the served capture's acceptance once its fix is applied
+    sequences: int
+    notes: list[str]
+
+
+def measure_triage(t, draft: DraftCheckpoint, k: int, prompts: Prompts) -> TriageMeasure | None:
+    """For a triage `t` (tpsim.app.triage.Triage, its fixes replayed): None on a torchrun rank other than 0."""
+    caps = captures(t.inputs)
+    prep = prepare(t.inputs, caps, draft, k, prompts)
+    on_serve = None if prep is None else served(prep, t.inputs, caps)
+    if on_serve is None:
+        return None
+    fixed = {}
+    for i, remedy in t.fixes.items():
+        if t.findings[i].replayed:
+            changed = remedy.apply(t.inputs)
+            got = served(prep, changed, captures(changed))
+            if got is None:
+                return None
+            fixed[i] = got
+    return TriageMeasure(prep.trained, on_serve, fixed, len(prep.sequences), prep.notes)

@@ -38,8 +38,9 @@ def draft_width(draft: DraftConfig) -> tuple[int | None, str]:
     return None, ""
 
 
-def target_for(draft: DraftConfig, model: str | None, overrides: list[str], tp: int) -> Target:
-    """The target named by --model (checked against the draft's width) or by the draft's own config."""
+def target_for(draft: DraftConfig, model: str | None, overrides: list[str], tp: int, device: str = "cpu") -> Target:
+    """The target named by --model (checked against the draft's width) or by the draft's own config; on the
+    CPU, one too big for a laptop is replayed on a stand-in (on CUDA it runs at its own shapes)."""
     width, key = draft_width(draft)
     chosen = None
     if model is None:
@@ -48,7 +49,7 @@ def target_for(draft: DraftConfig, model: str | None, overrides: list[str], tp: 
     if width is not None and src.cfg.hidden_size != width:
         raise UsageError(f"--draft-config {draft.path} was built for a target of hidden size {width} ({key}), and "
                          f"--model {model} has hidden_size {src.cfg.hidden_size}; name the draft's target with --model")
-    if src.checkpoint is None and shard_bytes(src.cfg, 1, torch.float32) > STAND_IN_ABOVE:
+    if src.checkpoint is None and device == "cpu" and shard_bytes(src.cfg, 1, torch.float32) > STAND_IN_ABOVE:
         small = stand_in(src.cfg, tp)
         return Target(model, ModelSource(model, small.cfg), src.cfg, chosen, small)
     return Target(model, ModelSource.load(model, overrides, sorted({1, tp})), src.cfg, chosen)

@@ -7,10 +7,7 @@ feeds the draft, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tpsim.app.acceptance import (AcceptanceReport, Measured, builtin_prompts, measure, read_prompts,
-                                  seeded_prompts)
+from tpsim.app.acceptance import AcceptanceReport, Measured, measure
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs
@@ -18,19 +15,10 @@ from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.run_args import one_tp, request_from
-from tpsim.cli.served import engines_from
-from tpsim.config.loader import BUILTIN_CONFIGS
+from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.draft.checkpoint import read
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.fingerprints import unverified
-
-
-def draft_dir(text: str) -> Path:
-    """--draft: a directory, a config.json in one, or a built-in draft's name."""
-    builtin = BUILTIN_CONFIGS / "drafts" / text
-    if not Path(text).exists() and "/" not in text and builtin.is_dir():
-        return builtin
-    return Path(text)
 
 
 def cmd_acceptance(args) -> int:
@@ -44,13 +32,13 @@ def cmd_acceptance(args) -> int:
     path = draft_dir(args.draft)
     ckpt = read(path)
     config = read_draft_config(str(path))
-    target = target_for(config, args.model, args.override or [], tp)
+    target = target_for(config, args.model, args.override or [], tp, args.device)
     if target.standin is not None:
         raise UsageError(f"--model {target.name} is too big to run here and a stand-in's answers say nothing about "
-                         "acceptance; give a target that runs here (e.g. --model smollm2-135m)")
+                         "acceptance; give a target that runs here (e.g. --model smollm2-135m), or run on a GPU (--device cuda)")
     args.model = target.name
     serve, trained, served = engines_from(args, target.real, tp)
-    prompts = _prompts(args, target)
+    prompts = prompts_from(args, target)
     report = measure(Inputs(trained, serve, served, config, request_from(args, sorted({1, tp})), target),
                      ckpt, k, prompts)
     if report is None:  # a torchrun rank other than 0
@@ -63,16 +51,6 @@ def cmd_acceptance(args) -> int:
         if stale:
             say(stale.line)
     return 0 if report.kept else 1
-
-
-def _prompts(args, target):
-    new_tokens = positive_int(args.new_tokens, "--new-tokens")
-    if args.prompts is not None:
-        return read_prompts(Path(args.prompts), new_tokens)
-    builtin = builtin_prompts(target.name)
-    if builtin is not None:
-        return read_prompts(builtin, new_tokens)
-    return seeded_prompts(target.real.vocab_size, 8, 16, new_tokens, args.seed)
 
 
 def to_dict(r: AcceptanceReport, args, origin: str) -> dict:

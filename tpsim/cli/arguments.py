@@ -26,11 +26,21 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
 
 
 def triage(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft-config", required=True, metavar="PATH", help="the draft's config.json (or its directory)")
+    draft = p.add_mutually_exclusive_group(required=True)
+    draft.add_argument("--draft-config", metavar="PATH", help="the draft's config.json (or its directory)")
+    draft.add_argument("--draft", metavar="DIR", help="the draft's checkpoint directory (config.json and "
+                                                      "*.safetensors): its config as --draft-config, its weights read "
+                                                      "as tpsim draft reads them, and --measure possible")
     add_server_option(p)
     p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
                    help="what trained the draft: a trainer's profile reading the draft config (default specforge: "
                         "the current code), or the ids training used in a convention's numbering, e.g. specforge-ids:1,29,57")
+    p.add_argument("--measure", action="store_true",
+                   help="with --draft: measure the acceptance length as trained, as served and with each fix "
+                        "(tpsim acceptance's measurement, on the target's built-in prompts or --prompts)")
+    p.add_argument("--prompts", metavar="FILE", help="with --measure: prompts as for tpsim acceptance")
+    p.add_argument("--steps", default="3", help="with --measure: draft tokens per verify round (default 3)")
+    p.add_argument("--new-tokens", default="48", help="with --measure: answer length for prompts answered here")
     add_tp(p, "TP degree served")
     p.add_argument("--model",
                    help="the target: a checkpoint directory, a config, or a built-in (default: the built-in the "

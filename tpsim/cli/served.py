@@ -1,13 +1,17 @@
-"""What triage and acceptance read from argv about the two programs: the engine as served (its profile and
-flags) and what trained the draft (`--train`)."""
+"""What triage and acceptance read from argv: the engine as served (its profile and flags), what trained the
+draft (`--train`), the draft (`--draft`) and the prompts acceptance is measured on."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tpsim.app.triage import Trained
 from tpsim.cli.options import positive_int
+from tpsim.app.acceptance import Prompts, builtin_prompts, read_prompts, seeded_prompts
+from tpsim.app.target import Target
 from tpsim.cli.parser import refuse_without
+from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.config.model import ModelConfig
 from tpsim.profiles.conventions import default_ids, parse_convention_ids, refuse_convention_as_profile
 from tpsim.profiles.profile import Gpu, Profile, Served
@@ -39,3 +43,22 @@ def trained_from(text: str, model_type: str, L: int) -> Trained:
             ids = default_ids(conv, L)
         return Trained(conv.profile, conv, tuple(ids), text)
     return Trained(lookup(refuse_convention_as_profile(text, "--train"), model_type))
+
+
+def draft_dir(text: str) -> Path:
+    """--draft: a directory, a config.json in one, or a built-in draft's name."""
+    builtin = BUILTIN_CONFIGS / "drafts" / text
+    if not Path(text).exists() and "/" not in text and builtin.is_dir():
+        return builtin
+    return Path(text)
+
+
+def prompts_from(args, target: Target) -> Prompts:
+    """--prompts, else the target's built-in prompts with their answers, else 8 seeded random prompts."""
+    new_tokens = positive_int(args.new_tokens, "--new-tokens")
+    if args.prompts is not None:
+        return read_prompts(Path(args.prompts), new_tokens)
+    builtin = builtin_prompts(target.name)
+    if builtin is not None:
+        return read_prompts(builtin, new_tokens)
+    return seeded_prompts(target.real.vocab_size, 8, 16, new_tokens, args.seed)

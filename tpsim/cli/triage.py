@@ -9,9 +9,12 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 from tpsim.offline.align import read_draft_config
-from tpsim.cli.options import emit_json
+from tpsim.app.acceptance import Measured, TriageMeasure, measure_triage
+from tpsim.cli.options import emit_json, positive_int
+from tpsim.draft.checkpoint import inspect, read
+from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.cli.run_args import one_tp, request_from
-from tpsim.cli.served import engines_from
+from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.base.errors import UsageError
 from tpsim.profiles.fingerprints import unverified
 from tpsim.app.preflight import check_divides_world, check_timeout
@@ -29,28 +32,47 @@ def cmd_triage(args) -> int:
     tp = one_tp(args)
     check_divides_world(tp)
     tps = sorted({1, tp})
-    draft = read_draft_config(args.draft_config)
+    if args.measure and args.draft is None:
+        raise UsageError("--measure runs the draft: give its checkpoint directory with --draft DIR instead of "
+                         "--draft-config")
+    path = args.draft_config if args.draft is None else str(draft_dir(args.draft))
+    args.draft_config = path  # what the header names and the request's ids read
+    ckpt = None if args.draft is None else read(path)
+    draft = read_draft_config(path)
     target = target_for(draft, args.model, args.override or [], tp)
+    if args.measure and target.standin is not None:
+        raise UsageError(f"--measure runs the target, and {target.name} is too big to run here (triage replays it on "
+                         "a stand-in, whose answers say nothing about acceptance); drop --measure, or give a target "
+                         "that runs here with --model")
     args.model = target.name
     cfg = target.real
     serve_p, trained, served = engines_from(args, cfg, tp)
+    prompts = prompts_from(args, target) if args.measure else None
+    k = positive_int(args.steps, "--steps")
     t = triage(Inputs(trained, serve_p, served, draft, request_from(args, tps), target))
     if t is None:  # a torchrun rank other than 0
         return 0
     replay_fixes(t)
+    checkpoint = [] if ckpt is None else inspect(path, cfg.hidden_size)
+    t.notes += [f"draft checkpoint: {f.cause} (whether {t.serve.name} loads the target's instead: tpsim draft)"
+                for f in checkpoint if f.defect is DraftDefect.EMBED_ABSENT]
+    checkpoint = [f for f in checkpoint if f.defect is not DraftDefect.EMBED_ABSENT]
+    measured = None if not args.measure else measure_triage(t, ckpt, k, prompts)
+    if args.measure and measured is None:
+        return 0
     stale = unverified(args.server, cfg.model_type)
     if args.json:
-        emit_json({**to_dict(t, args), "unverified": stale and stale.to_dict()})
+        emit_json({**to_dict(t, args, checkpoint, measured), "unverified": stale and stale.to_dict()})
     else:
-        print_triage(t, args)
+        print_triage(t, args, checkpoint, measured)
         if stale:
             say(stale.line)
-    return 0 if t.ok else 1
+    return 0 if t.ok and not checkpoint else 1
 
 
-def to_dict(t: Triage, args) -> dict:
+def to_dict(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None) -> dict:
     target = t.inputs.target
-    return {"ok": t.ok, "server": args.server, "serve_profile": t.serve.name, "train": t.inputs.trained.name,
+    return {"ok": t.ok and not checkpoint, "server": args.server, "serve_profile": t.serve.name, "train": t.inputs.trained.name,
             "train_ids": t.inputs.trained.ids and list(t.inputs.trained.ids),
             "target": {"model": target.name, "chosen": target.chosen, "hidden_size": target.real.hidden_size,
                        "num_hidden_layers": target.real.num_hidden_layers,
@@ -58,11 +80,22 @@ def to_dict(t: Triage, args) -> dict:
             "tp": t.served.tp, "gpu": t.served.gpu.value, "model": args.model, "num_layers": t.replay.num_layers,
             "served_mode": {"mode": t.mode.mode.to_dict(), "capture_strategy": t.mode.strategy.value, "why": t.mode.why},
             "align": t.align.to_dict(), "check": None if t.check is None else t.check.to_dict(),
-            "findings": [{**f.to_dict(), "change": t.fixes[i].to_dict() if i in t.fixes else None}
-                         for i, f in enumerate(t.findings)], "notes": t.notes}
+            "findings": [{**f.to_dict(), "change": t.fixes[i].to_dict() if i in t.fixes else None,
+                          "measured_with_fix": measured.fixed[i].to_dict() if measured and i in measured.fixed else None}
+                         for i, f in enumerate(t.findings)], "notes": t.notes,
+            "draft_findings": [{"defect": f.defect.value, "cause": f.cause, "source": f.source, "fix": f.fix,
+                                "key": f.key} for f in checkpoint],
+            "measured": measured and {"trained": measured.trained.to_dict(), "served": measured.served.to_dict(),
+                                      "sequences": measured.sequences, "notes": measured.notes}}
 
 
-def print_triage(t: Triage, args) -> None:
+def _al(m: Measured, why: bool = False) -> str:
+    if m.acceptance is None:
+        return f"not measured ({m.fed.failure})" if why else "not measured"
+    return f"{m.acceptance.length:.2f}"
+
+
+def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None) -> None:
     s, target = t.served, t.inputs.target
     say(f"tpsim triage: {args.draft_config} served by {args.server} at TP={s.tp} on {s.gpu.value}, trained by "
         f"{t.inputs.trained.name}; target {target.name} ({t.replay.num_layers} layers, hidden_size "
@@ -77,8 +110,11 @@ def print_triage(t: Triage, args) -> None:
         held = all(r.ok for r in t.check.rows)
         say(f"check in mode {t.mode.mode.name} at TP {', '.join(str(r.tp) for r in t.check.rows)} on "
             f"{len(t.check.spec.tokens)} tokens: {'the capture holds' if held else 'the capture breaks'}")
-    for n in t.notes:
+    for n in t.notes + (measured.notes if measured else []):
         say(f"note: {n}")
+    if measured is not None:
+        say(f"measured (greedy chain drafting, k = {args.steps}, {measured.sequences} sequences): AL "
+            f"{_al(measured.trained, True)} as trained, {_al(measured.served, True)} as served")
     for i, f in enumerate(t.findings, 1):
         say()
         say(f"FINDING {i}: {f.kind.value}")
@@ -88,5 +124,15 @@ def print_triage(t: Triage, args) -> None:
         say(f"  fix: {f.fix}")
         if f.replayed:
             say("  fix replayed: the finding clears, and no other appears")
+        if measured is not None and i - 1 in measured.fixed:
+            say(f"  measured: AL {_al(measured.trained)} as trained, {_al(measured.served)} as served, "
+                f"{_al(measured.fixed[i - 1])} with the fix")
+    for j, f in enumerate(checkpoint, len(t.findings) + 1):
+        say()
+        say(f"FINDING {j}: draft checkpoint: {f.defect.value}" + (f" ({f.key})" if f.key else ""))
+        say(f"  cause: {f.cause}")
+        say(f"  source: {f.source}")
+        say(f"  fix: {f.fix}")
+    n = len(t.findings) + len(checkpoint)
     say()
-    say("VERDICT: nothing found" if t.ok else f"VERDICT: {len(t.findings)} finding{'s' * (len(t.findings) > 1)}")
+    say("VERDICT: nothing found" if n == 0 else f"VERDICT: {n} finding{'s' * (n > 1)}")

@@ -61,15 +61,15 @@ def read(path: str | Path) -> DraftCheckpoint:
     return DraftCheckpoint(folder, config, tensors)
 
 
-def build(ckpt: DraftCheckpoint, embed: torch.Tensor | None = None) -> Eagle3Draft:
-    """The draft with the checkpoint's weights; `embed`: the target's `[V, H]` embedding, for a draft exported
-    without its own (EMBED_ABSENT). Raises on a shape `inspect` reports, or on no embedding at all."""
+def build(ckpt: DraftCheckpoint, embed: torch.Tensor | None = None, device: str = "cpu") -> Eagle3Draft:
+    """The draft with the checkpoint's weights, on `device`; `embed`: the target's `[V, H]` embedding, for a draft
+    exported without its own (EMBED_ABSENT). Raises on a shape `inspect` reports, or on no embedding at all."""
     tensors = dict(ckpt.tensors)
     if embed is not None:
         tensors["embed_tokens.weight"] = embed
     if "embed_tokens.weight" not in tensors:
         raise ValueError(f"{ckpt.path}: no embed_tokens.weight; pass the target's embedding (embed=)")
-    model = Eagle3Draft(ckpt.config)
+    model = Eagle3Draft(ckpt.config, TPGroup(device=torch.device(device)))
     load(model, tensors)
     return model
 
