@@ -5,6 +5,12 @@ config as a user would serve it (ids edited, at another key) and the engine's fl
 `tpsim acceptance --json` in a fresh process, so the wall time is the command's.
 
     .venv/bin/python benchmarks/acceptance.py [--out benchmarks/results/acceptance-cpu.json]
+
+`--speed` (on a GPU): the acceptance loop's speed on a full-size seeded target, Llama-3.1-8B shapes in bf16 on
+one GPU with a seeded draft of SpecForge's llama3-8B-eagle3 shapes (H 4096, 32/8 heads, I 14336, Vd 32000):
+speed only (a random draft accepts nothing).
+
+    PYTHONPATH=. python3 benchmarks/acceptance.py --speed --out benchmarks/results/acceptance-h200.json
 """
 
 from __future__ import annotations
@@ -86,10 +92,71 @@ def run(case: Case, tmp: Path) -> dict:
             "seconds": round(took, 1), "answer_tokens_per_s": round(out["answer_tokens"] / took, 1), **out}
 
 
+LLAMA8B_DRAFT = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+                 "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+                 "vocab_size": 128256, "draft_vocab_size": 32000}  # SpecForge configs/llama3-8B-eagle3.json's shapes
+
+
+def speed(out: Path, repeats: int) -> int:
+    import torch
+    from safetensors.torch import save_file
+    from tpsim.draft.config import DraftConfig
+    from tpsim.draft.model import Eagle3Draft
+    from tpsim.draft.weights import specs
+    with tempfile.TemporaryDirectory() as tmp:
+        draft = Path(tmp) / "draft"
+        draft.mkdir()
+        g = torch.Generator().manual_seed(0)
+        cfg = DraftConfig.from_json(LLAMA8B_DRAFT)
+        shapes = {n: s.shape for n, s in specs(Eagle3Draft(cfg, _meta())).items() if not n.startswith("embed")}
+        tensors = {n: (torch.randn(s, generator=g) / s[-1] ** 0.5 if len(s) > 1 else torch.ones(s)).bfloat16()
+                   for n, s in shapes.items()}
+        used = torch.randperm(128256, generator=g)[:32000].sort().values
+        tensors["d2t"] = used - torch.arange(32000)
+        save_file(tensors, str(draft / "model.safetensors"))
+        (draft / "config.json").write_text(json.dumps(LLAMA8B_DRAFT))
+        argv = [sys.executable, "-m", "tpsim", "acceptance", "--device", "cuda", "--model", "llama-3.1-8b", "--draft",
+                str(draft), "--server", "sglang@0.5.12", "--new-tokens", "64", "--json"]
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+            took = time.perf_counter() - t0
+            if r.returncode not in (0, 1):
+                raise SystemExit(f"exit {r.returncode}: {r.stderr.strip()[-600:]}")
+            res = json.loads(r.stdout)
+            runs.append({"seconds": round(took, 2), "answer_tokens": res["answer_tokens"],
+                         "sequences": res["sequences"], "rounds": res["trained"]["rounds"]})
+    med = sorted(x["seconds"] for x in runs)[len(runs) // 2]
+    import torch
+    doc = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "what": "tpsim acceptance --device cuda --model llama-3.1-8b (seeded, bf16) with a seeded draft of "
+                   "llama3-8B-eagle3 shapes: 8 seeded prompts of 16 tokens answered greedily (64 tokens, a full "
+                   "forward per token, no KV cache), then the trained and the served capture's forwards and the "
+                   "draft's chains; the whole command, process start and weight seeding included",
+           "argv": ["tpsim", *argv[3:]], "runs": runs, "median_seconds": med,
+           "answer_tokens_per_s_median": round(runs[0]["answer_tokens"] / med, 1)}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+def _meta():
+    import torch
+    from tpsim.parallel.group import TPGroup
+    return TPGroup(device=torch.device("meta"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "acceptance-cpu.json"))
+    ap.add_argument("--speed", action="store_true", help="the full-size seeded target on a GPU: speed only")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    if args.speed:
+        return speed(Path(args.out), args.repeats)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:

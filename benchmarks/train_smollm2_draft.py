@@ -45,7 +45,11 @@ LOG = ROOT / "benchmarks" / "results" / "smollm2-draft-train.json"
 
 TEMPLATES = ["Explain {s} to a beginner.", "Write a short paragraph about {s}.", "What are the main ideas behind {s}?",
              "Give three facts about {s}.", "Why does {s} matter?", "Describe {s} in simple words.",
-             "List some common questions about {s} and answer them.", "Write a short story that involves {s}."]
+             "List some common questions about {s} and answer them.", "Write a short story that involves {s}.",
+             "What is the history of {s}?", "How would you teach {s} to a child?", "Compare {s} with something similar.",
+             "What are the pros and cons of {s}?", "Write an email to a friend about {s}.",
+             "Summarize what people get wrong about {s}.", "Give some tips related to {s}.",
+             "Tell me something surprising about {s}."]
 SUBJECTS = ["the water cycle", "photosynthesis", "the French Revolution", "black holes", "machine learning",
             "the Roman Empire", "climate change", "the human heart", "volcanoes", "the internet", "democracy",
             "the solar system", "vaccines", "electric cars", "the stock market", "honey bees", "the Great Wall of China",
@@ -166,12 +170,16 @@ def main() -> int:
     ap.add_argument("--draft-vocab", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--templates", type=int, default=8, help="prompt templates used (of 16): 8 x 40 subjects = 320")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--prompts-out", type=Path, default=PROMPTS)
+    ap.add_argument("--log", type=Path, default=LOG)
     args = ap.parse_args()
     from tpsim.capture import Position
     from tpsim.profiles.conventions import Convention, default_ids, resolve
     t0 = time.time()
     rng = random.Random(args.seed)
-    prompts = [t.format(s=s) for s in SUBJECTS for t in TEMPLATES]
+    prompts = [t.format(s=s) for s in SUBJECTS for t in TEMPLATES[:args.templates]]
     rng.shuffle(prompts)
     if args.quick:
         prompts, args.new_tokens, args.epochs = prompts[:args.quick_prompts], 96, 2
@@ -233,6 +241,7 @@ def main() -> int:
                 bar.update(task, advance=1, info="acc " + " ".join(
                     f"{sum(r['acc'][s] for r in recent) / len(recent):.2f}" for s in range(args.ttt)))
 
+    OUT, PROMPTS, LOG = args.out, args.prompts_out, args.log
     OUT.mkdir(parents=True, exist_ok=True)
     from tpsim.draft.weights import tensors_of
     tensors = {n: t.half().contiguous() if t.is_floating_point() else t

@@ -12,13 +12,14 @@ from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, rounds
 from tpsim.draft.config import DraftConfig
 from tpsim.draft.model import Eagle3Draft
 from tpsim.draft.weights import specs
+from tpsim.parallel.group import TPGroup
 
 
-def seeded_draft(seed: int, h: int = 16, vocab: int = 40, vd: int = 24) -> Eagle3Draft:
+def seeded_draft(seed: int, h: int = 16, vocab: int = 40, vd: int = 24, device: str = "cpu") -> Eagle3Draft:
     cfg = DraftConfig(hidden_size=h, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
                       vocab_size=vocab, draft_vocab_size=vd, target_hidden_size=h)
     g = torch.Generator().manual_seed(seed)
-    model = Eagle3Draft(cfg)
+    model = Eagle3Draft(cfg, TPGroup(device=torch.device(device)))
     for spec in specs(model).values():
         spec.load(torch.randn(spec.shape, generator=g) / spec.shape[-1] ** 0.5 if len(spec.shape) > 1
                   else 1 + 0.2 * torch.randn(spec.shape, generator=g))

@@ -18,6 +18,7 @@ from tpsim.capture.positions import Position
 from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, rounds
 from tpsim.draft.checkpoint import DraftCheckpoint, build
+from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job
 from tpsim.run.spec import RunSpec
@@ -184,7 +185,7 @@ class Prepared:
     greedy), the draft, and its acceptance on the capture it was trained on."""
 
     sequences: list[Sequence]
-    draft: object  # Eagle3Draft
+    draft: Eagle3Draft
     trained: Measured
     k: int
     notes: list[str]

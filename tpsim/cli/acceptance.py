@@ -18,6 +18,7 @@ from tpsim.cli.run_args import one_tp, request_from
 from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.draft.checkpoint import read
 from tpsim.offline.align import read_draft_config
+from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.fingerprints import unverified
 
 
@@ -27,7 +28,7 @@ def cmd_acceptance(args) -> int:
                          "(tpsim profiles lists them)")
     check_timeout(args.timeout)
     k = positive_int(args.steps, "--steps")
-    tp = one_tp(args)
+    tp = 1 if args.tp is None and not under_torchrun() else one_tp(args)  # the served TP; 1 unless said
     check_divides_world(tp)
     path = draft_dir(args.draft)
     ckpt = read(path)

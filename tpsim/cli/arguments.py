@@ -73,7 +73,7 @@ def acceptance(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
                    help="what trained the draft, as for triage (default specforge: the draft config read by "
                         "SpecForge's current code), e.g. specforge-ids:1,14,26")
-    add_tp(p, "TP degree served")
+    add_tp(p, "TP degree served, default 1")
     p.add_argument("--model", help="the target: a built-in, a config or a checkpoint directory (default: the built-in "
                                    "the draft's hidden_size and vocab_size name)")
     p.add_argument("--steps", default="3", help="draft tokens proposed per verify round, k (default 3, as vLLM's "
