@@ -114,6 +114,10 @@ def test_embed_absent(tmp_path):
     assert defects(out) == [], out
     _, old = served(path, "vllm@0.10.0")  # not read: say so, do not extrapolate
     assert defects(old) == ["unverified"] and "embed_tokens" in old["findings"][0]["cause"], old
+    # tiny's embedding is [1000, 64], the draft's [40, 16]: vLLM 0.11.0 shares only a same-shape one
+    _, out = served(path, "vllm@0.11.0", "vllm@0.11.1", "sglang", model="tiny")
+    assert defects(out, "vllm@0.11.0") == ["embed-absent"] and "uninitialised" in out["findings"][-1]["cause"], out
+    assert [f["server"] for f in out["findings"] if f["defect"].startswith("embed")] == ["vllm@0.11.0"], out
 
 
 TINY = {**CONFIG, "hidden_size": 64, "head_dim": 16, "vocab_size": 1000}  # tiny: hidden 64, vocab 1000

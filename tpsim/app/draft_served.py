@@ -139,8 +139,15 @@ def _same(draft: torch.Tensor, target: torch.Tensor) -> bool:
 
 def _embed(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | None) -> list[DraftFinding]:
     draft, use = ckpt.tensors.get("embed_tokens.weight"), s.loader.embed
-    if draft is None or target is None or use.value is EmbedUse.TARGETS or _same(draft, target):
-        return []  # absent: every loader read fetches the target's; TARGETS: the draft's own is replaced
+    shape = (ckpt.config.vocab_size, ckpt.config.hidden_size)
+    if target is None or use.value is EmbedUse.TARGETS:
+        return []  # TARGETS: the draft's own is replaced; no target: nothing to compare (an absent one is fetched)
+    if use.value is EmbedUse.TARGETS_IF_SAME_SHAPE and tuple(target.shape) == shape:
+        return []  # the target's replaces whatever the draft has
+    if draft is None:
+        return [] if use.value is EmbedUse.OWN_IF_DISTINCT else [_uninitialised(s, shape, target)]
+    if _same(draft, target):
+        return []
     what = (f"shape {tuple(draft.shape)}, the target's {tuple(target.shape)}" if draft.shape != target.shape
             else "the same shape, other values")
     return [_finding(s, DraftDefect.EMBED_DIFFERS, "embed_tokens.weight",
@@ -148,6 +155,15 @@ def _embed(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | None) 
                      f"embedding ({use.value.value}): the draft runs on this one ({TORCHSPEC_38})", (use.source,),
                      "copy the target's embed_tokens.weight into the draft (SpecForge export/to_hf.py "
                      "--embedding-source TARGET), or drop it so the engine shares the target's")]
+
+
+def _uninitialised(s: ServedLoader, shape: tuple[int, int], target: torch.Tensor) -> DraftFinding:
+    use = s.loader.embed
+    return _finding(s, DraftDefect.EMBED_ABSENT, "embed_tokens.weight",
+                    f"no embed_tokens.weight, and the target's {tuple(target.shape)} is not the draft's {shape}: "
+                    f"{s.name} ({use.value.value}) runs the draft on an uninitialised embedding", (use.source,),
+                    "give the draft an embed_tokens.weight of its own shape, or serve with a release that shares "
+                    "the target's (vllm 0.11.1 and later share it whenever the draft has none)")
 
 
 def unverified(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | None) -> list[DraftFinding]:

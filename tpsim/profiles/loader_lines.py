@@ -129,7 +129,7 @@ VLLM = LoaderLine(
            fc_norm=Cited(Use.IGNORED, VL_NO_NORMS), norm_output=Cited(Use.IGNORED, VL_NO_NORMS),
            norm_before_residual=Cited(Use.HONOURED, VL_RESIDUAL), nested_norm_before_fc=Cited(False, VL_NO_NORMS),
            idle_input_norm=Cited(Fate.REFUSED, VL_REFUSES), aux_off_fc=Cited(Fate.READ, VL_AUX),
-           embed=Cited(EmbedUse.TARGETS, VL_EMBED_0)),
+           embed=Cited(EmbedUse.TARGETS_IF_SAME_SHAPE, VL_EMBED_0)),
     (Change(("#28549",), "a draft's own distinct embed_tokens kept", None, "0.11.1",
             {"embed": Cited(EmbedUse.OWN_IF_DISTINCT, VL_28549)}),
      Change((), "fc skipped when use_aux_hidden_state is false", None, "0.12.0",

@@ -32,6 +32,8 @@ class EmbedUse(Enum):
     """Whose embed_tokens the served draft runs on (one stage, no pipeline parallelism)."""
 
     TARGETS = "the target's, always: the draft's own, if it has one, is replaced"
+    TARGETS_IF_SAME_SHAPE = ("the target's when its shape is the draft's; else the draft's own, loaded from the "
+                             "checkpoint (uninitialised where it has none)")
     OWN_IF_DISTINCT = "the target's when the draft has none or an identical one; a distinct one of its own is kept"
 
 
