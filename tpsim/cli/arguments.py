@@ -93,7 +93,10 @@ def draft(p: argparse.ArgumentParser) -> None:
                                                            "SpecForge's layout) or its config.json")
     p.add_argument("--model", help="the target (a built-in, a config or a checkpoint directory): fc's input width is "
                                    "checked against its hidden_size (default: the draft config's target_hidden_size, "
-                                   "else its hidden_size)")
+                                   "else its hidden_size); with --server, embed_tokens is compared with its embedding")
+    p.add_argument("--server", action="append", metavar="PROFILE",
+                   help="say what this engine version's EAGLE-3 draft loader does with the draft: ENGINE[@VERSION], "
+                        "e.g. sglang@0.5.12 or vllm (repeatable or comma-separated; default: the layout alone)")
     add_json(p)
 
 

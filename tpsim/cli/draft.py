@@ -1,30 +1,41 @@
 """`tpsim draft DIR|config.json`: what a draft checkpoint holds that a loader would trip on or silently
 get wrong (tpsim.draft.checkpoint.inspect): fc's input width against the target's, d2t/t2d against each
-other and the vocab, embed_tokens dropped by an export, keys no loader reads, keys missing or misshapen.
+other and the vocab, embed_tokens dropped by an export, keys no loader reads, keys missing or misshapen;
+with --server, what each named engine version's draft loader does with it (tpsim.app.draft_served).
 
 Exit 0 nothing found, 1 findings, 2 bad input.
 """
 
 from __future__ import annotations
 
+from tpsim.app.draft_served import served_findings, target_embedding
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json
-from tpsim.draft.checkpoint import inspect
+from tpsim.draft.checkpoint import inspect, read
+from tpsim.profiles.loader_lines import lookup
 from tpsim.run.spec import ModelSource
 
 
 def cmd_draft(args) -> int:
-    target = None if args.model is None else ModelSource.load(args.model, [], []).cfg.hidden_size
-    found = inspect(args.path, target)
+    servers = [lookup(t.strip()) for given in args.server or [] for t in given.split(",") if t.strip()]
+    source = None if args.model is None else ModelSource.load(args.model, [], [])
+    target = None if source is None else source.cfg.hidden_size
+    ckpt = read(args.path)
+    found = inspect(ckpt, target)
+    if servers:
+        found = served_findings(ckpt, found, servers, None if source is None else target_embedding(source))
+    names = [s.name for s in servers]
     if args.json:
         emit_json({"ok": not found, "path": args.path, "model": args.model, "target_hidden_size": target,
-                   "findings": [{"defect": f.defect.value, "cause": f.cause, "source": f.source, "fix": f.fix,
-                                 "key": f.key} for f in found]})
+                   "servers": names, "findings": [{"defect": f.defect.value, "cause": f.cause, "source": f.source,
+                                                   "fix": f.fix, "key": f.key, "server": f.server} for f in found]})
         return 1 if found else 0
-    say(f"tpsim draft: {args.path}" + (f" for target {args.model} (hidden_size {target})" if target else ""))
+    say(f"tpsim draft: {args.path}" + (f" for target {args.model} (hidden_size {target})" if target else "")
+        + (f", served by {', '.join(names)}" if names else ""))
     for i, f in enumerate(found, 1):
         say()
-        say(f"FINDING {i}: {f.defect.value}" + (f" ({f.key})" if f.key else ""))
+        say(f"FINDING {i}: {f.defect.value}" + (f" ({f.key})" if f.key else "")
+            + (f" [{f.server}]" if f.server else ""))
         say(f"  cause: {f.cause}")
         say(f"  source: {f.source}")
         say(f"  fix: {f.fix}")

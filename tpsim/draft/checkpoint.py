@@ -74,10 +74,10 @@ def build(ckpt: DraftCheckpoint, embed: torch.Tensor | None = None, device: str 
     return model
 
 
-def inspect(path: str | Path, target_hidden: int | None = None) -> list[DraftFinding]:
-    """Every finding for the draft at `path`; `target_hidden`: the target's hidden size, when known
-    (else the config's `target_hidden_size`, else its `hidden_size`)."""
-    ckpt = read(path)
+def inspect(path: str | Path | DraftCheckpoint, target_hidden: int | None = None) -> list[DraftFinding]:
+    """Every finding for the draft at `path` (or already `read`); `target_hidden`: the target's hidden size, when
+    known (else the config's `target_hidden_size`, else its `hidden_size`)."""
+    ckpt = path if isinstance(path, DraftCheckpoint) else read(path)
     return [*_fc_width(ckpt, target_hidden), *_vocab_map(ckpt), *_keys(ckpt)]
 
 

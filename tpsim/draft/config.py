@@ -24,6 +24,8 @@ class DraftConfig:
     norm_before_residual: bool = False  # vLLM llama_eagle3 `_norm_before_residual`
     norm_output: bool = False  # EAGLE-3.1: the next step is fed the final-normed hidden, not the pre-norm one
     aux_layer_ids: tuple[int, ...] | None = None
+    nested_norm_before_fc: bool | None = None  # eagle_config.norm_before_fc (None: not there), read first by some
+    use_aux_hidden_state: bool = True  # eagle_config.use_aux_hidden_state: false, vLLM builds no fc
 
     @classmethod
     def from_json(cls, raw: dict) -> "DraftConfig":
@@ -41,7 +43,9 @@ class DraftConfig:
             norm_before_fc=bool(raw.get("norm_before_fc", False)),
             norm_before_residual=bool(raw.get("norm_before_residual", False)),
             norm_output=bool(raw.get("norm_output", False)),
-            aux_layer_ids=tuple(ids) if ids else None)
+            aux_layer_ids=tuple(ids) if ids else None,
+            nested_norm_before_fc=None if "norm_before_fc" not in eagle else bool(eagle["norm_before_fc"]),
+            use_aux_hidden_state=eagle.get("use_aux_hidden_state", True) is not False)
 
     @property
     def capture_width(self) -> int:

@@ -13,6 +13,12 @@ class DraftDefect(Enum):
     IGNORED_KEY = "ignored-key"  # a tensor no loader of this layout reads
     MISSING_KEY = "missing-key"  # a tensor the config calls for is not there
     SHAPE = "shape"  # a tensor the draft reads has the wrong shape
+    # what a named engine version's loader does with it (`tpsim draft --server`, tpsim/profiles/loaders.py)
+    LOADER_SKIPS = "loader-skips-key"  # a tensor that engine's loader skips without an error
+    LOADER_REFUSES = "loader-refuses-key"  # a tensor that engine's loader refuses: it does not start
+    NORM_IGNORED = "norm-ignored"  # a norm key of the config that engine version does not honour
+    EMBED_DIFFERS = "embed-differs"  # embed_tokens is not the target's, and that engine runs the draft on it
+    UNVERIFIED = "unverified"  # the draft relies on loader behaviour tpsim has not read for that version
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class DraftFinding:
     source: str
     fix: str
     key: str | None = None
+    server: str | None = None  # the engine version whose loader this is about (None: the layout itself)
 
     def line(self) -> str:
         return f"{self.defect.value}: {self.cause} [{self.source}] fix: {self.fix}"

@@ -96,6 +96,11 @@ def _when(engine: str, text: str) -> When:
     return When(text, known[before][1], key)
 
 
+def when(engine: str, text: str) -> When:
+    """VERSION of `ENGINE@VERSION` on `engine`'s timeline (a release, a date, `latest`, `oldest`)."""
+    return _when(engine, text)
+
+
 def lookup(text: str, model_type: str) -> Profile:
     """`ENGINE[@VERSION][:MODEL][+PATCH]` -> its profile; MODEL defaults to `model_type` (the target's)."""
     if text != text.strip() or " " in text:  # a quoting slip: say so rather than guess

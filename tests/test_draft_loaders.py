@@ -1,0 +1,144 @@
+"""`tpsim draft DIR --server PROFILE`: what each engine version's EAGLE-3 draft loader does with this checkpoint
+(tpsim/profiles/loaders.py, the judgement in tpsim/app/draft_served.py). Each planted defect is found through
+the command line for an engine version that trips on it and not for one that does not; a clean draft passes for
+every profile; a bad --server is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from clirun import assert_one_line_error, run_cli
+from test_draft_checkpoint import CONFIG, clean_tensors, write
+from tpsim.draft.config import DraftConfig
+from tpsim.weights.seeded import init_tensor
+
+SERVERS = ["sglang@0.5.6", "sglang@0.5.12", "sglang@0.5.17", "sglang", "vllm@0.11.0", "vllm@0.11.1",
+           "vllm@0.18.0", "vllm@0.22.0", "vllm"]
+
+
+def drafted(tmp_path, config=CONFIG, change=None, name="draft"):
+    tensors = clean_tensors(DraftConfig.from_json(config))
+    (change or (lambda t: None))(tensors)
+    return write(tmp_path / name, config, tensors)
+
+
+def served(path, *servers, model=None):
+    argv = ["draft", str(path), "--json", *[a for s in servers for a in ("--server", s)]]
+    r = run_cli(*argv, *(["--model", model] if model else []))
+    assert r.returncode in (0, 1), r
+    return r, json.loads(r.stdout)
+
+
+def defects(out, server=None) -> list[str]:
+    return [f["defect"] for f in out["findings"] if server is None or f["server"] == server]
+
+
+def test_a_clean_draft_passes_for_every_profile(tmp_path):
+    r, out = served(drafted(tmp_path), *SERVERS)
+    assert r.returncode == 0 and out["findings"] == [] and len(out["servers"]) == len(SERVERS), r
+    text = run_cli("draft", str(drafted(tmp_path, name="d2")), "--server", ",".join(SERVERS))
+    assert text.returncode == 0 and text.stdout.strip().endswith("VERDICT: nothing found"), text
+
+
+def test_a_key_sglang_skips_and_vllm_refuses(tmp_path):
+    path = drafted(tmp_path, change=lambda t: t.__setitem__("extra.weight", torch.zeros(2)))
+    r, out = served(path, "sglang@0.5.12", "vllm@0.18.0")
+    assert r.returncode == 1
+    found = {(f["server"], f["defect"], f["key"]) for f in out["findings"]}
+    assert ("sglang@0.5.12", "loader-skips-key", "extra.weight") in found, out
+    assert ("vllm@0.18.0", "loader-refuses-key", "extra.weight") in found, out
+    assert "ignored-key" not in defects(out)  # the engines' verdicts replace the layout-only one
+    cited = [f["source"] for f in out["findings"]]
+    assert all("llama_eagle3.py" in s for s in cited), cited
+
+
+def test_fc_dropped_by_vllm_when_aux_states_are_off(tmp_path):
+    config = {**CONFIG, "eagle_config": {"use_aux_hidden_state": False}}
+    _, out = served(drafted(tmp_path, config), "vllm@0.11.0", "vllm@0.12.0")
+    assert defects(out, "vllm@0.11.0") == [] and defects(out, "vllm@0.12.0") == ["loader-skips-key"], out
+
+
+def with_input_norm(t):
+    t["input_norm.weight"] = torch.ones(3 * 16)
+
+
+@pytest.mark.parametrize("server,ignored", [("sglang@0.5.16", True), ("sglang@0.5.17", False),
+                                            ("vllm@0.17.1", True), ("vllm@0.18.0", False)])
+def test_norm_before_fc_for_a_version_that_ignores_it(tmp_path, server, ignored):
+    path = drafted(tmp_path, {**CONFIG, "norm_before_fc": True}, with_input_norm)
+    r, out = served(path, server)
+    assert defects(out) == (["norm-ignored"] if ignored else []), out
+    if ignored:
+        f = out["findings"][0]
+        assert f["key"] == "norm_before_fc" and "#32334" in f["source"] + f["cause"] and f["fix"], f
+
+
+def test_norm_before_fc_nested_is_read_from_vllm_0_22(tmp_path):
+    path = drafted(tmp_path, {**CONFIG, "eagle_config": {"norm_before_fc": True}}, with_input_norm)
+    _, out = served(path, "vllm@0.18.0", "vllm@0.22.0", "sglang@0.5.17")
+    assert defects(out, "vllm@0.18.0") == ["norm-ignored"] and "eagle_config" in out["findings"][0]["cause"], out
+    assert defects(out, "vllm@0.22.0") == [] and defects(out, "sglang@0.5.17") == [], out
+
+
+@pytest.mark.parametrize("flag", ["fc_norm", "norm_output"])
+def test_eagle31_flags_by_version(tmp_path, flag):
+    def norms(t):
+        for i in range(3):
+            t[f"fc_norm.{i}.weight"] = torch.ones(16)
+    path = drafted(tmp_path, {**CONFIG, flag: True}, norms if flag == "fc_norm" else None)
+    _, out = served(path, "sglang@0.5.11", "sglang@0.5.12", "vllm@0.21.0", "vllm@0.22.0")
+    assert defects(out, "sglang@0.5.11") == ["norm-ignored"] and defects(out, "vllm@0.21.0") == ["norm-ignored"]
+    assert defects(out, "sglang@0.5.12") == [] and defects(out, "vllm@0.22.0") == [], out
+
+
+def test_norm_before_residual_sglang_never_honours(tmp_path):
+    _, out = served(drafted(tmp_path, {**CONFIG, "norm_before_residual": True}), "sglang", "vllm@0.11.0")
+    assert defects(out, "sglang@latest") == ["norm-ignored"] and defects(out, "vllm@0.11.0") == [], out
+
+
+def test_before_the_oldest_release_read_is_unverified(tmp_path):
+    path = drafted(tmp_path, {**CONFIG, "norm_before_residual": True})
+    _, out = served(path, "vllm@0.10.0", "sglang@0.5.3")
+    assert defects(out) == ["unverified", "unverified"], out
+    causes = " ".join(f["cause"] for f in out["findings"])
+    assert "UNVERIFIED before 0.11.0" in causes and "UNVERIFIED before 0.5.6" in causes, causes
+
+
+def test_embed_absent(tmp_path):
+    path = drafted(tmp_path, change=lambda t: t.pop("embed_tokens.weight"))
+    assert run_cli("draft", str(path)).returncode == 1  # layout only: embed-absent
+    _, out = served(path, "sglang", "vllm@0.11.0", "vllm")  # each fetches the target's
+    assert defects(out) == [], out
+    _, old = served(path, "vllm@0.10.0")  # not read: say so, do not extrapolate
+    assert defects(old) == ["unverified"] and "embed_tokens" in old["findings"][0]["cause"], old
+    # tiny's embedding is [1000, 64], the draft's [40, 16]: vLLM 0.11.0 shares only a same-shape one
+    _, out = served(path, "vllm@0.11.0", "vllm@0.11.1", "sglang", model="tiny")
+    assert defects(out, "vllm@0.11.0") == ["embed-absent"] and "uninitialised" in out["findings"][-1]["cause"], out
+    assert [f["server"] for f in out["findings"] if f["defect"].startswith("embed")] == ["vllm@0.11.0"], out
+
+
+TINY = {**CONFIG, "hidden_size": 64, "head_dim": 16, "vocab_size": 1000}  # tiny: hidden 64, vocab 1000
+
+
+def tiny_embed(t):
+    t["embed_tokens.weight"] = init_tensor(0, "model.embed_tokens.weight", (1000, 64))
+
+
+def test_embed_different_from_the_targets(tmp_path):
+    same = drafted(tmp_path, TINY, tiny_embed, name="same")
+    _, out = served(same, "sglang", "vllm", model="tiny")
+    assert defects(out) == [], out
+    other = drafted(tmp_path, TINY, name="other")  # random embed_tokens, as TorchSpec #38's exports
+    _, out = served(other, "sglang", "vllm@0.11.0", "vllm", model="tiny")
+    assert defects(out) == ["embed-differs"] and out["findings"][0]["server"] == "vllm@latest", out
+    assert "#38" in out["findings"][0]["cause"] and "#28549" in out["findings"][0]["source"], out
+
+
+@pytest.mark.parametrize("server,words", [("tgi", "unknown --server"), ("specforge", "trains drafts"),
+                                          ("vllm@9.0.0", "newer than"), ("vllm@x.y", "neither a release"),
+                                          ("sglang+embed", "no patch")])
+def test_a_bad_server_is_one_line(tmp_path, server, words):
+    assert_one_line_error(run_cli("draft", str(drafted(tmp_path)), "--server", server), [words])

@@ -1,0 +1,106 @@
+"""What each engine's EAGLE-3 draft loader does with a draft checkpoint, per version, as data (`tpsim draft
+--server`): the tensors it reads, skips or refuses, the norm keys of config.json it honours, and whose
+embedding the draft runs on. Each behaviour is `Cited` to the file read; the data are in loader_lines.py.
+
+A `LoaderLine` is one engine's draft loader over time: the behaviour of the oldest release read (`base`) and the
+`Change`s later releases made (each names the first release whose code has it, read from the released wheels).
+Before the oldest release read nothing is claimed: loader_lines.lookup gives no `Loader` there (UNVERIFIED).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from tpsim.profiles.profile import Change, Cited
+
+
+class Fate(Enum):
+    """What a loader does with one tensor of the checkpoint."""
+
+    READ = "read"
+    SKIPPED = "skipped without an error"
+    REFUSED = "refused: weight loading raises and the server does not start"
+
+
+class Use(Enum):
+    HONOURED = "honoured"
+    IGNORED = "ignored"
+
+
+class EmbedUse(Enum):
+    """Whose embed_tokens the served draft runs on (one stage, no pipeline parallelism)."""
+
+    TARGETS = "the target's, always: the draft's own, if it has one, is replaced"
+    TARGETS_IF_SAME_SHAPE = ("the target's when its shape is the draft's; else the draft's own, loaded from the "
+                             "checkpoint (uninitialised where it has none)")
+    OWN_IF_DISTINCT = "the target's when the draft has none or an identical one; a distinct one of its own is kept"
+
+
+class Norm(Enum):
+    """The draft config's norm keys (research doc §2.1)."""
+
+    NORM_BEFORE_FC = "norm_before_fc"
+    FC_NORM = "fc_norm"
+    NORM_OUTPUT = "norm_output"
+    NORM_BEFORE_RESIDUAL = "norm_before_residual"
+
+    @property
+    def weights(self) -> str | None:
+        """The prefix of the tensors the key brings (None: it brings none)."""
+        return {Norm.NORM_BEFORE_FC: "input_norm.", Norm.FC_NORM: "fc_norm."}.get(self)
+
+    @property
+    def effect(self) -> str:
+        """What the draft computes differently from its training when the key is ignored."""
+        return {Norm.NORM_BEFORE_FC: "fc projects the capture without the RMSNorm (input_norm) the draft was "
+                                     "trained with (SGLang PR #32334: norm_before_fc ignored -> low acceptance)",
+                Norm.FC_NORM: "fc gets the aux chunks without their per-chunk RMSNorm (fc_norm.N)",
+                Norm.NORM_OUTPUT: "later draft steps are fed the pre-norm hidden state, not the normed one the "
+                                  "draft was trained on",
+                Norm.NORM_BEFORE_RESIDUAL: "the residual is taken before hidden_norm, not after it as trained"}[self]
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One engine version's draft loader, each behaviour cited."""
+
+    unknown: Cited[Fate]  # a tensor the draft model has no parameter for
+    norm_before_fc: Cited[Use]
+    fc_norm: Cited[Use]
+    norm_output: Cited[Use]
+    norm_before_residual: Cited[Use]
+    nested_norm_before_fc: Cited[bool]  # eagle_config.norm_before_fc read (before the top-level key)
+    idle_input_norm: Cited[Fate]  # input_norm.* while norm_before_fc is off
+    aux_off_fc: Cited[Fate]  # fc.* when eagle_config.use_aux_hidden_state is false
+    embed: Cited[EmbedUse]
+
+    def use(self, norm: Norm) -> Cited[Use]:
+        return getattr(self, norm.value)
+
+
+@dataclass(frozen=True)
+class LoaderLine:
+    engine: str
+    path: str  # the draft model file
+    oldest: str  # the oldest release read: before it the behaviour is UNVERIFIED
+    newest: str  # the newest release read
+    reads: Cited[frozenset[str]]  # the checkpoint's tensor names the draft model has a parameter for
+    base: Loader
+    changes: tuple[Change, ...] = ()
+
+    def first(self, norm: Norm) -> str | None:
+        """The first release read that honours `norm` (None: none read does)."""
+        if self.base.use(norm).value is Use.HONOURED:
+            return self.oldest
+        hit = next((c for c in self.changes if (u := c.changes.get(norm.value)) and u.value is Use.HONOURED), None)
+        return hit.release if hit else None
+
+
+@dataclass(frozen=True)
+class ServedLoader:
+    """`--server`'s profile: `loader` is None for a version older than the oldest release read."""
+
+    name: str  # ENGINE@VERSION as asked (`latest` when no version was given)
+    line: LoaderLine
+    loader: Loader | None
