@@ -146,7 +146,8 @@ def _ids(t: Triage, serve: Profile, want, prefer: list[int] | None = None,
 
 def _upgrade(t: Triage, later: Profile) -> Remedy:
     """Serve with `later`, and write the ids it needs where the config's ids would capture other tensors there."""
-    text = f"serve with {later.name.split(':')[0]} or later ({later.versions.since.label})"
+    text = f"serve with {later.name.split(':')[0]} or later" + \
+        (f" ({later.versions.since.label})" if later.versions.since.prs else "")
     want, L = _wanted(t), t.replay.num_layers
     now = replay(later, read_ids(later, t.inputs.draft.raw).ids, L)
     ids = None if want is None or (now.failure is None and now.positions == want) or \

@@ -280,7 +280,7 @@ def _graphs(t: Triage) -> list[Finding]:
 
 def _upgrade(q: Profile) -> str:
     """`sglang@0.5.14 or later (#28343, #28789)`: the engine version that has the fix."""
-    return f"{q.name.split(':')[0]} or later ({q.versions.since.label})"
+    return f"{q.name.split(':')[0]} or later" + (f" ({q.versions.since.label})" if q.versions.since.prs else "")
 
 
 def _pos(rep: Replay) -> str:

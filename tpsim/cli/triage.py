@@ -12,7 +12,9 @@ from tpsim.offline.align import read_draft_config
 from tpsim.app.acceptance import Measured, TriageMeasure, measure_triage
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.draft.checkpoint import inspect, read
-from tpsim.draft.findings import DraftDefect, DraftFinding
+from tpsim.draft.findings import DraftFinding
+from tpsim.app.draft_served import served_findings, target_embedding
+from tpsim.profiles.loader_lines import lookup
 from tpsim.cli.run_args import one_tp, request_from
 from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.base.errors import UsageError
@@ -53,10 +55,9 @@ def cmd_triage(args) -> int:
     if t is None:  # a torchrun rank other than 0
         return 0
     replay_fixes(t)
-    checkpoint = [] if ckpt is None else inspect(path, cfg.hidden_size)
-    t.notes += [f"draft checkpoint: {f.cause} (whether {t.serve.name} loads the target's instead: tpsim draft)"
-                for f in checkpoint if f.defect is DraftDefect.EMBED_ABSENT]
-    checkpoint = [f for f in checkpoint if f.defect is not DraftDefect.EMBED_ABSENT]
+    checkpoint = [] if ckpt is None else served_findings(
+        ckpt, inspect(ckpt, cfg.hidden_size), [lookup(args.server.partition("+")[0])],
+        target_embedding(target.source) if target.standin is None else None)
     measured = None if not args.measure else measure_triage(t, ckpt, k, prompts)
     if args.measure and measured is None:
         return 0
@@ -84,7 +85,7 @@ def to_dict(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMea
                           "measured_with_fix": measured.fixed[i].to_dict() if measured and i in measured.fixed else None}
                          for i, f in enumerate(t.findings)], "notes": t.notes,
             "draft_findings": [{"defect": f.defect.value, "cause": f.cause, "source": f.source, "fix": f.fix,
-                                "key": f.key} for f in checkpoint],
+                                "key": f.key, "server": f.server} for f in checkpoint],
             "measured": measured and {"trained": measured.trained.to_dict(), "served": measured.served.to_dict(),
                                       "sequences": measured.sequences, "notes": measured.notes}}
 
@@ -129,7 +130,8 @@ def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: Tria
                 f"{_al(measured.fixed[i - 1])} with the fix")
     for j, f in enumerate(checkpoint, len(t.findings) + 1):
         say()
-        say(f"FINDING {j}: draft checkpoint: {f.defect.value}" + (f" ({f.key})" if f.key else ""))
+        say(f"FINDING {j}: draft checkpoint: {f.defect.value}" + (f" ({f.key})" if f.key else "")
+            + (f" [{f.server}]" if f.server else ""))
         say(f"  cause: {f.cause}")
         say(f"  source: {f.source}")
         say(f"  fix: {f.fix}")
