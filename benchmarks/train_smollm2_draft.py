@@ -241,28 +241,29 @@ def main() -> int:
                 bar.update(task, advance=1, info="acc " + " ".join(
                     f"{sum(r['acc'][s] for r in recent) / len(recent):.2f}" for s in range(args.ttt)))
 
-    OUT, PROMPTS, LOG = args.out, args.prompts_out, args.log
-    OUT.mkdir(parents=True, exist_ok=True)
+    out, prompts_out, log_out = args.out, args.prompts_out, args.log
+    out.mkdir(parents=True, exist_ok=True)
     from tpsim.draft.weights import tensors_of
     tensors = {n: t.half().contiguous() if t.is_floating_point() else t
                for n, t in tensors_of(draft).items() if not n.startswith("embed_tokens")}
     tensors["t2d"] = t2d
-    save_file(tensors, str(OUT / "model.safetensors"), {"format": "pt"})
-    (OUT / "config.json").write_text(json.dumps(cfg_raw, indent=2) + "\n")
-    PROMPTS.parent.mkdir(parents=True, exist_ok=True)
-    PROMPTS.write_text(json.dumps({
+    save_file(tensors, str(out / "model.safetensors"), {"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # save_file's mode is 0600: the wheel ships this file
+    (out / "config.json").write_text(json.dumps(cfg_raw, indent=2) + "\n")
+    prompts_out.parent.mkdir(parents=True, exist_ok=True)
+    prompts_out.write_text(json.dumps({
         "model": "smollm2-135m", "made_by": "benchmarks/train_smollm2_draft.py",
         "note": "chat prompts held out of the draft's training; `answer` is the target's greedy answer (transformers' "
                 "generate on tpsim's checkpoint); tpsim acceptance keeps the prefix its own forward agrees with",
         "sequences": [{"text": t, "prompt": p, "answer": a} for t, (p, a) in zip(EVAL, evals)]}, indent=1) + "\n")
     final = log[-50:]
-    LOG.write_text(json.dumps({
+    log_out.write_text(json.dumps({
         "args": vars(args), "prompts": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
         "draft_vocab_coverage": round(covered, 4), "positions": [str(p) for p in positions], "ids": ids,
         "minutes": round((time.time() - t0) / 60, 1), "threads": torch.get_num_threads(),
         "final_acc_per_step": [round(sum(r["acc"][s] for r in final) / len(final), 4) for s in range(args.ttt)],
         "log_every_25": log[::25]}, indent=1) + "\n")
-    print(f"saved {OUT} ({(OUT / 'model.safetensors').stat().st_size / 2**20:.1f} MiB) in {(time.time() - t0) / 60:.1f} min")
+    print(f"saved {out} ({(out / 'model.safetensors').stat().st_size / 2**20:.1f} MiB) in {(time.time() - t0) / 60:.1f} min")
     return 0
 
 
