@@ -164,16 +164,17 @@ def main() -> int:
             print(f"{case.name}: {results[-1]['trained']['acceptance_length']} -> "
                   f"{results[-1]['served']['acceptance_length']} ({results[-1]['seconds']} s)", file=sys.stderr)
     table = Table(title="AL trained vs served: smollm2-135m + smollm2-135m-eagle3, 12 prompts, k = 3")
-    for col in ("case", "served capture", "AL trained", "AL served", "difference (noise)", "per position served", "s"):
+    for col in ("case", "served capture", "AL trained", "AL served", "paired difference (SE)", "per position served",
+                "exit", "s"):
         table.add_column(col)
     for r in results:
         t, s = r["trained"], r["served"]
         table.add_row(r["case"], s["failure"] or ", ".join(s["positions"]) + f" TP {s['tp']} {s['mode']}",
                       f"{t['acceptance_length']:.2f}",
                       "-" if s["acceptance_length"] is None else f"{s['acceptance_length']:.2f}",
-                      "-" if r["difference"] is None else f"{r['difference']:+.2f} (±{r['noise']:.2f})",
+                      "-" if r["paired"] is None else f"{r['paired']['difference']:+.3f} ({r['paired']['stderr']:.3f})",
                       "-" if s["per_position"] is None else " ".join(f"{x:.2f}" for x in s["per_position"]),
-                      f"{r['seconds']}")
+                      str(r["exit"]), f"{r['seconds']}")
     Console(width=200).print(table)
     Path(args.out).write_text(json.dumps({
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.machine(),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, rounds
+from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, paired, rounds
 from tpsim.draft.config import DraftConfig
 from tpsim.draft.model import Eagle3Draft
 from tpsim.draft.weights import specs
@@ -91,3 +91,28 @@ def test_greedy_prefix_stops_at_the_first_answer_token_the_target_would_not_pick
     flip = data.draw(st.integers(start, len(tokens) - 1))
     argmax[flip - 1] = tokens[flip] + 1
     assert greedy_prefix(tokens, argmax, start) == flip
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=1, max_size=5), st.randoms())
+def test_the_paired_difference(rows, rnd):
+    a = Acceptance(3, (), tuple(tuple(r) for r in rows))
+    assert paired(a, a) == (0.0, 0.0) or not any(rows)
+    lower = Acceptance(3, (), tuple(tuple(max(0, x - rnd.randint(0, 1)) for x in r) for r in rows))
+    d, se = paired(a, lower)
+    back = paired(lower, a)
+    if any(rows):
+        assert d <= 0 and abs(d + back[0]) < 1e-12 and abs(se - back[1]) < 1e-12 and se >= 0
+
+
+@given(st.lists(st.integers(0, 5), min_size=2, max_size=60), st.integers(1, 4), st.integers(1, 10), st.randoms())
+def test_rounds_are_a_walk_over_every_positions_acceptance(tokens, k, start, rnd):
+    start = min(start, len(tokens) - 1)
+    table = torch.tensor([[rnd.choice([tokens[min(r + 2 + i, len(tokens) - 1)], 99]) for i in range(k)]
+                          for r in range(len(tokens) - 1)])
+    a = rounds(table, tokens, start)
+    (every,) = a.rows
+    assert len(every) == max(0, len(tokens) - k - start)
+    p = start
+    for x in a.accepted:
+        assert every[p - start] == x
+        p += x + 1

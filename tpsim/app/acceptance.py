@@ -16,7 +16,7 @@ from tpsim.app.triage import Captures, Inputs, captures
 from tpsim.base.errors import UsageError
 from tpsim.capture.positions import Position
 from tpsim.config.loader import BUILTIN_CONFIGS
-from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, rounds
+from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, paired, rounds
 from tpsim.draft.checkpoint import DraftCheckpoint, build
 from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
@@ -104,15 +104,26 @@ class AcceptanceReport:
 
     @property
     def noise(self) -> float | None:
-        """Two standard errors of the difference: a served AL this close to the trained one is kept."""
+        """Two standard errors of the AL difference, the two measured apart (rounds fall where each capture's
+        acceptance puts them)."""
         t, s = self.trained.acceptance, self.served.acceptance
         return None if t is None or s is None else 2 * (t.stderr ** 2 + s.stderr ** 2) ** 0.5
 
     @property
+    def paired(self) -> tuple[float, float] | None:
+        """Served minus trained, tokens accepted per round, position by position over the same answers, and its
+        standard error over sequences: the comparison the verdict rests on."""
+        t, s = self.trained.acceptance, self.served.acceptance
+        return None if t is None or s is None else paired(t, s)
+
+    @property
     def kept(self) -> bool:
-        """The served capture keeps the trained AL (within noise); False when the engine feeds the draft nothing."""
-        d, n = self.difference, self.noise
-        return d is not None and not d < -n
+        """The served capture keeps the trained acceptance: the paired difference is not below two standard
+        errors; False when the engine feeds the draft nothing."""
+        if self.paired is None:
+            return False
+        mean, se = self.paired
+        return not mean < -2 * se
 
 
 def builtin_prompts(model: str) -> Path | None:

@@ -61,7 +61,11 @@ def to_dict(r: AcceptanceReport, args, origin: str) -> dict:
             "answer_tokens": sum(s.answer for s in r.sequences),
             "trained": r.trained.to_dict(), "served": r.served.to_dict(),
             "difference": None if r.difference is None else round(r.difference, 4),
-            "noise": None if r.noise is None else round(r.noise, 4), "notes": r.notes}
+            "noise": None if r.noise is None else round(r.noise, 4),
+            "paired": None if r.paired is None else {"difference": round(r.paired[0], 4),
+                                                      "stderr": round(r.paired[1], 4),
+                                                      "positions": sum(len(x) for x in r.trained.acceptance.rows)},
+            "notes": r.notes}
 
 
 def _line(m: Measured) -> str:
@@ -86,12 +90,16 @@ def print_report(r: AcceptanceReport, args, origin: str) -> None:
         say(f"note: {n}")
     say(_line(r.trained))
     say(_line(r.served))
-    d = r.difference
-    if d is None:
+    if r.paired is None:
         say("VERDICT: the engine never feeds the draft this capture (see above)")
-    elif r.kept:
-        say(f"VERDICT: the served capture keeps the trained AL ({d:+.2f}, noise ±{r.noise:.2f})")
+        return
+    mean, se = r.paired
+    n = sum(len(x) for x in r.trained.acceptance.rows)
+    say(f"paired over the same {n} answer positions: served - trained = {mean:+.3f} tokens accepted per round "
+        f"(standard error {se:.3f} over the {len(r.sequences)} sequences)")
+    if r.kept:
+        say(f"VERDICT: the served capture keeps the trained acceptance (AL {r.difference:+.2f})")
     else:
-        say(f"VERDICT: the served capture costs {-d:.2f} tokens per verify round (AL {r.trained.acceptance.length:.2f} "
-            f"-> {r.served.acceptance.length:.2f}, noise ±{r.noise:.2f}); tpsim triage with the same flags names the "
-            "cause and the fix")
+        say(f"VERDICT: the served capture costs {-mean:.3f} tokens per verify round, {-mean / se:.0f} standard errors "
+            f"(AL {r.trained.acceptance.length:.2f} -> {r.served.acceptance.length:.2f}); tpsim triage with the same "
+            "flags names the cause and the fix")

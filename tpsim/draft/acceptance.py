@@ -37,10 +37,13 @@ def chains(draft: Eagle3Draft, capture: torch.Tensor, tokens: torch.Tensor, k: i
 
 @dataclass(frozen=True)
 class Acceptance:
-    """Accepted draft tokens per verify round (0..k each), over one or more sequences."""
+    """Accepted draft tokens per verify round (0..k each), over one or more sequences; `rows`: per sequence, the
+    tokens a round starting at each answer position would accept (every position, not only where rounds fell:
+    what two captures are compared on, position by position)."""
 
     k: int
     accepted: tuple[int, ...]
+    rows: tuple[tuple[int, ...], ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -69,7 +72,21 @@ class Acceptance:
     def __add__(self, other: "Acceptance") -> "Acceptance":
         if other.k != self.k:
             raise ValueError(f"k {self.k} and {other.k}")
-        return Acceptance(self.k, self.accepted + other.accepted)
+        return Acceptance(self.k, self.accepted + other.accepted, self.rows + other.rows)
+
+
+def paired(a: Acceptance, b: Acceptance) -> tuple[float, float]:
+    """b - a in accepted tokens per round, position by position over the same sequences, and its standard error
+    with the sequences as clusters (neighbouring positions share context; sequences do not)."""
+    if len(a.rows) != len(b.rows) or any(len(x) != len(y) for x, y in zip(a.rows, b.rows)):
+        raise ValueError("paired acceptances must cover the same positions")
+    n = sum(len(x) for x in a.rows)
+    if n == 0:
+        return float("nan"), float("nan")
+    sums = [sum(y) - sum(x) for x, y in zip(a.rows, b.rows)]
+    mean = sum(sums) / n
+    var = sum((s - mean * len(x)) ** 2 for s, x in zip(sums, a.rows)) / n ** 2
+    return mean, var ** 0.5
 
 
 def rounds(proposed: torch.Tensor, tokens: list[int], start: int) -> Acceptance:
@@ -78,14 +95,19 @@ def rounds(proposed: torch.Tensor, tokens: list[int], start: int) -> Acceptance:
     token `start`). Rounds run while all k proposals fall inside the sequence."""
     k = proposed.shape[1]
     table = proposed.tolist()
-    accepted, p = [], start
-    while p + k <= len(tokens) - 1:
+
+    def at(p: int) -> int:
         a = 0
         while a < k and table[p - 1][a] == tokens[p + 1 + a]:
             a += 1
-        accepted.append(a)
-        p += a + 1
-    return Acceptance(k, tuple(accepted))
+        return a
+
+    every = tuple(at(p) for p in range(start, len(tokens) - k))
+    accepted, p = [], start
+    while p + k <= len(tokens) - 1:
+        accepted.append(every[p - start])
+        p += accepted[-1] + 1
+    return Acceptance(k, tuple(accepted), (every,))
 
 
 def greedy_prefix(tokens: list[int], argmax: list[int], start: int) -> int:
