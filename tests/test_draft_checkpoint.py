@@ -135,3 +135,25 @@ def test_missing_and_misshapen_keys(tmp_path, clean):
     assert got == sorted([("missing-key", "norm.weight"), ("missing-key", "d2t"), ("shape", "lm_head.weight"),
                           *(("missing-key", f"fc_norm.{i}.weight") for i in range(3))])
     assert all(f.cause and f.source and f.fix and f.line() for f in found)
+
+
+def test_the_speculators_layout_reads_as_specforges(tmp_path, clean):
+    """The same draft written in the speculators format vLLM reads (the layer's config nested in
+    transformer_layer_config, its tensors as layers.0.*; speculators 0.9.0's save_pretrained, which
+    tests/test_draft_parity.py reads where speculators is installed) reads to the same config and tensors."""
+    from tpsim.draft.config import Layout
+    cfg, tensors = clean
+    layer_keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "rms_norm_eps", "max_position_embeddings", "vocab_size", "num_hidden_layers", "model_type")
+    nested = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "draft_vocab_size": 12,
+              "target_hidden_size": None, "norm_before_fc": False, "eagle_aux_hidden_state_layer_ids": None,
+              "speculators_config": {"algorithm": "eagle3", "verifier": {"architectures": ["LlamaForCausalLM"]}},
+              "transformer_layer_config": {**{k: CONFIG[k] for k in layer_keys if k in CONFIG},
+                                           "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}}
+    spec = write(tmp_path / "spec", nested, {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()})
+    flat = read(write(tmp_path / "flat", CONFIG, tensors))
+    got = read(spec)
+    assert got.layout is Layout.SPECULATORS and flat.layout is Layout.SPECFORGE
+    assert got.config == flat.config == cfg
+    assert got.tensors.keys() == flat.tensors.keys() and all(torch.equal(got.tensors[k], v) for k, v in flat.tensors.items())
+    assert inspect(spec) == []

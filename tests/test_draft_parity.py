@@ -122,3 +122,23 @@ def test_parity_drawn(heads, head_dim, hidden, t, vocab, variant, seed):
                       norm_before_fc=variant == "norm_before_fc", norm_before_residual=variant == "norm_before_residual",
                       norm_output=variant == "norm_output")
     compare(cfg, t, seed)
+
+
+@settings(max_examples=5, deadline=None)
+@given(variant=st.sampled_from(["plain", "fc_norm", "norm_before_fc", "norm_output"]), seed=st.integers(0, 2 ** 16))
+def test_a_draft_speculators_saved_reads_as_the_one_it_saved(tmp_path_factory, variant, seed):
+    """speculators' own save_pretrained (config in its format, the layer as layers.0.*) read by tpsim.draft.checkpoint
+    gives the draft its config and weights say: the same config, and every tensor where `load` puts it."""
+    from tpsim.draft.checkpoint import read
+    from tpsim.draft.config import Layout
+    cfg = DraftConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                      vocab_size=40, draft_vocab_size=12, target_hidden_size=16, fc_norm=variant == "fc_norm",
+                      norm_before_fc=variant == "norm_before_fc", norm_output=variant == "norm_output")
+    ref = reference(cfg)
+    weights = randomize(ref, seed)
+    folder = tmp_path_factory.mktemp("speculators")
+    ref.save_pretrained(str(folder))
+    got = read(folder)
+    assert got.layout is Layout.SPECULATORS and got.config == cfg
+    assert set(got.tensors) - {"t2d"} == set(weights) - {"t2d"}
+    assert all(torch.equal(got.tensors[k], v) for k, v in weights.items() if k != "t2d")

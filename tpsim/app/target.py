@@ -13,6 +13,7 @@ from tpsim.base.errors import UsageError
 from tpsim.config.loader import BUILTIN_CONFIGS, builtin_names, load_config
 from tpsim.config.model import ModelConfig
 from tpsim.config.standin import StandIn, stand_in
+from tpsim.draft.config import flat
 from tpsim.model.decoder import shard_bytes
 from tpsim.offline.align import DraftConfig
 from tpsim.run.spec import DEFAULT_MODEL, ModelSource
@@ -31,8 +32,9 @@ class Target:
 
 def draft_width(draft: DraftConfig) -> tuple[int | None, str]:
     """The hidden size the draft's fc was built for, and the key it came from."""
+    raw = flat(draft.raw)  # a speculators-format config holds hidden_size in transformer_layer_config
     for key in ("target_hidden_size", "hidden_size"):
-        v = draft.raw.get(key)
+        v = raw.get(key)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v, key
     return None, ""
@@ -58,7 +60,7 @@ def target_for(draft: DraftConfig, model: str | None, overrides: list[str], tp: 
 def _named_by_draft(draft: DraftConfig, width: int | None, key: str) -> tuple[str, str | None]:
     if width is None:
         return DEFAULT_MODEL, None
-    vocab = draft.raw.get("vocab_size")
+    vocab = flat(draft.raw).get("vocab_size")
     arch = _verifier_architectures(draft.raw)
     fits = [n for n in builtin_names() if _fits(load_config(BUILTIN_CONFIGS / f"{n}.yaml"), width, vocab, arch)]
     if DEFAULT_MODEL in fits:  # the drafts shipped with tpsim are the tiny built-in's

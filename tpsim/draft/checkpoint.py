@@ -1,6 +1,7 @@
 """Reading an EAGLE-3 draft directory in SpecForge's layout (config.json + *.safetensors; keys `fc.weight`,
 `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`, optional `embed_tokens.weight`; research doc
-§2.2) into `Eagle3Draft`, and `inspect`, which lists what is wrong with it."""
+§2.2) or the speculators format vLLM reads (`layers.0.*` for `midlayer.*`, tpsim.draft.config.Layout) into
+`Eagle3Draft`, and `inspect`, which lists what is wrong with it. Tensors are held under SpecForge's names."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 
 from tpsim.base.errors import UsageError
 
-from tpsim.draft.config import DraftConfig
+from tpsim.draft.config import DraftConfig, Layout
 from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.draft.model import Eagle3Draft
 from tpsim.draft.weights import load, specs
@@ -30,7 +31,8 @@ VOCAB_KEYS = ("d2t", "t2d")
 class DraftCheckpoint:
     path: Path
     config: DraftConfig
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor]  # under SpecForge's names, whatever the layout on disk
+    layout: Layout = Layout.SPECFORGE
 
 
 def read(path: str | Path) -> DraftCheckpoint:
@@ -58,7 +60,10 @@ def read(path: str | Path) -> DraftCheckpoint:
             tensors.update(load_file(str(f)))
         except (SafetensorError, OSError, ValueError) as e:
             raise UsageError(f"{f} is not a readable safetensors file ({str(e).splitlines()[0][:80]}); {fix}") from None
-    return DraftCheckpoint(folder, config, tensors)
+    layout = Layout.of(raw)
+    prefix = layout.layer_prefix
+    tensors = {"midlayer." + k.removeprefix(prefix) if k.startswith(prefix) else k: v for k, v in tensors.items()}
+    return DraftCheckpoint(folder, config, tensors, layout)
 
 
 def build(ckpt: DraftCheckpoint, embed: torch.Tensor | None = None, device: str = "cpu") -> Eagle3Draft:

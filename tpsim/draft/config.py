@@ -1,8 +1,39 @@
-"""An EAGLE-3 draft's config.json, as the keys SpecForge writes and the engines read (research doc §2.1)."""
+"""An EAGLE-3 draft's config.json, as the keys SpecForge writes and the engines read (research doc §2.1), or in
+the `speculators` format vLLM reads (the layer's keys nested in `transformer_layer_config`, the draft's own at
+the top: speculators 0.9.0 `Eagle3SpeculatorConfig.save_pretrained`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class Layout(Enum):
+    """How a draft checkpoint names its config keys and tensors."""
+
+    SPECFORGE = "specforge"  # config.json flat, the layer's tensors `midlayer.*` (SGLang's export too)
+    SPECULATORS = "speculators"  # `transformer_layer_config` + `speculators_config`, the layer's tensors `layers.0.*`
+
+    @classmethod
+    def of(cls, raw: dict) -> "Layout":
+        nested = isinstance(raw.get("transformer_layer_config"), dict) and "speculators_config" in raw
+        return cls.SPECULATORS if nested else cls.SPECFORGE
+
+    @property
+    def layer_prefix(self) -> str:
+        return "layers.0." if self is Layout.SPECULATORS else "midlayer."
+
+
+def flat(raw: dict) -> dict:
+    """The config's keys as SpecForge writes them: a speculators config's layer keys lifted to the top (the
+    draft's own keys win; `rope_parameters.rope_theta` read as `rope_theta`)."""
+    if Layout.of(raw) is Layout.SPECFORGE:
+        return raw
+    layer = dict(raw["transformer_layer_config"])
+    rope = layer.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in layer:
+        layer["rope_theta"] = rope["rope_theta"]
+    return {**layer, **{k: v for k, v in raw.items() if v is not None and k != "transformer_layer_config"}}
 
 
 @dataclass(frozen=True)
@@ -29,6 +60,7 @@ class DraftConfig:
 
     @classmethod
     def from_json(cls, raw: dict) -> "DraftConfig":
+        raw = flat(raw)
         h = raw["hidden_size"]
         heads = raw["num_attention_heads"]
         eagle = raw.get("eagle_config") or {}
