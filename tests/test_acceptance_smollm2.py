@@ -1,8 +1,8 @@
 """The seed's story on a real target (issue 36): SmolLM2-135M-Instruct with the draft tpsim trained for it
 (`smollm2-135m-eagle3`, on out(1), out(14), out(26)), its 12 held-out prompts. A capture that is the trained one
 keeps the trained AL to the round (TP 1; TP 3 in plain TP, where the all-reduced capture equals TP 1's within
-float noise); the draft uses its capture (a served capture from other layers or a partial sum never raises AL
-above the trained one); triage --measure gives the AL with the replayed fix. Numbers: benchmarks/acceptance.py."""
+float noise); a capture one layer late costs acceptance measurably; triage --measure gives the AL with the
+replayed fix. Numbers: benchmarks/acceptance.py."""
 
 from __future__ import annotations
 
@@ -34,17 +34,18 @@ def test_the_trained_capture_keeps_the_trained_acceptance(env):
     code, out = acceptance(env, "--server", "sglang@0.5.12")
     t, s = out["trained"], out["served"]
     assert code == 0 and out["kept"] and s["positions"] == t["positions"] == ["out(1)", "out(14)", "out(26)"]
-    assert s["acceptance_length"] == t["acceptance_length"] > 1.2  # the draft accepts: 1.41 measured
+    assert s["acceptance_length"] == t["acceptance_length"] > 1.3  # the draft accepts: 1.49 measured
     assert out["sequences"] == 12 and t["rounds"] > 500
     code3, tp3 = acceptance(env, "--server", "sglang@0.5.12", "--tp", "3")
     assert code3 == 0 and tp3["kept"] and tp3["served"]["ranks_identical"]
     assert abs(tp3["difference"]) <= tp3["noise"]
 
 
-def test_a_wrong_capture_never_gains(env, tmp_path):
-    """Off by one (ids edited one layer on) and Partial(sum) (all-reduce fusion on SGLang 0.5.12 at TP 3): the
-    served capture is another tensor, and the draft does no better on it (on this draft by 0.01-0.02 tokens per
-    round, within the noise: docs/draft.md says why)."""
+def test_an_off_by_one_capture_costs_acceptance_and_a_partial_sum_does_not_help(env, tmp_path):
+    """Off by one (ids edited one layer on): every slot one layer late, the paired drop beyond two standard
+    errors (-0.062, 4 SE measured), exit 1. Partial(sum) (all-reduce fusion on SGLang 0.5.12 at TP 3): another
+    tensor on every rank, and no gain beyond noise (on SmolLM2 the partial sums differ from the stream by 0.6 %:
+    this draft cannot show a cost; docs/draft.md)."""
     from test_draft_checkpoint import write
     from tpsim.config.loader import BUILTIN_CONFIGS
     from safetensors.torch import load_file
@@ -52,12 +53,12 @@ def test_a_wrong_capture_never_gains(env, tmp_path):
     raw = json.loads((src / "config.json").read_text())
     raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 15, 27]
     edited = write(tmp_path / "off-by-one", raw, load_file(str(src / "model.safetensors")))
-    _, off = acceptance(env, "--server", "sglang@0.5.12", draft=edited)
+    code, off = acceptance(env, "--server", "sglang@0.5.12", draft=edited)
     assert off["served"]["positions"] == ["out(2)", "out(15)", "out(27)"]
+    assert code == 1 and not off["kept"] and off["paired"]["difference"] < -2 * off["paired"]["stderr"]
     _, partial = acceptance(env, "--server", "sglang@0.5.12", "--tp", "3", "--enable-flashinfer-allreduce-fusion")
     assert partial["served"]["mode"] == "ar-fusion" and not partial["served"]["ranks_identical"]
-    for out in (off, partial):
-        assert out["served"]["acceptance_length"] <= out["trained"]["acceptance_length"]
+    assert partial["paired"]["difference"] <= 2 * partial["paired"]["stderr"]
 
 
 def test_triage_measures_the_fix(env):
