@@ -157,3 +157,20 @@ def test_the_speculators_layout_reads_as_specforges(tmp_path, clean):
     assert got.config == flat.config == cfg
     assert got.tensors.keys() == flat.tensors.keys() and all(torch.equal(got.tensors[k], v) for k, v in flat.tensors.items())
     assert inspect(spec) == []
+
+
+def test_the_eagle_repositorys_layout_reads_as_specforges(tmp_path, clean):
+    """EAGLE's drafts: SpecForge's keys in a pytorch_model.bin (its EaModel.from_pretrained torch.loads it), read
+    with weights_only; a pickle that is not a state dict of tensors is one line, exit 2 from the CLI."""
+    from clirun import assert_one_line_error, run_cli
+    from tpsim.draft.config import Layout
+    cfg, tensors = clean
+    folder = tmp_path / "eagle"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    torch.save(tensors, folder / "pytorch_model.bin")
+    got, flat = read(folder), read(write(tmp_path / "flat", CONFIG, tensors))
+    assert got.layout is Layout.EAGLE and got.config == flat.config
+    assert got.tensors.keys() == flat.tensors.keys() and all(torch.equal(got.tensors[k], v) for k, v in flat.tensors.items())
+    torch.save({"step": 3}, folder / "pytorch_model.bin")
+    assert_one_line_error(run_cli("draft", str(folder)), "is not a readable state dict")

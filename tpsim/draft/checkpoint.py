@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ SPECFORGE = "SpecForge specforge/modeling/draft/llama3_eagle.py (research doc §
 EXPORT_WARNING = ("SpecForge export: \"a key the serving loader does not expect is skipped (or zero-filled) "
                   "without an error\" (_REQUIRED_SERVING_KEYS)")
 VOCAB_KEYS = ("d2t", "t2d")
+EAGLE_BIN = "pytorch_model.bin"
 
 
 @dataclass(frozen=True)
@@ -52,18 +54,33 @@ def read(path: str | Path) -> DraftCheckpoint:
         raise UsageError(f"{folder / 'config.json'}: an EAGLE-3 draft config needs hidden_size, intermediate_size, "
                          f"num_attention_heads and vocab_size ({type(e).__name__}: {e}); {fix}") from None
     files = sorted(folder.glob("*.safetensors"))
+    layout = Layout.of(raw)
+    if not files and (folder / EAGLE_BIN).is_file():
+        files, layout = [folder / EAGLE_BIN], Layout.EAGLE
     if not files:
-        raise UsageError(f"{folder}: no *.safetensors beside config.json; {fix}")
+        raise UsageError(f"{folder}: no *.safetensors (or the EAGLE repository's {EAGLE_BIN}) beside config.json; {fix}")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        try:
-            tensors.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise UsageError(f"{f} is not a readable safetensors file ({str(e).splitlines()[0][:80]}); {fix}") from None
-    layout = Layout.of(raw)
+        tensors.update(_tensors(f, fix))
     prefix = layout.layer_prefix
     tensors = {"midlayer." + k.removeprefix(prefix) if k.startswith(prefix) else k: v for k, v in tensors.items()}
     return DraftCheckpoint(folder, config, tensors, layout)
+
+
+def _tensors(f: Path, fix: str) -> dict[str, torch.Tensor]:
+    """One weights file: safetensors, or EAGLE's pytorch_model.bin read with weights_only (tensors, nothing that
+    runs code: SafeAILab/EAGLE eagle/model/ea_model.py @47de7b0e `EaModel.from_pretrained` torch.loads it, else
+    model.safetensors)."""
+    try:
+        if f.name == EAGLE_BIN:
+            got = torch.load(f, map_location="cpu", weights_only=True)
+            if not isinstance(got, dict) or not all(isinstance(v, torch.Tensor) for v in got.values()):
+                raise ValueError("it holds no state dict of tensors")
+            return got
+        return load_file(str(f))
+    except (SafetensorError, OSError, ValueError, RuntimeError, pickle.UnpicklingError) as e:
+        what = "state dict" if f.name == EAGLE_BIN else "safetensors file"
+        raise UsageError(f"{f} is not a readable {what} ({str(e).splitlines()[0][:80]}); {fix}") from None
 
 
 def build(ckpt: DraftCheckpoint, embed: torch.Tensor | None = None, device: str = "cpu") -> Eagle3Draft:

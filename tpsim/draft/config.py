@@ -13,6 +13,7 @@ class Layout(Enum):
 
     SPECFORGE = "specforge"  # config.json flat, the layer's tensors `midlayer.*` (SGLang's export too)
     SPECULATORS = "speculators"  # `transformer_layer_config` + `speculators_config`, the layer's tensors `layers.0.*`
+    EAGLE = "eagle"  # the EAGLE repository's: SpecForge's keys in a `pytorch_model.bin` (torch.save of a state dict)
 
     @classmethod
     def of(cls, raw: dict) -> "Layout":
