@@ -45,12 +45,17 @@ def test_each_rows_chain_is_the_chain_of_its_prefix_alone(seed, length, k, data)
         assert torch.equal(alone[r], whole[r]), (r, alone[r], whole[r])
 
 
-@given(st.lists(st.integers(0, 5), min_size=2, max_size=60), st.integers(1, 5), st.integers(1, 10), st.randoms())
-def test_round_accounting(tokens, k, start, rnd):
+def walked(tokens: list[int], k: int, start: int, rnd) -> tuple[Acceptance, int]:
+    """Rounds over chains that propose each row's true next tokens or a token never in the text, at random."""
     start = min(start, len(tokens) - 1)
     table = torch.tensor([[rnd.choice([tokens[min(r + 2 + i, len(tokens) - 1)], 99]) for i in range(k)]
                           for r in range(len(tokens) - 1)])
-    a = rounds(table, tokens, start)
+    return rounds(table, tokens, start), start
+
+
+@given(st.lists(st.integers(0, 5), min_size=2, max_size=60), st.integers(1, 5), st.integers(1, 10), st.randoms())
+def test_round_accounting(tokens, k, start, rnd):
+    a, start = walked(tokens, k, start, rnd)
     assert all(0 <= x <= k for x in a.accepted)
     emitted = sum(x + 1 for x in a.accepted)
     assert start + emitted <= len(tokens) - 1 + k + 1
@@ -106,10 +111,7 @@ def test_the_paired_difference(rows, rnd):
 
 @given(st.lists(st.integers(0, 5), min_size=2, max_size=60), st.integers(1, 4), st.integers(1, 10), st.randoms())
 def test_rounds_are_a_walk_over_every_positions_acceptance(tokens, k, start, rnd):
-    start = min(start, len(tokens) - 1)
-    table = torch.tensor([[rnd.choice([tokens[min(r + 2 + i, len(tokens) - 1)], 99]) for i in range(k)]
-                          for r in range(len(tokens) - 1)])
-    a = rounds(table, tokens, start)
+    a, start = walked(tokens, k, start, rnd)
     (every,) = a.rows
     assert len(every) == max(0, len(tokens) - k - start)
     p = start
