@@ -41,6 +41,7 @@ class Case:
     what: str
     argv: tuple[str, ...]
     edit: dict = field(default_factory=dict)  # config.json keys replaced (None: removed)
+    random_embed: bool = False  # an exporter's random embed_tokens.weight written into the draft
 
 
 TRAIN = ("--train", "specforge-ids:1,14,26")
@@ -61,16 +62,29 @@ CASES = [
          ("--server", "sglang@0.5.12", "--tp", "3", "--enable-flashinfer-allreduce-fusion")),
     Case("Partial(sum) fixed", "the same flags on SGLang 0.5.23, whose capture is taken after the fused all-reduce",
          ("--server", "sglang@0.5.23", "--tp", "3", "--enable-flashinfer-allreduce-fusion")),
+    Case("random embed_tokens, vLLM", "an export with a random embed_tokens.weight (TorchSpec #38) on vLLM 0.25.0, "
+                                      "which keeps a draft's own distinct embedding (PR #28549)",
+         ("--server", "vllm@0.25.0"), random_embed=True),
+    Case("random embed_tokens, SGLang", "the same draft on SGLang 0.5.12, which always gives the draft the target's",
+         ("--server", "sglang@0.5.12"), random_embed=True),
 ]
 
 
 def draft_for(case: Case, tmp: Path) -> Path:
-    if not case.edit:
+    if not case.edit and not case.random_embed:
         return DRAFT
-    out = tmp / case.name.replace(" ", "-").replace("(", "").replace(")", "")
+    out = tmp / "".join(c if c.isalnum() else "-" for c in case.name)
     out.mkdir()
     for f in DRAFT.glob("*.safetensors"):
-        os.symlink(f, out / f.name)
+        if case.random_embed:
+            import torch
+            from safetensors.torch import load_file, save_file
+            tensors = load_file(str(f))
+            g = torch.Generator().manual_seed(0)
+            tensors["embed_tokens.weight"] = (torch.randn(49152, 576, generator=g) * 0.05).half()
+            save_file(tensors, str(out / f.name))
+        else:
+            os.symlink(f, out / f.name)
     raw = json.loads((DRAFT / "config.json").read_text())
     for key, value in case.edit.items():
         raw.pop(key, None) if value is None else raw.__setitem__(key, value)

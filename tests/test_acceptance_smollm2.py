@@ -61,6 +61,24 @@ def test_an_off_by_one_capture_costs_acceptance_and_a_partial_sum_does_not_help(
     assert partial["paired"]["difference"] <= 2 * partial["paired"]["stderr"]
 
 
+def test_a_random_embed_tokens_costs_acceptance_where_the_engine_keeps_it(env, tmp_path):
+    """A draft exported with a random embed_tokens (TorchSpec #38): vLLM keeps a draft's own distinct embedding
+    (from 0.11.1, PR #28549) and acceptance collapses; SGLang always gives the draft the target's and keeps it."""
+    import torch
+    from test_draft_checkpoint import write
+    from tpsim.config.loader import BUILTIN_CONFIGS
+    from safetensors.torch import load_file
+    src = BUILTIN_CONFIGS / "drafts" / "smollm2-135m-eagle3"
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["embed_tokens.weight"] = (torch.randn(49152, 576, generator=torch.Generator().manual_seed(0)) * 0.05).half()
+    folder = write(tmp_path / "random-embed", json.loads((src / "config.json").read_text()), tensors)
+    code, on_vllm = acceptance(env, "--server", "vllm@0.25.0", draft=folder)
+    assert code == 1 and on_vllm["served"]["embedding"].startswith("the draft's own")
+    assert on_vllm["paired"]["difference"] < -2 * on_vllm["paired"]["stderr"]
+    code, on_sglang = acceptance(env, "--server", "sglang@0.5.12", draft=folder)
+    assert code == 0 and on_sglang["served"]["embedding"] == "the target's" and on_sglang["difference"] == 0
+
+
 def test_triage_measures_the_fix(env):
     r = run_cli("triage", "--model", "smollm2-135m", "--draft", "smollm2-135m-eagle3", *TRAIN, "--server",
                 "sglang@0.5.12", "--tp", "3", "--enable-flashinfer-allreduce-fusion", "--measure", "--json", env=env)

@@ -5,6 +5,7 @@ served TP), over the target's greedy answers, reported as AL and per-position ac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, paired, ro
 from tpsim.draft.checkpoint import DraftCheckpoint, build
 from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
+from tpsim.profiles.loader_lines import lookup
+from tpsim.profiles.loaders import EmbedUse
 from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job
 from tpsim.run.spec import RunSpec
 from tpsim.weights.reader import Checkpoint
@@ -27,6 +30,10 @@ from tpsim.weights.seeded import init_tensor
 
 PROMPTS = BUILTIN_CONFIGS / "prompts"
 EMBED = "model.embed_tokens.weight"
+# the trained side runs on the target's embedding: SpecForge 0.2.0 loads it into the draft and freezes it
+# (specforge/algorithms/model_providers.py: load_embedding(target_model_path), freeze_embedding();
+# config/schema.py: load_target_embedding = True), as EAGLE and every export the engines read assume
+TRAINED_EMBED = "SpecForge 0.2.0 specforge/algorithms/model_providers.py (load_embedding, freeze_embedding)"
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,13 @@ class Fed:
     strategy: Strategy
     tp: int
     failure: str | None = None
+    embedding: str = "the target's"  # whose embed_tokens the draft runs on, and why when not the target's
 
     @property
     def text(self) -> str:
         where = ", ".join(map(str, self.positions)) or "nothing"
-        return f"{where} at TP {self.tp}" + (f", mode {self.mode.name} ({self.strategy})" if self.tp > 1 else "")
+        embed = "" if self.embedding == "the target's" else f"; embed_tokens: {self.embedding}"
+        return f"{where} at TP {self.tp}" + (f", mode {self.mode.name} ({self.strategy})" if self.tp > 1 else "") + embed
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class Measured:
         a = self.acceptance
         return {"label": self.fed.label, "positions": [str(p) for p in self.fed.positions], "tp": self.fed.tp,
                 "mode": self.fed.mode.name, "capture_strategy": self.fed.strategy.value, "failure": self.fed.failure,
+                "embedding": self.fed.embedding,
                 "ranks_identical": self.ranks_identical,
                 "acceptance_length": None if a is None else round(a.length, 4),
                 "per_position": None if a is None else [round(x, 4) for x in a.per_position],
@@ -196,10 +206,12 @@ class Prepared:
     greedy), the draft, and its acceptance on the capture it was trained on."""
 
     sequences: list[Sequence]
-    draft: Eagle3Draft
+    draft: Eagle3Draft  # as trained: on the target's embedding
     trained: Measured
     k: int
     notes: list[str]
+    checkpoint: DraftCheckpoint
+    target_embed: torch.Tensor
 
 
 def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prompts: Prompts) -> Prepared | None:
@@ -221,19 +233,42 @@ def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prom
     if on_train is None:
         return None
     seqs, on_train = _greedy(seqs, on_train, notes)
-    model = build(draft, None if "embed_tokens.weight" in draft.tensors else target_embedding(train_spec),
-                  train_spec.device).eval()
-    return Prepared(seqs, model, _measure(model, trained, on_train, seqs, k), k, notes)
+    embed = target_embedding(train_spec)
+    model = build(draft, embed, train_spec.device).eval()  # SpecForge trains on the target's, frozen: TRAINED_EMBED
+    return Prepared(seqs, model, _measure(model, trained, on_train, seqs, k), k, notes, draft, embed)
 
 
 def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
-    """The draft's acceptance on the capture `inputs`' engine serves (None on a torchrun rank other than 0)."""
+    """The draft's acceptance on the capture `inputs`' engine serves, on the embedding its draft loader gives the
+    draft (None on a torchrun rank other than 0)."""
     what = fed(inputs, caps, prep.draft.cfg.capture_width)[1]
+    embed, why = served_embedding(prep.checkpoint, inputs.request.ids.server or inputs.serve.name, prep.target_embed)
+    what = dataclasses.replace(what, embedding=why)
     if what.failure is not None:
         return Measured(what, None)
     spec, _ = inputs.request.spec(inputs.target.source, what.positions, (what.mode, what.strategy))
+    draft = prep.draft if embed is prep.target_embed else build(prep.checkpoint, embed, spec.device).eval()
     on_serve = _captures(spec, what.tp, prep.sequences)
-    return None if on_serve is None else _measure(prep.draft, what, on_serve, prep.sequences, prep.k)
+    return None if on_serve is None else _measure(draft, what, on_serve, prep.sequences, prep.k)
+
+
+def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """The embedding `server`'s draft loader runs the draft on (tpsim.profiles.loaders: SGLang always the
+    target's; vLLM from 0.11.1 a draft's own when it differs), and what to call it."""
+    own = ckpt.tensors.get("embed_tokens.weight")
+    if own is None or (tuple(own.shape) == tuple(target.shape) and torch.equal(own.to(target.dtype), target.cpu())):
+        return target, "the target's"
+    try:
+        loader = lookup(server.partition("+")[0]).loader
+    except UsageError:
+        loader = None
+    if loader is None:
+        return target, f"the target's (whether {server} keeps the draft's own is UNVERIFIED)"
+    keeps = loader.embed.value is EmbedUse.OWN_IF_DISTINCT or (
+        loader.embed.value is EmbedUse.TARGETS_IF_SAME_SHAPE and tuple(own.shape) != tuple(target.shape))
+    if not keeps:
+        return target, "the target's"
+    return own, f"the draft's own, not the target's ({server} keeps it: {loader.embed.source})"
 
 
 def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts) -> AcceptanceReport | None:
