@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tpsim.app.draft_served import served_findings, target_embedding
 from tpsim.base.ui import say
+from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json
 from tpsim.draft.checkpoint import inspect, read
 from tpsim.profiles.loader_lines import lookup
@@ -27,18 +28,12 @@ def cmd_draft(args) -> int:
     names = [s.name for s in servers]
     if args.json:
         emit_json({"ok": not found, "path": args.path, "model": args.model, "target_hidden_size": target,
-                   "servers": names, "findings": [{"defect": f.defect.value, "cause": f.cause, "source": f.source,
-                                                   "fix": f.fix, "key": f.key, "server": f.server} for f in found]})
+                   "servers": names, "findings": [f.to_dict() for f in found]})
         return 1 if found else 0
     say(f"tpsim draft: {args.path}" + (f" for target {args.model} (hidden_size {target})" if target else "")
         + (f", served by {', '.join(names)}" if names else ""))
     for i, f in enumerate(found, 1):
-        say()
-        say(f"FINDING {i}: {f.defect.value}" + (f" ({f.key})" if f.key else "")
-            + (f" [{f.server}]" if f.server else ""))
-        say(f"  cause: {f.cause}")
-        say(f"  source: {f.source}")
-        say(f"  fix: {f.fix}")
+        say_finding(i, f.title, f.cause, [f.source], f.fix)
     say()
     say("VERDICT: nothing found" if not found else f"VERDICT: {len(found)} finding{'s' * (len(found) > 1)}")
     return 1 if found else 0

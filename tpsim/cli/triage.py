@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tpsim.offline.align import read_draft_config
 from tpsim.app.acceptance import Measured, TriageMeasure, measure_triage
+from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.draft.checkpoint import inspect, read
 from tpsim.draft.findings import DraftFinding
@@ -84,8 +85,7 @@ def to_dict(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMea
             "findings": [{**f.to_dict(), "change": t.fixes[i].to_dict() if i in t.fixes else None,
                           "measured_with_fix": measured.fixed[i].to_dict() if measured and i in measured.fixed else None}
                          for i, f in enumerate(t.findings)], "notes": t.notes,
-            "draft_findings": [{"defect": f.defect.value, "cause": f.cause, "source": f.source, "fix": f.fix,
-                                "key": f.key, "server": f.server} for f in checkpoint],
+            "draft_findings": [f.to_dict() for f in checkpoint],
             "measured": measured and {"trained": measured.trained.to_dict(), "served": measured.served.to_dict(),
                                       "sequences": measured.sequences, "notes": measured.notes}}
 
@@ -117,24 +117,14 @@ def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: Tria
         say(f"measured (greedy chain drafting, k = {args.steps}, {measured.sequences} sequences): AL "
             f"{_al(measured.trained, True)} as trained, {_al(measured.served, True)} as served")
     for i, f in enumerate(t.findings, 1):
-        say()
-        say(f"FINDING {i}: {f.kind.value}")
-        say(f"  cause: {f.cause}")
-        for src in f.sources:
-            say(f"  source: {src}")
-        say(f"  fix: {f.fix}")
+        say_finding(i, f.kind.value, f.cause, f.sources, f.fix)
         if f.replayed:
             say("  fix replayed: the finding clears, and no other appears")
         if measured is not None and i - 1 in measured.fixed:
             say(f"  measured: AL {_al(measured.trained)} as trained, {_al(measured.served)} as served, "
                 f"{_al(measured.fixed[i - 1])} with the fix")
     for j, f in enumerate(checkpoint, len(t.findings) + 1):
-        say()
-        say(f"FINDING {j}: draft checkpoint: {f.defect.value}" + (f" ({f.key})" if f.key else "")
-            + (f" [{f.server}]" if f.server else ""))
-        say(f"  cause: {f.cause}")
-        say(f"  source: {f.source}")
-        say(f"  fix: {f.fix}")
+        say_finding(j, f"draft checkpoint: {f.title}", f.cause, [f.source], f.fix)
     n = len(t.findings) + len(checkpoint)
     say()
     say("VERDICT: nothing found" if n == 0 else f"VERDICT: {n} finding{'s' * (n > 1)}")

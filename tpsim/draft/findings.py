@@ -30,5 +30,13 @@ class DraftFinding:
     key: str | None = None
     server: str | None = None  # the engine version whose loader this is about (None: the layout itself)
 
+    @property
+    def title(self) -> str:
+        return self.defect.value + (f" ({self.key})" if self.key else "") + (f" [{self.server}]" if self.server else "")
+
+    def to_dict(self) -> dict:
+        return {"defect": self.defect.value, "cause": self.cause, "source": self.source, "fix": self.fix,
+                "key": self.key, "server": self.server}
+
     def line(self) -> str:
         return f"{self.defect.value}: {self.cause} [{self.source}] fix: {self.fix}"
