@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from tpsim.app.draft_served import EMBED, same_embedding, target_embedding
 from tpsim.app.ranks import on_ranks
 from tpsim.app.triage import Captures, Inputs, captures
 from tpsim.base.errors import UsageError
@@ -22,18 +23,11 @@ from tpsim.draft.checkpoint import DraftCheckpoint, build
 from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.profiles.loader_lines import lookup
-from tpsim.profiles.loaders import EmbedUse
 from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job
 from tpsim.run.spec import RunSpec
-from tpsim.weights.reader import Checkpoint
-from tpsim.weights.seeded import init_tensor
 
 PROMPTS = BUILTIN_CONFIGS / "prompts"
-EMBED = "model.embed_tokens.weight"
-# the trained side runs on the target's embedding: SpecForge 0.2.0 loads it into the draft and freezes it
-# (specforge/algorithms/model_providers.py: load_embedding(target_model_path), freeze_embedding();
-# config/schema.py: load_target_embedding = True), as EAGLE and every export the engines read assume
-TRAINED_EMBED = "SpecForge 0.2.0 specforge/algorithms/model_providers.py (load_embedding, freeze_embedding)"
+
 
 
 @dataclass(frozen=True)
@@ -177,27 +171,22 @@ def seeded_prompts(vocab: int, n: int, length: int, new_tokens: int, seed: int) 
                    new_tokens, origin=f"{n} seeded random prompts of {length} tokens")
 
 
-def fed(inputs: Inputs, caps: Captures, fc_width: int) -> tuple[Fed, Fed]:
-    """The trained capture (the trainer's positions, the whole stream at TP 1) and the served one."""
+def trained_fed(caps: Captures) -> Fed:
+    """The trained capture: the trainer's positions, the whole stream at TP 1."""
+    return Fed("trained", tuple(caps.trained_positions), TensorParallel(), Strategy.MODEL_LEVEL, 1)
+
+
+def served_fed(inputs: Inputs, caps: Captures, fc_width: int) -> Fed:
+    """The served capture: the engine's positions, mode and strategy at the served TP (`failure` when it feeds the
+    draft nothing)."""
     H = inputs.target.source.cfg.hidden_size
-    trained = Fed("trained", tuple(caps.trained_positions), TensorParallel(), Strategy.MODEL_LEVEL, 1)
     rep, got, mode, tp = caps.replay, caps.config, caps.mode, inputs.served.tp
     failure = got.failure if got.off else rep.failure
     if failure is None and not rep.positions:
         failure = f"{inputs.serve.name} captures nothing from these ids"
     if failure is None and len(rep.positions) * H != fc_width:
         failure = f"the capture is {rep.width_text(H)}: the draft's fc fails on it"
-    served = Fed("served", tuple(rep.positions), mode.mode, mode.strategy, tp, failure)
-    return trained, served
-
-
-def target_embedding(spec: RunSpec) -> torch.Tensor:
-    """The target's `[V, H]` embedding, for a draft exported without its own."""
-    cfg = spec.cfg
-    if spec.source.checkpoint is None:
-        return init_tensor(spec.seed, EMBED, (cfg.vocab_size, cfg.hidden_size), spec.device)
-    with Checkpoint(spec.source.checkpoint).open(EMBED) as src:
-        return src[:].float()
+    return Fed("served", tuple(rep.positions), mode.mode, mode.strategy, tp, failure)
 
 
 @dataclass
@@ -216,7 +205,7 @@ class Prepared:
 
 def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prompts: Prompts) -> Prepared | None:
     """The target's answers and the trained capture's acceptance (None on a torchrun rank other than 0)."""
-    trained = fed(inputs, caps, draft.config.capture_width)[0]
+    trained = trained_fed(caps)
     if len(trained.positions) * inputs.target.source.cfg.hidden_size != draft.config.capture_width:
         raise UsageError(f"training captured {len(trained.positions)} states ({', '.join(map(str, trained.positions))})"
                          f" and the draft's fc reads {draft.config.num_aux}; --train names what trained this draft")
@@ -233,15 +222,22 @@ def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prom
     if on_train is None:
         return None
     seqs, on_train = _greedy(seqs, on_train, notes)
-    embed = target_embedding(train_spec)
-    model = build(draft, embed, train_spec.device).eval()  # SpecForge trains on the target's, frozen: TRAINED_EMBED
+    embed = target_embedding(train_spec.source, train_spec.seed, train_spec.device)
+    if embed is None:
+        raise UsageError(f"--model {inputs.target.name}: its checkpoint has no {EMBED}, which the draft runs on "
+                         "(as trained and as served); give the target's full checkpoint")
+    embed = embed.float()
+    # as trained, on the target's embedding: SpecForge 0.2.0 loads it into the draft and freezes it
+    # (specforge/algorithms/model_providers.py: load_embedding(target_model_path), freeze_embedding();
+    # config/schema.py: load_target_embedding = True)
+    model = build(draft, embed, train_spec.device).eval()
     return Prepared(seqs, model, _measure(model, trained, on_train, seqs, k), k, notes, draft, embed)
 
 
 def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
     """The draft's acceptance on the capture `inputs`' engine serves, on the embedding its draft loader gives the
     draft (None on a torchrun rank other than 0)."""
-    what = fed(inputs, caps, prep.draft.cfg.capture_width)[1]
+    what = served_fed(inputs, caps, prep.draft.cfg.capture_width)
     embed, why = served_embedding(prep.checkpoint, inputs.request.ids.server or inputs.serve.name, prep.target_embed)
     what = dataclasses.replace(what, embedding=why)
     if what.failure is not None:
@@ -256,7 +252,7 @@ def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -
     """The embedding `server`'s draft loader runs the draft on (tpsim.profiles.loaders: SGLang always the
     target's; vLLM from 0.11.1 a draft's own when it differs), and what to call it."""
     own = ckpt.tensors.get("embed_tokens.weight")
-    if own is None or (tuple(own.shape) == tuple(target.shape) and torch.equal(own.to(target.dtype), target.cpu())):
+    if own is None or same_embedding(own.to(target.dtype), target):
         return target, "the target's"
     try:
         loader = lookup(server.partition("+")[0]).loader
@@ -264,9 +260,7 @@ def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -
         loader = None
     if loader is None:
         return target, f"the target's (whether {server} keeps the draft's own is UNVERIFIED)"
-    keeps = loader.embed.value is EmbedUse.OWN_IF_DISTINCT or (
-        loader.embed.value is EmbedUse.TARGETS_IF_SAME_SHAPE and tuple(own.shape) != tuple(target.shape))
-    if not keeps:
+    if not loader.embed.value.keeps_own(tuple(own.shape) == tuple(target.shape)):
         return target, "the target's"
     return own, f"the draft's own, not the target's ({server} keeps it: {loader.embed.source})"
 

@@ -35,11 +35,11 @@ def judge(ckpt: DraftCheckpoint, s: ServedLoader, target_embed: torch.Tensor | N
     return [*_norms(ckpt, s), *_keys(ckpt, s), *_embed(ckpt, s, target_embed)]
 
 
-def target_embedding(source: ModelSource, seed: int = 0) -> torch.Tensor | None:
-    """The target's `[V, H]` embedding: a checkpoint's, else the seeded one (`seed`: tpsim's default run seed).
-    None: a checkpoint without one."""
+def target_embedding(source: ModelSource, seed: int = 0, device: str = "cpu") -> torch.Tensor | None:
+    """The target's `[V, H]` embedding: a checkpoint's, else the seeded one (`seed`: tpsim's default run seed),
+    generated on `device`. None: a checkpoint without one."""
     if source.checkpoint is None:
-        return init_tensor(seed, EMBED, (source.cfg.vocab_size, source.cfg.hidden_size))
+        return init_tensor(seed, EMBED, (source.cfg.vocab_size, source.cfg.hidden_size), device)
     ckpt = Checkpoint(source.checkpoint)
     if EMBED not in ckpt.tensors:
         return None
@@ -133,20 +133,18 @@ def _keys(ckpt: DraftCheckpoint, s: ServedLoader) -> list[DraftFinding]:
     return out
 
 
-def _same(draft: torch.Tensor, target: torch.Tensor) -> bool:
-    return tuple(draft.shape) == tuple(target.shape) and torch.equal(draft, target.to(draft.dtype))
+def same_embedding(draft: torch.Tensor, target: torch.Tensor) -> bool:
+    return tuple(draft.shape) == tuple(target.shape) and torch.equal(draft, target.to(draft.device, draft.dtype))
 
 
 def _embed(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | None) -> list[DraftFinding]:
     draft, use = ckpt.tensors.get("embed_tokens.weight"), s.loader.embed
     shape = (ckpt.config.vocab_size, ckpt.config.hidden_size)
-    if target is None or use.value is EmbedUse.TARGETS:
-        return []  # TARGETS: the draft's own is replaced; no target: nothing to compare (an absent one is fetched)
-    if use.value is EmbedUse.TARGETS_IF_SAME_SHAPE and tuple(target.shape) == shape:
-        return []  # the target's replaces whatever the draft has
+    if target is None or not use.value.keeps_own(tuple(target.shape) == shape):
+        return []  # the target's replaces whatever the draft has; no target: nothing to compare
     if draft is None:
         return [] if use.value is EmbedUse.OWN_IF_DISTINCT else [_uninitialised(s, shape, target)]
-    if _same(draft, target):
+    if same_embedding(draft, target):
         return []
     what = (f"shape {tuple(draft.shape)}, the target's {tuple(target.shape)}" if draft.shape != target.shape
             else "the same shape, other values")
@@ -173,7 +171,7 @@ def unverified(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | No
     draft = ckpt.tensors.get("embed_tokens.weight")
     if draft is None:
         relies.append(("embed_tokens.weight", "fetches the target's embed_tokens for a draft without one"))
-    elif target is not None and not _same(draft, target):
+    elif target is not None and not same_embedding(draft, target):
         relies.append(("embed_tokens.weight", "replaces this draft's embed_tokens (not the target's) with the "
                                               "target's"))
     relies += [(k, f"reads or skips {k}") for k in sorted(ckpt.tensors) if k not in line.reads.value]

@@ -36,6 +36,11 @@ class EmbedUse(Enum):
                              "checkpoint (uninitialised where it has none)")
     OWN_IF_DISTINCT = "the target's when the draft has none or an identical one; a distinct one of its own is kept"
 
+    def keeps_own(self, same_shape: bool) -> bool:
+        """Whether a draft's own embedding, distinct from the target's, is what the served draft runs on
+        (`same_shape`: the draft's embedding has the target's shape)."""
+        return self is EmbedUse.OWN_IF_DISTINCT or (self is EmbedUse.TARGETS_IF_SAME_SHAPE and not same_shape)
+
 
 class Norm(Enum):
     """The draft config's norm keys (research doc §2.1)."""
