@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from tpsim.app.draft_served import EMBED, same_embedding, target_embedding
+from tpsim.app.draft_served import same_embedding, target_embedding
 from tpsim.app.ranks import on_ranks
 from tpsim.app.triage import Captures, Inputs, captures
 from tpsim.base.errors import UsageError
@@ -222,11 +222,7 @@ def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prom
     if on_train is None:
         return None
     seqs, on_train = _greedy(seqs, on_train, notes)
-    embed = target_embedding(train_spec.source, train_spec.seed, train_spec.device)
-    if embed is None:
-        raise UsageError(f"--model {inputs.target.name}: its checkpoint has no {EMBED}, which the draft runs on "
-                         "(as trained and as served); give the target's full checkpoint")
-    embed = embed.float()
+    embed = target_embedding(train_spec.source, train_spec.seed, train_spec.device).float()  # validated: present
     # as trained, on the target's embedding: SpecForge 0.2.0 loads it into the draft and freezes it
     # (specforge/algorithms/model_providers.py: load_embedding(target_model_path), freeze_embedding();
     # config/schema.py: load_target_embedding = True)
