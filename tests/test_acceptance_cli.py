@@ -77,3 +77,15 @@ def test_bad_input_is_one_line(draft, tmp_path, argv, words):
     bad.write_text("hello world\n")
     r = run_cli("acceptance", *[a.format(draft=draft, bad=bad) for a in argv])
     assert_one_line_error(r, words)
+
+
+def test_a_target_too_big_for_this_machine_is_refused_not_stood_in(tmp_path):
+    """On the CPU a target over 1 GiB would be a stand-in at toy widths, whose answers say nothing about
+    acceptance: acceptance and triage --measure refuse it in one line."""
+    import torch
+    config = {**DRAFT, "hidden_size": 4096, "vocab_size": 128256, "num_attention_heads": 32, "head_dim": 128}
+    folder = write(tmp_path / "big", config, {"fc.weight": torch.zeros(2, 2)})
+    assert_one_line_error(run_cli("acceptance", "--draft", str(folder), "--server", "sglang",
+                                  "--model", "llama-3.1-8b"), "too big to run here")
+    assert_one_line_error(run_cli("triage", "--draft", str(folder), "--server", "sglang", "--model", "llama-3.1-8b",
+                                  "--measure"), "too big to run here")
