@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 from clirun import assert_one_line_error, run_cli
@@ -142,3 +143,44 @@ def test_embed_different_from_the_targets(tmp_path):
                                           ("sglang+embed", "no patch")])
 def test_a_bad_server_is_one_line(tmp_path, server, words):
     assert_one_line_error(run_cli("draft", str(drafted(tmp_path)), "--server", server), [words])
+
+
+@pytest.mark.parametrize("server,code", [("sglang@0.5.11", 1), ("sglang@0.5.12", 0), ("sglang@0.5.6", 1),
+                                         ("vllm@0.34.0", 0)])
+def test_a_five_state_draft_loads_where_fc_is_sized_from_the_config(tmp_path, server, code):
+    config = {**CONFIG, "num_aux_hidden_states": 5, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4, 5]}}
+    r, out = served(drafted(tmp_path, config), server)
+    assert r.returncode == code, r
+    if code:
+        f = out["findings"][0]
+        assert f["defect"] == "loader-refuses-key" and f["key"] == "fc.weight", f
+        assert "5 x 16" in f["cause"] and "3 x 16 = 48" in f["cause"] and "#24663" in f["fix"], f
+
+
+@settings(max_examples=40, deadline=None)
+@given(trained=st.integers(1, 6), declared=st.sampled_from(["key", "ids", "none"]),
+       release=st.sampled_from(["0.5.6", "0.5.9", "0.5.11", "0.5.12", "0.5.17", "0.5.23"]))
+def test_the_fc_a_sglang_loader_builds_refuses_exactly_the_other_counts(trained, declared, release):
+    """The loader builds fc for 3 states up to 0.5.11, for num_aux_hidden_states (else the ids' count, else 3) from
+    0.5.12 (PR #24663); a draft whose fc takes `trained` states is refused exactly when that is another count, and the
+    fix names a release and config that build fc for `trained`."""
+    import tempfile
+    from pathlib import Path
+    from tpsim.app.draft_served import served_findings
+    from tpsim.draft.checkpoint import read
+    from tpsim.profiles.loader_lines import lookup
+    extra = {"key": {"num_aux_hidden_states": trained},
+             "ids": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": list(range(1, trained + 1))}},
+             "none": {}}[declared]
+    config = {**CONFIG, **extra}
+    cfg = DraftConfig.from_json({**config, "num_aux_hidden_states": trained})  # fc trained on `trained` states
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = read(write(Path(tmp) / "d", config, clean_tensors(cfg)))
+        found = [f for f in served_findings(ckpt, [], [lookup(f"sglang@{release}")], None) if f.key == "fc.weight"]
+    reads_config = tuple(map(int, release.split("."))) >= (0, 5, 12)
+    built = (trained if declared != "none" else 3) if reads_config else 3
+    assert bool(found) == (built != trained), (found, built)
+    if found:
+        assert f"{trained} x 16" in found[0].cause and f"builds fc for {built} x 16" in found[0].cause, found[0]
+        assert ("sglang 0.5.12 or later (#24663)" in found[0].fix) == (not reads_config), found[0].fix
+        assert (f"\"num_aux_hidden_states\": {trained}" in found[0].fix) == (declared == "none"), found[0].fix

@@ -11,7 +11,7 @@ import torch
 
 from tpsim.draft.checkpoint import DraftCheckpoint
 from tpsim.draft.findings import DraftDefect, DraftFinding
-from tpsim.profiles.loaders import EmbedUse, Fate, Norm, ServedLoader, Use
+from tpsim.profiles.loaders import AuxCount, EmbedUse, Fate, Norm, ServedLoader, Use
 from tpsim.run.spec import ModelSource
 from tpsim.weights.reader import Checkpoint
 from tpsim.weights.seeded import init_tensor
@@ -19,6 +19,9 @@ from tpsim.weights.seeded import init_tensor
 EMBED = "model.embed_tokens.weight"
 TORCHSPEC_38 = ("TorchSpec issue #38: exported drafts carried a random embed_tokens and acceptance dropped in vLLM, "
                 "SGLang unaffected")
+# the engines' default weight loader (sglang python/sglang/srt/model_loader/weight_utils.py default_weight_loader,
+# vLLM's alike): a checkpoint tensor whose shape is not the parameter's fails the assert
+LOAD_ERROR = "AssertionError: Attempted to load weight (torch.Size({w})) into parameter (torch.Size({p}))"
 SUPERSEDED = (DraftDefect.IGNORED_KEY, DraftDefect.EMBED_ABSENT)
 
 
@@ -32,7 +35,32 @@ def served_findings(ckpt: DraftCheckpoint, layout: list[DraftFinding], servers: 
 
 
 def judge(ckpt: DraftCheckpoint, s: ServedLoader, target_embed: torch.Tensor | None) -> list[DraftFinding]:
-    return [*_norms(ckpt, s), *_keys(ckpt, s), *_embed(ckpt, s, target_embed)]
+    return [*_aux_count(ckpt, s), *_norms(ckpt, s), *_keys(ckpt, s), *_embed(ckpt, s, target_embed)]
+
+
+def _aux_count(ckpt: DraftCheckpoint, s: ServedLoader) -> list[DraftFinding]:
+    """A draft trained on other than the count of aux states the loader builds fc for does not load."""
+    fc, cfg, count = ckpt.tensors.get("fc.weight"), ckpt.config, s.loader.aux_count
+    ht = cfg.target_hidden_size
+    if count is None or fc is None or fc.dim() != 2 or fc.shape[1] % ht or not cfg.use_aux_hidden_state:
+        return []  # an fc that fits no count of states is the layout's fc-width finding
+    trained, built = fc.shape[1] // ht, (3 if count.value is AuxCount.THREE else cfg.num_aux)
+    if trained == built:
+        return []
+    later = next((c for c in s.line.changes if (a := c.changes.get("aux_count")) and a.value is AuxCount.FROM_CONFIG),
+                 None)
+    if count.value is AuxCount.THREE:
+        fix = f"serve with {s.line.engine} {later.release} or later ({later.label}), which reads num_aux_hidden_states" \
+            if later else f"serve with an engine that reads num_aux_hidden_states"
+        if later:
+            fix += f", and write \"num_aux_hidden_states\": {trained} in config.json" if cfg.num_aux != trained else ""
+    else:
+        fix = f"write \"num_aux_hidden_states\": {trained} in config.json (the draft was trained on {trained} states)"
+    return [_finding(s, DraftDefect.LOADER_REFUSES, "fc.weight",
+                     f"fc.weight takes {fc.shape[1]} = {trained} x {ht} inputs (a draft trained on {trained} aux hidden "
+                     f"states) but {s.name}'s draft loader builds fc for {built} x {ht} = {built * ht} "
+                     f"({count.value.value}): \"{LOAD_ERROR.format(w=list(fc.shape), p=[fc.shape[0], built * ht])}\", "
+                     "and the server does not start", (count.source,), fix)]
 
 
 def target_embedding(source: ModelSource, seed: int = 0, device: str = "cpu") -> torch.Tensor | None:

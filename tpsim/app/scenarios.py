@@ -53,6 +53,8 @@ BUG_CLASSES = {
     "pp-refused": "the engine refuses pipeline parallelism with an EAGLE-3 draft at start-up: nothing runs",
     "pp-stage-local": "a pipeline stage numbering its layers from 0: a later stage captures other boundaries",
     "packer-slot-count": "a packing engine fails the forward when it captures fewer slots than ids",
+    "aux-count": "a draft trained on other than three aux states, served by a loader that builds fc for three",
+    "capture-ignored": "a model file that declares EAGLE-3 support and never captures: no error, no aux states",
 }
 
 

@@ -50,7 +50,7 @@ class DraftConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
-    num_aux: int = 3
+    num_aux: int = 3  # num_aux_hidden_states, else the number of layer ids, else 3 (SGLang >= 0.5.12, vLLM 0.33.0)
     fc_norm: bool = False  # EAGLE-3.1: one RMSNorm per aux chunk before fc (SpecForge PR #568)
     norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the whole [T, 3*Ht] before fc (SGLang PR #32334)
     norm_before_residual: bool = False  # vLLM llama_eagle3 `_norm_before_residual`
@@ -72,7 +72,7 @@ class DraftConfig:
             vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
             target_hidden_size=raw.get("target_hidden_size") or h, rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=raw.get("rope_theta", 10000.0), rope_scaling=raw.get("rope_scaling"),
-            num_aux=len(ids) if ids else 3, fc_norm=bool(raw.get("fc_norm", False)),
+            num_aux=raw.get("num_aux_hidden_states") or (len(ids) if ids else 3), fc_norm=bool(raw.get("fc_norm", False)),
             norm_before_fc=bool(raw.get("norm_before_fc", False)),
             norm_before_residual=bool(raw.get("norm_before_residual", False)),
             norm_output=bool(raw.get("norm_output", False)),

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from tpsim.base.errors import UsageError
 from tpsim.profiles import registry
-from tpsim.profiles.loaders import EmbedUse, Fate, Loader, LoaderLine, ServedLoader, Use
+from tpsim.profiles.loaders import AuxCount, EmbedUse, Fate, Loader, LoaderLine, ServedLoader, Use
 from tpsim.profiles.profile import Change, Cited, Source
 
 SG, VL = "sgl-project/sglang", "vllm-project/vllm"
@@ -69,16 +69,27 @@ SG_EMBED = sg("v0.5.6", "EAGLEWorker.__init__", "embed, head = self.target_worke
               "loaded and then replaced); 0.5.23: eagle_worker_v2.py EagleDraftWorker.init_lm_head, the same call",
               path="python/sglang/srt/speculative/eagle_worker.py", reviewed=("v0.5.12", "v0.5.17", "v0.5.23"))
 
+SG_THREE = sg("v0.5.11", "LlamaModel.__init__", "if hasattr(config, \"target_hidden_size\"): self.hidden_size_in = "
+              "config.target_hidden_size ... self.fc = torch.nn.Linear( self.hidden_size_in * 3,",
+              "fc is built for three aux states whatever the config says (0.5.6 .. 0.5.11): a draft whose fc.weight "
+              "takes another count fails to load (the checkpoint's shape is not the parameter's)",
+              reviewed=("v0.5.6",))
+SG_24663 = sg("v0.5.12", "LlamaModel.__init__", 'self.num_aux_hidden_states = getattr(config, "num_aux_hidden_states", '
+              'None) ... len(layer_ids) if layer_ids else 3',
+              "PR #24663 (Support newer EAGLE-3 drafters): first in 0.5.12, absent from 0.5.11; fc takes "
+              "target_hidden_size x num_aux_hidden_states (else the number of eagle_config's layer ids, else 3); "
+              "the same in 0.5.23", reviewed=("v0.5.23",))
+
 SGLANG = LoaderLine(
     "sglang", SG_FILE, "0.5.6", "0.5.23", Cited(READS, SG_SKIPS),
     Loader(unknown=Cited(Fate.SKIPPED, SG_SKIPS), norm_before_fc=Cited(Use.IGNORED, SG_NO_NORMS),
            fc_norm=Cited(Use.IGNORED, SG_NO_NORMS), norm_output=Cited(Use.IGNORED, SG_NO_NORMS),
            norm_before_residual=Cited(Use.IGNORED, SG_RESIDUAL), nested_norm_before_fc=Cited(False, SG_NO_NORMS),
            idle_input_norm=Cited(Fate.SKIPPED, SG_SKIPS), aux_off_fc=Cited(Fate.READ, SG_NO_NORMS),
-           embed=Cited(EmbedUse.TARGETS, SG_EMBED)),
-    (Change((), "fc_norm and norm_output read", None, "0.5.12",
+           embed=Cited(EmbedUse.TARGETS, SG_EMBED), aux_count=Cited(AuxCount.THREE, SG_THREE)),
+    (Change(("#24663",), "fc_norm and norm_output read; fc sized by num_aux_hidden_states", None, "0.5.12",
             {"fc_norm": Cited(Use.HONOURED, SG_31), "norm_output": Cited(Use.HONOURED, SG_31),
-             "norm_before_fc": Cited(Use.IGNORED, SG_31)}),
+             "norm_before_fc": Cited(Use.IGNORED, SG_31), "aux_count": Cited(AuxCount.FROM_CONFIG, SG_24663)}),
      Change(("#32334",), "Fix GPT-OSS EAGLE3 hidden states (norm_before_fc honoured)", None, "0.5.17",
             {"norm_before_fc": Cited(Use.HONOURED, SG_3134), "nested_norm_before_fc": Cited(True, SG_3134)})))
 

@@ -42,6 +42,18 @@ class EmbedUse(Enum):
         return self is EmbedUse.OWN_IF_DISTINCT or (self is EmbedUse.TARGETS_IF_SAME_SHAPE and not same_shape)
 
 
+class AuxCount(Enum):
+    """How many aux hidden states the loader builds fc for (fc takes that many x target_hidden_size)."""
+
+    THREE = "three, always: num_aux_hidden_states and the number of layer ids are not read"
+    FROM_CONFIG = "num_aux_hidden_states, else the number of eagle_config's layer ids, else three"
+
+    def count(self, num_aux_hidden_states: int | None, ids: tuple[int, ...] | None) -> int:
+        if self is AuxCount.THREE:
+            return 3
+        return num_aux_hidden_states or (len(ids) if ids else 3)
+
+
 class Norm(Enum):
     """The draft config's norm keys (research doc §2.1)."""
 
@@ -79,6 +91,7 @@ class Loader:
     idle_input_norm: Cited[Fate]  # input_norm.* while norm_before_fc is off
     aux_off_fc: Cited[Fate]  # fc.* when eagle_config.use_aux_hidden_state is false
     embed: Cited[EmbedUse]
+    aux_count: Cited[AuxCount] | None = None  # None: not read for this engine's releases (UNVERIFIED)
 
     def use(self, norm: Norm) -> Cited[Use]:
         return getattr(self, norm.value)
