@@ -115,6 +115,9 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     if f.kind is Kind.GRAPH_IDS:
         return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.graphs is not None and
                                                q.behaviour.graphs.value is GraphIds.CONFIG)]
+    if f.kind is Kind.CAPTURE_IGNORED or not t.serve.behaviour.captures:  # the next version that wires it otherwise
+        wiring = t.serve.behaviour.wiring
+        return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.wiring != wiring)]
     if f.kind in (Kind.PIPELINE, Kind.ENGINE_REFUSES):
         return [Remedy(f"serve without pipeline parallelism ({PP_FLAGS.get(t.serve.engine, '--pp')} 1)", pp_off=True)]
     return []

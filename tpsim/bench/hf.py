@@ -37,7 +37,7 @@ def seeded_tensors(seed: int, device: torch.device):
 
 def hf_architecture(cfg) -> str:
     """The transformers class that runs this config (Kimi-K2: DeepseekV3ForCausalLM)."""
-    return cfg.family.model_types[cfg.model_type]
+    return cfg.family.architecture(cfg.model_type)
 
 
 def hf_config_for(cfg):

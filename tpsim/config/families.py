@@ -9,8 +9,11 @@ family serves several model_types where the files do (Kimi-K2 runs DeepSeek-V3's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
+
+from tpsim.base.errors import UsageError
 
 
 class Attention(Enum):
@@ -62,9 +65,19 @@ class Family:
     moe_block: MoeBlock = MoeBlock.ROUTED
     sinks: bool = False  # a learned per-head logit in each softmax's denominator (GPT-OSS)
     copies: dict[str, str] = field(default_factory=dict)  # field -> the field whose value it takes
+    approximates: str = ""  # non-empty: the real architecture differs in what this says; tpsim runs its shape only
 
     def hf_name(self, name: str) -> str:
         return self.hf_names.get(name, name)
+
+    def architecture(self, model_type: str) -> str:
+        """The transformers class a checkpoint of this family declares; refused for an approximation (a
+        checkpoint exported as its architecture would not be one)."""
+        if self.approximates:
+            raise UsageError(f"model_type {model_type} is an approximation in tpsim ({self.approximates}); it "
+                             "replays captures at the model's shape but has no transformers twin: export or compare "
+                             "another family")
+        return self.model_types[model_type]
 
 
 DEEPSEEK = Family(
@@ -102,7 +115,17 @@ GPT_OSS = Family(
     hf_names={"n_routed_experts": "num_local_experts"}, aliases={"num_experts": "num_local_experts"},
     moe_block=MoeBlock.GPT_OSS, sinks=True, copies={"moe_intermediate_size": "intermediate_size"})
 
-FAMILIES = (DEEPSEEK, LLAMA, QWEN3, QWEN3_MOE, GPT_OSS)
+# Qwen3.5 (Qwen3_5ForConditionalGeneration, model_type qwen3_5: the model file vllm PR #36527 found never captured)
+# at its published shape: Qwen3's dense decoder at that shape, so a capture replay has the real depth and width.
+# What it is not is stated below (and in configs/qwen3.5-9b.yaml).
+QWEN3_5 = dataclasses.replace(
+    QWEN3, name="qwen3_5", model_types={"qwen3_5": "Qwen3_5ForConditionalGeneration"},
+    approximates="every layer runs full GQA attention with rope over the whole head (Qwen3.5 runs Gated DeltaNet "
+                 "linear attention in 3 of every 4 layers, gates its attention output and rotates a quarter of each "
+                 "head), and the vision tower is left out: the residual stream's positions, depth and width are "
+                 "Qwen3.5's, the values are not")
+
+FAMILIES = (DEEPSEEK, LLAMA, QWEN3, QWEN3_MOE, GPT_OSS, QWEN3_5)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 MODEL_TYPES = tuple(BY_MODEL_TYPE)
 DEFAULT_MODEL_TYPE = "deepseek_v2"

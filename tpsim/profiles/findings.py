@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tpsim.capture.positions import Position
-from tpsim.profiles.profile import EmbedId, Numbering
+from tpsim.profiles.profile import EmbedId, Numbering, Wiring
 from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.inverse import ids_for_position
 from tpsim.profiles.replay import Fate, Replay, Slot
@@ -25,6 +25,7 @@ class Kind(Enum):
     ENGINE_REFUSES = "the engine refuses this launch at start-up"
     PIPELINE = "pipeline parallelism moves or drops slots"
     IDS_CHANGED = "the config's ids were changed after training"
+    CAPTURE_IGNORED = "the model file never captures"
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ def replay_findings(rep: Replay, hidden: int | None = None) -> list[Finding]:
     """What the engine's handling of these ids does to the draft: its crash or refusal, and each slot
     it silently drops."""
     p, L = rep.profile, rep.num_layers
+    if not p.behaviour.captures and rep.slots:
+        return [_wiring(rep, hidden)]
     kind = Kind.ENGINE_FAILS if rep.failure else Kind.DROPPED_SLOT
     embed = any(s.fate is Fate.CRASHES for s in rep.slots)
     sources = [str(p.behaviour.embed.source if embed else p.behaviour.out_of_range.source)]
@@ -78,6 +81,21 @@ def replay_findings(rep: Replay, hidden: int | None = None) -> list[Finding]:
                            f"captures a repeated boundary once{width}{given}",
                            [str(p.behaviour.duplicates.source)], "give ids that name distinct layers"))
     return out
+
+
+def _wiring(rep: Replay, hidden: int | None) -> Finding:
+    """A model class that never takes the capture set: its forward ignores the ids (the draft gets no aux states),
+    or setting them fails at start-up."""
+    p, n, wiring = rep.profile, len(rep.slots), rep.profile.behaviour.wiring
+    later = next((q for q in later_profiles(p) if q.behaviour.captures), None)
+    fix = (f"serve with {later.name.split(':')[0]} or later ({later.versions.since.label}), whose model file "
+           "captures" if later else f"no {p.engine} version tpsim read serves this model class with EAGLE-3")
+    if wiring.value is Wiring.SETTER_REFUSES:
+        return Finding(Kind.ENGINE_REFUSES, f"{p.name}: {wiring.value.value}: {rep.failure}", [str(wiring.source)], fix)
+    width = "" if hidden is None else f" (its fc expects {n} x {hidden} = {n * hidden} per token)"
+    then = f"; then {rep.failure}" if rep.failure else ", and no error is raised"
+    return Finding(Kind.CAPTURE_IGNORED, f"{p.name}: {wiring.value.value}: 0 of {n} slots reach the draft{width}{then}",
+                   [str(wiring.source)], fix)
 
 
 def _dropped_fix(rep: Replay, s: Slot) -> str:

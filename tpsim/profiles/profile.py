@@ -254,6 +254,14 @@ class TboCapture(Enum):
         return Strategy.MICRO_BATCHES if self is TboCapture.MICRO_BATCHES else Strategy.MODEL_LEVEL
 
 
+class Wiring(Enum):
+    """Whether the model class the engine builds takes the capture set at all."""
+
+    CAPTURES = "the model takes the ids and its forward captures them"
+    IGNORED = ("the model class declares EAGLE-3 support but its forward never reads the ids: nothing is captured")
+    SETTER_REFUSES = "setting the capture ids fails at start-up: the server does not start"
+
+
 @dataclass(frozen=True)
 class Behaviour:
     """Everything a profile says about capture (each field cited)."""
@@ -274,9 +282,15 @@ class Behaviour:
     pp: Cited[Handoff] | None = None  # under pipeline parallelism; None: not profiled (trainers)
     tbo: Cited[TboCapture] | None = None  # None: no two-batch overlap profiled for this model file
     cp: Cited[Gather] | None = None  # under context parallel (prefill CP); None: not profiled
+    wiring: Cited[Wiring] | None = None  # None: the model file's forward captures (every line but a few)
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp", "wiring")
+
+    @property
+    def captures(self) -> bool:
+        """Whether the model file takes the capture set and captures (wiring None or CAPTURES)."""
+        return self.wiring is None or self.wiring.value is Wiring.CAPTURES
 
 
 @dataclass(frozen=True)
@@ -410,7 +424,7 @@ def describe(c: Cited | None) -> str:
 
 __all__ = ["Behaviour", "Change", "Cited", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty",
            "FusionAuto", "Gather", "Gpu", "Handoff", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
-           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "TboCapture", "Versions", "differences", "describe",
+           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "TboCapture", "Versions", "Wiring", "differences", "describe",
            "releases"]
 
 

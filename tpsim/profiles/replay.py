@@ -13,7 +13,8 @@ from enum import Enum
 
 from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
-from tpsim.profiles.profile import Behaviour, Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile
+from tpsim.profiles.profile import (Behaviour, Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile,
+                                    Wiring)
 
 CRASH_TEXT = "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'"
 # a packing engine that captured nothing returns the hidden states alone; the caller's two-way unpack fails
@@ -27,6 +28,7 @@ class Fate(Enum):
     CRASHES = "crashes the forward"
     REFUSED = "refused"
     FAILS = "not captured, and the packer fails the forward"
+    IGNORED = "never captured: the model class ignores the capture set"
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ def slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
     """Slot k: id j, which the loop tests as i (before any repeat is merged)."""
     b = profile.behaviour
     hf = b.numbering.value is Numbering.HIDDEN_STATES_INDEX
+    if not b.captures:
+        return Slot(k, j, i, None, Fate.IGNORED if b.wiring.value is Wiring.IGNORED else Fate.REFUSED)
     if i == 0:
         fate = {EmbedId.CAPTURED: Fate.CAPTURED, EmbedId.CRASHES: Fate.CRASHES,
                 EmbedId.UNREACHABLE: Fate.REFUSED}[b.embed.value]
@@ -153,6 +157,8 @@ def _order(profile: Profile, slots: list[Slot]) -> list[Slot]:
 
 def _failure(profile: Profile, slots: list[Slot], L: int) -> str | None:
     b, who = profile.behaviour, profile.engine
+    if not b.captures:  # the model class, not the ids: the engine's words, where it has any
+        return (f"{b.wiring.error} ({b.wiring.source})" if b.wiring.error else None) if slots else None
     crash = next((s for s in slots if s.fate is Fate.CRASHES), None)
     if crash is not None:
         return (f"{CRASH_TEXT}: {who} id {crash.id} tests layer 0, where the loop adds hidden_states + "

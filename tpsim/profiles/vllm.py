@@ -8,9 +8,12 @@ reads the nested eagle_config key, runner v2 (`gpu/spec_decode/eagle/eagle3_util
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
                                     Duplicates, EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange,
-                                    Site, Source, releases)
+                                    Site, Source, Wiring, releases)
+from tpsim.profiles.replay import UNPACK_TEXT
 
 REPO = "vllm-project/vllm"
 RELEASES = releases(
@@ -306,4 +309,68 @@ MINIMAX_M2 = Line(
            "runner v1 up to 0.28.0 (MoE), runner v2 from 0.29.0", *_RUNNER_NOTES),
 )
 
-LINES = (DEEPSEEK_V2, DEEPSEEK_V3, MIXIN_DENSE, MIXIN_MOE, MINIMAX_M2)
+
+# --- Qwen3.5 as its checkpoints declare it (Qwen3_5ForConditionalGeneration), read in 0.16.0 .. 0.34.0 -------------
+
+QWEN3_5, QWEN3_NEXT = "vllm/model_executor/models/qwen3_5.py", "vllm/model_executor/models/qwen3_next.py"
+_Q35_IGNORED = Cited(Wiring.IGNORED, src(
+    QWEN3_5, "0.17.0", "Qwen3_5ForConditionalGeneration.forward",
+    "class Qwen3_5ForConditionalGeneration(Qwen3VLForConditionalGeneration, IsHybrid): ... hidden_states = "
+    "self.language_model.model(",
+    "SupportsEagle3 and set_aux_hidden_state_layers come from Qwen3VLForConditionalGeneration (qwen3_vl.py v0.17.0), "
+    "whose setter writes language_model.model.aux_hidden_state_layers; Qwen3_5Model is a Qwen3NextModel, whose "
+    "forward (qwen3_next.py v0.17.0: `for layer in islice(self.layers, self.start_layer, self.end_layer):`) never "
+    "reads it; the same files in 0.17.1; vllm PR #36527: 'No error is raised; Eagle3 simply doesn't work'"),
+    error=f"{UNPACK_TEXT} (inferred from the code: gpu_model_runner.py v0.17.0 unpacks `hidden_states, "
+          "aux_hidden_states = model_output` from a model that returns the hidden states alone; PR #36527 reports "
+          "that no error is raised)")
+_Q35_SETTER = Cited(Wiring.SETTER_REFUSES, src(
+    INTERFACES, "0.18.0", "SupportsEagle3.set_aux_hidden_state_layers",
+    'assert isinstance(parent_ref.model, EagleModelMixin), ( "Model instance must inherit from EagleModelMixin to set '
+    'auxiliary layers"',
+    "PR #36063 moved the setter to the interface, which asserts EagleModelMixin; Qwen3_5ForConditionalGeneration has "
+    "no setter of its own and Qwen3NextModel is no EagleModelMixin up to 0.19.1 (`class Qwen3NextModel(nn.Module):`); "
+    "PR #36658 (first in 0.18.0) made Qwen3NextModel capture and gave the text-only Qwen3_5ForCausalLM its setter; "
+    "vllm-ascend PR #7867 reports the assertion for Qwen3.5's conditional-generation classes",
+    ("0.18.1", "0.19.0", "0.19.1")),
+    error="AssertionError: Model instance must inherit from EagleModelMixin to set auxiliary layers (inferred from "
+          "the code; vllm-ascend PR #7867 reports it at worker start-up)")
+_Q35_MIXIN = src(QWEN3_NEXT, "0.20.0", "Qwen3NextModel.forward",
+                 "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual) for layer_idx, layer "
+                 "in enumerate( islice(self.layers, self.start_layer, self.end_layer),",
+                 "from 0.20.0 Qwen3NextModel is an EagleModelMixin (`class Qwen3NextModel(nn.Module, "
+                 "EagleModelMixin):`): the interface's setter reaches it and its loop captures as the mixin models' "
+                 "do, layers numbered from start_layer; a stage other than the last returns hidden_states and residual "
+                 "only; 0.26.0 all-gathers a token-short stream before a captured boundary and 0.28.0 once at the end under sequence "
+                 "parallelism (every token is captured either way), 0.34.0 concatenates the states into the output: "
+                 "under plain TP the capture is the same", ("0.26.0", "0.28.0", "0.34.0"))
+
+
+def _not_reached(wiring: Cited) -> Behaviour:
+    """A model class that captures nothing: the fields other than `wiring` are never reached, and cite the code
+    that decides so (their values are the mixin models' defaults, for display only)."""
+    c = lambda value: Cited(value, wiring.source)  # noqa: E731
+    return Behaviour(numbering=c(Numbering.BEFORE_LAYER), defaults=c(Defaults.BEFORE_2_MID_LAST3),
+                     embed=c(EmbedId.CAPTURED), out_of_range=c(OutOfRange.DROPPED), order=c(Order.ASCENDING),
+                     duplicates=c(Duplicates.CAPTURED_ONCE), config=c(CONFIG_V1_18.value), site=c(Site.BETWEEN_LAYERS),
+                     cloned=c(False), last_boundary=c(True), pp=c(Handoff.LAST_STAGE_ONLY), wiring=wiring)
+
+
+_Q35_CAPTURES = Change(
+    (), "Qwen3NextModel on EagleModelMixin: the setter reaches it", None, "0.20.0",
+    {**{f: getattr(_mixin(Cited(Handoff.LAST_STAGE_ONLY, _Q35_MIXIN)), f) for f in Behaviour.FIELDS},
+     "config": CONFIG_V1_20, "wiring": Cited(Wiring.CAPTURES, _Q35_MIXIN)})
+QWEN3_5_VLM = Line(
+    "vllm", "qwen3_5", ("qwen3_5",), _not_reached(_Q35_IGNORED),
+    starts=Change((), "Qwen3_5ForConditionalGeneration (qwen3_5.py) read from 0.17.0", None, "0.17.0", {}),
+    changes=(Change(("#36063", "#36658"), "the EAGLE-3 setter asserts EagleModelMixin; Qwen3NextModel captures",
+                    None, "0.18.0", {**vars(_not_reached(_Q35_SETTER))}),
+             _Q35_CAPTURES, V1_KEYS[1], *_MOE_CHANGES),
+    notes=("up to 0.19.1 nothing is captured: the fields other than wiring are never reached and cite the code "
+           "that decides so",
+           "runner v1 up to 0.28.0, runner v2 from 0.29.0 as for the MoE mixin models; whether 0.25.0 .. 0.28.0 put "
+           "Qwen3.5 (dense, hybrid attention) on runner v2 by default was not read: UNVERIFIED",
+           "the text-only Qwen3_5ForCausalLM (not what Qwen3.5's checkpoints declare) captures from 0.18.0 (#36658); "
+           "not modelled", *_RUNNER_NOTES))
+
+LINES = (DEEPSEEK_V2, DEEPSEEK_V3, MIXIN_DENSE, MIXIN_MOE, MINIMAX_M2, QWEN3_5_VLM)

@@ -68,7 +68,7 @@ def total_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
 
 def hf_config(cfg: ModelConfig, dtype: str, seed: int) -> dict:
     d = {k: v for k, v in cfg.to_dict().items() if k != "quantization_config"}
-    return {"architectures": [cfg.family.model_types[cfg.model_type]], **d, "torch_dtype": dtype,
+    return {"architectures": [cfg.family.architecture(cfg.model_type)], **d, "torch_dtype": dtype,
             "tpsim": {"seed": seed, "version": __version__}}
 
 
@@ -85,6 +85,7 @@ def export_checkpoint(cfg: ModelConfig, seed: int, out: Path, dtype: str, max_sh
     """Write the checkpoint into `out` (replacing it if it exists) and return the file names."""
     if out.resolve() == Path.cwd().resolve():  # renaming the working directory into place fails (EBUSY)
         raise UsageError(f"--out {out} is the current directory; export into a new directory such as {out / 'ckpt'}")
+    cfg.family.architecture(cfg.model_type)  # an approximated family is refused before anything is written
     torch_dtype = getattr(torch, dtype)
     shards = plan_shards(cfg, torch_dtype, max_shard_bytes)
     names = (["model.safetensors"] if len(shards) == 1
