@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 
 from tpsim.capture.pipeline import Handoff
 from tpsim.modes.strategy import Strategy
+from tpsim.profiles.pd import PdTransfer
 
 T = TypeVar("T")
 
@@ -274,9 +275,10 @@ class Behaviour:
     pp: Cited[Handoff] | None = None  # under pipeline parallelism; None: not profiled (trainers)
     tbo: Cited[TboCapture] | None = None  # None: no two-batch overlap profiled for this model file
     cp: Cited[Gather] | None = None  # under context parallel (prefill CP); None: not profiled
+    pd: Cited[PdTransfer] | None = None  # the PD-disaggregation hand-off of the draft's state; None: not profiled
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp", "pd")
 
 
 @dataclass(frozen=True)
