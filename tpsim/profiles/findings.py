@@ -25,6 +25,7 @@ class Kind(Enum):
     ENGINE_REFUSES = "the engine refuses this launch at start-up"
     PIPELINE = "pipeline parallelism moves or drops slots"
     IDS_CHANGED = "the config's ids were changed after training"
+    PD_HANDOFF = "PD disaggregation hands the decode server a state wider or narrower than its buffer"
 
 
 @dataclass(frozen=True)
