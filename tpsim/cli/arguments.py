@@ -13,6 +13,7 @@ from tpsim.cli.options import (CONVENTION_METAVAR, DTYPES, add_execution_options
                                convention_option, dtype_name, seed_value)
 from tpsim.cli.outputs import add_force
 from tpsim.cli.parser import add_command
+from tpsim.cli.pd_options import add_pd_options
 from tpsim.cli.pp_options import add_pp_options
 from tpsim.config.loader import DEFAULT_MODEL
 
@@ -105,6 +106,7 @@ def check(p: argparse.ArgumentParser) -> None:
     add_mode_options(p)
     add_pp_options(p)
     add_graph_options(p)
+    add_pd_options(p)
     p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "
                                 "torchrun every divisor of the world size)")
     add_json(p)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+
 from tpsim.cli.options import emit_json
+from tpsim.cli.pd_options import check_alone, draft_hidden, pd_sizes
 from tpsim.cli.pp_options import pp_degree
 from tpsim.cli.run_args import pp_tp_degrees, run_spec, tp_degrees
 from tpsim.app.check import run_check, run_graphs
+from tpsim.app.disaggregation import PdAsk, PdReport, capture_server, plan, run_pd
 from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text
 from tpsim.base.ui import say, table
 from tpsim.profiles.conventions import named_ids
 
 
 def cmd_check(args) -> int:
+    if getattr(args, "disaggregate", None) is not None:
+        return check_disaggregated(args)
+    draft_hidden(args)  # --draft-hidden without --disaggregate: refused
     tps = pp_tp_degrees(args, pp_degree(args)) or tp_degrees(args)
     spec, res = run_spec(args, tps)
     if res.failed:  # the engine fails before it captures anything
@@ -27,6 +34,50 @@ def cmd_check(args) -> int:
     else:
         print_report(report, tps)
     return 0 if report.ok else 1
+
+
+def check_disaggregated(args) -> int:
+    """--disaggregate P:D: the PD hand-off replayed on P + D ranks (exit 1: the engine fails or a decode
+    rank's buffer differs from what was sent)."""
+    check_alone(args)
+    prefill, decode = pd_sizes(args.disaggregate)
+    ask = PdAsk(prefill, decode, draft_hidden(args))
+    server, note = capture_server(args.server)
+    spec, res = run_spec(argparse.Namespace(**{**vars(args), "server": server, "tp": None}), [prefill])
+    if res.failed:  # the engine fails on these ids before anything is handed over
+        return engine_failure(args, res)
+    pd, version = plan(ask, args.server, spec, args.ignore_limits)
+    report = run_pd(spec, pd, version)
+    if report is None:  # a torchrun rank other than 0
+        return 0
+    print_pd(report, spec, res, [note] if note else [])
+    return 0 if report.ok else 1
+
+
+def print_pd(report: PdReport, spec, res, notes: list[str]) -> None:
+    pd, cfg = report.pd, spec.cfg
+    w, t = pd.widths, pd.transfer
+    say(f"tpsim check --disaggregate {pd.prefill}:{pd.decode}: {spec.source.name} (L={cfg.num_hidden_layers}, "
+        f"hidden={w.target}), {spec.dtype}, {len(spec.tokens)} tokens, seed {spec.seed}")
+    for note in [*res.notes, *notes]:
+        say(f"note: {note}")
+    say(f"capture: {res.positions_text} (width {w.num_aux} x {w.target} = {w.num_aux * w.target}) on the prefill "
+        f"server's ranks 0..{pd.prefill - 1}; the draft's hidden size {w.draft}"
+        + (" (the target's: --draft-hidden not given)" if w.draft == w.target else ""))
+    say(f"hand-off: {pd.why}")
+    if t is not t.TARGET_AUX:
+        say(f"note: the draft's state is a seeded EAGLE-3 draft's ({w.draft} wide, seed {spec.seed}) step 0 over the "
+            "capture, the last token's pre-norm hidden (no draft checkpoint is read)")
+    say(f"PD disaggregation: the prefill server (TP {pd.prefill}) sends {t.sent_text(w)} values per request "
+        f"({t.what}) into the decode server's (TP {pd.decode}, ranks {pd.prefill}..{pd.world - 1}) "
+        f"{t.buffer(w)}-wide buffer")
+    if report.finding is not None:
+        say(f"FAIL: {report.finding}")
+    elif report.mismatched:
+        say(f"FAIL: decode ranks {report.mismatched} hold a buffer other than the one the prefill server sent")
+    else:
+        say(f"PASS: every decode rank's {t.buffer(w)}-wide buffer equals what the prefill server's rank 0 sent, "
+            "bitwise")
 
 
 def engine_failure(args, res) -> int:

@@ -47,6 +47,7 @@ class RankContext:
     all_blocks: bool = True  # torchrun: every block of every degree runs
     progress_fn: object = None
     _stage_peers: dict = field(default_factory=dict)  # tp -> this rank's pipeline group (pipeline_group)
+    _blocks: dict = field(default_factory=dict)  # block sizes -> this rank's group in them (blocks)
 
     def participates(self, tp: int) -> bool:
         return tp in self.groups and (self.all_blocks or self.rank < tp)
@@ -67,6 +68,23 @@ class RankContext:
                         mine = pg
             self._stage_peers[tp] = mine
         return self._stage_peers[tp]
+
+    def blocks(self, sizes: tuple[int, ...]) -> TPGroup | None:
+        """This rank's group when ranks 0.. are split into consecutive blocks of `sizes` (PD disaggregation:
+        the prefill server's TP group, then the decode server's); None for a rank past them. Their
+        send/recv run over the world. Collective over the world: every rank calls it, in the same order;
+        made once per `sizes`."""
+        if sizes not in self._blocks:
+            timeout, mine, start = self.groups[1].timeout_s, None, 0
+            for size in sizes:
+                members = tuple(range(start, start + size))
+                pg = dist.new_group(list(members), timeout=timedelta(seconds=timeout)) if size > 1 else None
+                if self.rank in members:
+                    mine = TPGroup(rank=self.rank - start, size=size, pg=pg, ranks=members, device=self.device,
+                                   verify=verify_collectives(self.device), timeout_s=timeout)
+                start += size
+            self._blocks[sizes] = mine
+        return self._blocks[sizes]
 
     def in_pipeline(self, tp: int, pp: int) -> bool:
         """Whether this rank is one of the pp * tp ranks of a PP x TP world (stage `rank // tp`):

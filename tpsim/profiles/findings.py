@@ -26,6 +26,7 @@ class Kind(Enum):
     PIPELINE = "pipeline parallelism moves or drops slots"
     IDS_CHANGED = "the config's ids were changed after training"
     CAPTURE_IGNORED = "the model file never captures"
+    PD_HANDOFF = "PD disaggregation hands the decode server a state wider or narrower than its buffer"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 
 from tpsim.capture.pipeline import Handoff
 from tpsim.modes.strategy import Strategy
+from tpsim.profiles.pd import PdTransfer
 
 T = TypeVar("T")
 
@@ -283,9 +284,10 @@ class Behaviour:
     tbo: Cited[TboCapture] | None = None  # None: no two-batch overlap profiled for this model file
     cp: Cited[Gather] | None = None  # under context parallel (prefill CP); None: not profiled
     wiring: Cited[Wiring] | None = None  # None: the model file's forward captures (every line but a few)
+    pd: Cited[PdTransfer] | None = None  # the PD-disaggregation hand-off of the draft's state; None: not profiled
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp", "wiring")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp", "wiring", "pd")
 
     @property
     def captures(self) -> bool:
