@@ -6,7 +6,7 @@ from tpsim.cli.options import emit_json
 from tpsim.cli.pp_options import pp_degree
 from tpsim.cli.run_args import pp_tp_degrees, run_spec, tp_degrees
 from tpsim.app.check import run_check, run_graphs
-from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text
+from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text, prefix_note, prefix_rows
 from tpsim.base.ui import say, table
 from tpsim.profiles.conventions import named_ids
 
@@ -60,6 +60,8 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     note = mode.note(spec.strategy, len(spec.tokens), L)
     if note:
         say(f"note: {note}")
+    if spec.prefix_cached:
+        say(f"note: {prefix_note(spec)}")
     pipe = spec.pipeline
     if pipe is not None:
         stages = ", ".join(f"{s}" for s in pipe.stages(L, 1))
@@ -96,6 +98,9 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
             f"at TP {degrees}" + (f" x PP {pipe.size}, against TP=1, PP=1" if pipe else "")
             + ("" if plain or pipe else f" (mode {mode.name}, strategy {spec.strategy})")
             + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows) else ""))
+    rows_right = prefix_rows(report)
+    if rows_right:
+        say(rows_right)
     for r in report.rows:
         for why in r.failures:
             say(f"FAIL TP={r.tp}: {why}")
