@@ -57,7 +57,7 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
         say(res.unverified.line)
     for note in res.notes:
         say(f"note: {note}")
-    note = mode.note(spec.strategy, len(spec.tokens), L)
+    note = mode.note(spec.strategy, spec.forward_tokens, L)
     if note:
         say(f"note: {note}")
     if spec.prefix_cached:

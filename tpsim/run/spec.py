@@ -154,6 +154,11 @@ class RunSpec:
         return self.source.cfg
 
     @property
+    def forward_tokens(self) -> int:
+        """The tokens of the captured forward: every one, or those after a cached prefix."""
+        return len(self.tokens) - (self.prefix_cached or 0)
+
+    @property
     def tolerance(self) -> float:
         """‖TP=t − TP=1‖ / ‖TP=1‖ allowed: the dtype's, or with fp8 weights the bf16 bound (activations are
         quantized to fp8 per token group, and a different all-reduce order can flip one rounding step)."""
