@@ -53,6 +53,7 @@ BUG_CLASSES = {
     "pp-refused": "the engine refuses pipeline parallelism with an EAGLE-3 draft at start-up: nothing runs",
     "pp-stage-local": "a pipeline stage numbering its layers from 0: a later stage captures other boundaries",
     "packer-slot-count": "a packing engine fails the forward when it captures fewer slots than ids",
+    "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
 }
 
 

@@ -57,17 +57,9 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
         say(res.unverified.line)
     for note in res.notes:
         say(f"note: {note}")
-    note = mode.note(spec.strategy, spec.forward_tokens, L)
-    if note:
+    for note in run_notes(spec):
         say(f"note: {note}")
-    if spec.prefix_cached:
-        say(f"note: {prefix_note(spec)}")
     pipe = spec.pipeline
-    if pipe is not None:
-        stages = ", ".join(f"{s}" for s in pipe.stages(L, 1))
-        say(f"note: pipeline parallel --pp {pipe.size} ({pipe.split.value}'s get_pp_indices: {stages}; stage s on "
-            f"ranks s*tp..s*tp+tp-1); a stage's aux hidden states are {pipe.handoff.value}"
-            + (f" ({pipe.why})" if pipe.why else ""))
     say(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}{', fp8 weights' if fp8 else ''}); "
         "ranks identical means bitwise equal to the group's rank 0")
     plain = mode.plain and pipe is None
@@ -107,6 +99,18 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     for f in res.findings:
         say(f"FAIL: {f}")
     print_graphs(report)
+
+
+def run_notes(spec) -> list[str]:
+    """What the mode, a cached prefix and the pipeline do to this run, a line each."""
+    L, pipe = spec.cfg.num_hidden_layers, spec.pipeline
+    notes = [spec.mode.note(spec.strategy, spec.forward_tokens, L), spec.prefix_cached and prefix_note(spec)]
+    if pipe is not None:
+        stages = ", ".join(f"{s}" for s in pipe.stages(L, 1))
+        notes.append(f"pipeline parallel --pp {pipe.size} ({pipe.split.value}'s get_pp_indices: {stages}; stage s "
+                     f"on ranks s*tp..s*tp+tp-1); a stage's aux hidden states are {pipe.handoff.value}"
+                     + (f" ({pipe.why})" if pipe.why else ""))
+    return [n for n in notes if n]
 
 
 def print_graphs(report: CheckReport) -> None:
