@@ -97,8 +97,7 @@ def test_a_mode_that_cannot_replay_a_cached_prefix_refuses_it_in_one_line(mode):
     """A forward after a cached prefix in a mode that splits the tokens (sp, cp) or the batch (tbo) would
     compute wrong rows: the model refuses it before any layer runs."""
     cfg = config_from_dict(TINY)
-    model = build_model(cfg, TPGroup(), 0, "float32", mode=mode if not mode.tbo else TensorParallel())
-    model.mode = mode
+    model = build_model(cfg, TPGroup(), 0, "float32", mode=mode)
     with pytest.raises(UsageError, match=f"--prefix-cached 2 .*(--mode {mode.name}|--tbo)") as e:
         model(torch.arange(4), cache=PrefixCache(2))
     assert "\n" not in str(e.value)
