@@ -20,6 +20,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from tpsim.base.errors import UsageError
 from tpsim.config.loader import ModelConfig
 from tpsim.layers import GQA, MLA, AttentionShape, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from tpsim.config.families import MoeBlock
@@ -29,7 +30,6 @@ from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
 from tpsim.modes import Mode, Stages, Stream, TensorParallel, split_sizes
 from tpsim.model.overlap import Earlier, two_batch_overlap
-from tpsim.base.errors import UsageError
 from tpsim.parallel.context import CachedKeys, PrefixCache
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.pipeline import Stage
@@ -300,7 +300,6 @@ class CausalLM(nn.Module):
                 return self.lm_head(hidden)
             every = stream.gather(hidden, "lm_head.dp_gather", by_sum=True)  # SGLang: dp_gather_replicate, SUM_LEN
             return stream.own_rows(self.lm_head(every))  # dp_scatter: a local copy
-
 
     def _cached_keys(self, cache: PrefixCache, T: int) -> CachedKeys:
         """This forward's keys in `cache` (UsageError where the mode or a PP stage cannot replay it)."""
