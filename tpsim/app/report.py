@@ -27,6 +27,7 @@ class Fails(Enum):
 
     SHAPES = "the capture's shape"
     TBO_NARROWER = "two-batch overlap narrows the capture"
+    PREFIX = "a prefix-cache hit narrows the capture to the suffix"
     RANKS_DIFFER = "ranks differ"
     PLACEMENT = "a slot holds a piece, not the whole tensor"
     ALIASING = "a slot was modified after capture"
@@ -137,6 +138,7 @@ class CheckReport:
                 "tokens": len(s.tokens), "mode": s.mode.to_dict(), "tolerance": self.tolerance,
                 "tolerance_metric": TOLERANCE_METRIC, "rows": [r.to_dict() for r in self.rows], "ok": self.ok,
                 "tpsim_version": __version__, "capture_strategy": s.strategy.value, "weights": s.source.weights,
+                "prefix_cached": s.prefix_cached,
                 "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes),
                 "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [asdict(g) for g in self.graphs]}}
 
@@ -163,6 +165,39 @@ def tbo_reason(spec: RunSpec, missing: list[str]) -> str:
             "DeepseekV2Model.forward: normal_end_layer = first_k_dense_replace, the rest in model_forward_maybe_tbo); "
             "fix: capture each micro-batch and concatenate their rows in token order (sglang PR #32680, closed "
             "unmerged; --strategy micro-batches)")
+
+
+def prefix_note(spec: RunSpec) -> str:
+    """What --prefix-cached replays, in one line."""
+    n, T = spec.prefix_cached, len(spec.tokens)
+    return (f"prefix cache: SGLang's radix cache holds the prompt's first {n} tokens: a forward of those {n} tokens "
+            f"fills every layer's KV cache first, then the prefill runs tokens {n}..{T - 1} at their positions, "
+            "attending to it, and captures there")
+
+
+def prefix_reason(spec: RunSpec) -> str:
+    """Why a capture after a prefix-cache hit fails the draft, and the fix."""
+    n, T = spec.prefix_cached, len(spec.tokens)
+    return (f"prefix cache: the capture covers tokens {n}..{T - 1} only ({T - n} of {T} rows): the {n} cached "
+            "prefix tokens get no aux hidden states, and a draft trained on whole prompts never sees them at "
+            "serve time: its own KV for the prefix comes from an earlier request or not at all (sglang issue "
+            "#10846: EAGLE-3 acceptance length 2.39 -> 2.26 with the radix cache on; sglang issue #19897: the "
+            "draft's KV uninitialised on prefix hits -> NaN); fix: --disable-radix-cache (SGLang's flag: every "
+            "prefill runs the whole prompt)")
+
+
+def prefix_rows(report: "CheckReport") -> str | None:
+    """With --prefix-cached, where the rows the capture holds are right (the suffix's, against the
+    reference's same rows): which degrees, bitwise or within the tolerance (None: some row is wrong)."""
+    spec = report.spec
+    narrowing = {Fails.PREFIX, Fails.SHAPES}
+    if not spec.prefix_cached or any(f.kind not in narrowing for r in report.rows for f in r.findings):
+        return None
+    n, T = spec.prefix_cached, len(spec.tokens)
+    each = [f"TP {r.tp}: bitwise" if r.rel_err == 0 and r.logits_rel_err == 0 else
+            f"TP {r.tp}: rel err {r.rel_err:.2e}, logits {r.logits_rel_err:.2e}" for r in report.rows]
+    return (f"the rows it holds are right: tokens {n}..{T - 1} equal the TP=1 full-prompt reference's rows "
+            f"{n}..{T - 1}, logits too ({'; '.join(each)}; tolerance {report.tolerance:.0e})")
 
 
 def summarize(spec: RunSpec, res: Resolution, tps: list[int], results: list[RankCheck]) -> CheckReport:
@@ -223,6 +258,8 @@ def _shape_failures(spec: RunSpec, tp: int, mine: list[RankCheck]) -> tuple[list
                          f"{width}")] if any(r.shape != want[r.rank] for r in mine) else []
         return [f"[{n}, {width}]" for n in sizes], wrong
     expected_shape, failures = [T, width], []
+    if spec.prefix_cached:
+        failures.append(Failure(Fails.PREFIX, prefix_reason(spec)))
     missing = next((r.missing for r in mine if r.missing), [])
     if missing:
         failures.append(Failure(Fails.TBO_NARROWER, tbo_reason(spec, missing)))

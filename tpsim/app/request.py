@@ -68,6 +68,7 @@ class RunRequest:
     tbo_asked: bool = False  # --tbo: said in the notes of a --server resolution
     pipeline: PipelineAsk = PipelineAsk()
     graphs: GraphsAsk = GraphsAsk()
+    prefix_cached: int | None = None  # --prefix-cached N: the prompt's first N tokens hit the radix cache
 
     @property
     def run_dtype(self) -> str:
@@ -108,7 +109,8 @@ class RunRequest:
         check_memory(src.cfg, tps, dtype, self.device, self.ignore_limits, str(self.model), mode.whole_weights)
         compiled = self.device == "cuda" if self.compile is None else self.compile
         spec = RunSpec(src, self.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
-                       mode, strategy, self.device, self.backend, self.timeout, pipe, graphs, compiled)
+                       mode, strategy, self.device, self.backend, self.timeout, pipe, graphs, compiled,
+                       self.prefix_cached)
         return spec, res
 
 

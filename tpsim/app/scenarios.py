@@ -56,6 +56,7 @@ BUG_CLASSES = {
     "aux-count": "a draft trained on other than three aux states, served by a loader that builds fc for three",
     "capture-ignored": "a model file that declares EAGLE-3 support and never captures: no error, no aux states",
     "pd-hidden-width": "PD disaggregation hands the decode server a state wider or narrower than its buffer",
+    "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
 }
 
 

@@ -109,6 +109,10 @@ def check(p: argparse.ArgumentParser) -> None:
     add_pd_options(p)
     p.add_argument("--tp", help="TP degrees to compare, e.g. 1,2 (check compares several: default 1,2,4,8; under "
                                 "torchrun every divisor of the world size)")
+    p.add_argument("--prefix-cached", metavar="N",
+                   help="replay SGLang's radix cache hitting the prompt's first N tokens: the prefix forward fills the "
+                        "KV cache, the suffix forward runs the other T-N tokens and carries the capture (--mode tp or "
+                        "ar-fusion)")
     add_json(p)
 
 

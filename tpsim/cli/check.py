@@ -10,7 +10,7 @@ from tpsim.cli.pp_options import pp_degree
 from tpsim.cli.run_args import pp_tp_degrees, run_spec, tp_degrees
 from tpsim.app.check import run_check, run_graphs
 from tpsim.app.disaggregation import PdAsk, PdReport, capture_server, plan, run_pd
-from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text
+from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text, prefix_note, prefix_rows
 from tpsim.base.ui import say, table
 from tpsim.profiles.conventions import named_ids
 
@@ -108,15 +108,9 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
         say(res.unverified.line)
     for note in res.notes:
         say(f"note: {note}")
-    note = mode.note(spec.strategy, len(spec.tokens), L)
-    if note:
+    for note in run_notes(spec):
         say(f"note: {note}")
     pipe = spec.pipeline
-    if pipe is not None:
-        stages = ", ".join(f"{s}" for s in pipe.stages(L, 1))
-        say(f"note: pipeline parallel --pp {pipe.size} ({pipe.split.value}'s get_pp_indices: {stages}; stage s on "
-            f"ranks s*tp..s*tp+tp-1); a stage's aux hidden states are {pipe.handoff.value}"
-            + (f" ({pipe.why})" if pipe.why else ""))
     say(f"tolerance: {TOLERANCE_METRIC} <= {report.tolerance:.0e} ({dtype}{', fp8 weights' if fp8 else ''}); "
         "ranks identical means bitwise equal to the group's rank 0")
     plain = mode.plain and pipe is None
@@ -147,12 +141,27 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
             f"at TP {degrees}" + (f" x PP {pipe.size}, against TP=1, PP=1" if pipe else "")
             + ("" if plain or pipe else f" (mode {mode.name}, strategy {spec.strategy})")
             + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows) else ""))
+    rows_right = prefix_rows(report)
+    if rows_right:
+        say(rows_right)
     for r in report.rows:
         for why in r.failures:
             say(f"FAIL TP={r.tp}: {why}")
     for f in res.findings:
         say(f"FAIL: {f}")
     print_graphs(report)
+
+
+def run_notes(spec) -> list[str]:
+    """What the mode, a cached prefix and the pipeline do to this run, a line each."""
+    L, pipe = spec.cfg.num_hidden_layers, spec.pipeline
+    notes = [spec.mode.note(spec.strategy, spec.forward_tokens, L), spec.prefix_cached and prefix_note(spec)]
+    if pipe is not None:
+        stages = ", ".join(f"{s}" for s in pipe.stages(L, 1))
+        notes.append(f"pipeline parallel --pp {pipe.size} ({pipe.split.value}'s get_pp_indices: {stages}; stage s "
+                     f"on ranks s*tp..s*tp+tp-1); a stage's aux hidden states are {pipe.handoff.value}"
+                     + (f" ({pipe.why})" if pipe.why else ""))
+    return [n for n in notes if n]
 
 
 def print_graphs(report: CheckReport) -> None:

@@ -85,6 +85,7 @@ def request_from(args, tps: list[int]) -> RunRequest:
     """argv's options as the typed request (each command's parser says which options it has)."""
     given = vars(args)
     tokens, seq_len, size = given.get("tokens"), given.get("seq_len"), given.get("graph_tokens")
+    cached = given.get("prefix_cached")
     return RunRequest(
         model=args.model, overrides=tuple(args.override or ()), tps=tuple(tps), seed=args.seed, dtype=args.dtype,
         weights=given.get("weights"), compile=given.get("compile"), device=args.device, backend=args.backend,
@@ -97,7 +98,8 @@ def request_from(args, tps: list[int]) -> RunRequest:
         tbo_asked=bool(given.get("tbo")),
         pipeline=PipelineAsk(pp_degree(args), given.get("pp_split"), given.get("pp_capture")),
         graphs=GraphsAsk(bool(given.get("cuda_graph")), given.get("graph_ids"),
-                         None if size is None else integer(size, "--graph-tokens", example=", e.g. --graph-tokens 4")))
+                         None if size is None else integer(size, "--graph-tokens", example=", e.g. --graph-tokens 4")),
+        prefix_cached=None if cached is None else integer(cached, "--prefix-cached", example=", e.g. --prefix-cached 3"))
 
 
 def run_spec(args, tps: list[int], source: ModelSource | None = None, positions=None,

@@ -6,7 +6,8 @@ o_proj is row-parallel with the block's one all-reduce.
 
 Under context parallelism (`shards`) the rank holds its own tokens only: it all-gathers what the
 MLA cache holds, the normed latent and the rotated k_pe, once per layer, up-projects every token's
-latent with kv_b_proj, and attends with its own queries.
+latent with kv_b_proj, and attends with its own queries. After a cached prefix
+(tpsim.parallel.context.PrefixCache) the suffix's latent and k_pe follow the prefix's, with no collective.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParal
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.layers.rope import DeepseekRotaryEmbedding, softmax_scale
-from tpsim.parallel.context import TokenShards
+from tpsim.parallel.context import Keys
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import R, S1
 
@@ -69,8 +70,9 @@ class MLA(Tapped, nn.Module):
         """This attention's points under `base`, then its o_proj's, in forward order."""
         return cls.declared(base) + RowParallelLinear.declared(f"{base}.o_proj")
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
-        """`shards`: context parallelism, x and positions this rank's tokens (module docstring)."""
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: Keys | None = None) -> torch.Tensor:
+        """`shards`: context parallelism, x and positions this rank's tokens, or a prefix cache, x and
+        positions the suffix's (module docstring)."""
         rope = self.rotary_emb.cos_sin(positions)  # outside the region: once per forward, not per head and layer
         if shards is None:  # one compiled region (fused.region) unless it holds a collective, fp8 or a listened tap
             whole = not (self.fp8 or self.o_proj.reduce_results or self.probe.listening)
@@ -78,7 +80,7 @@ class MLA(Tapped, nn.Module):
         return self._forward(rope, x, shards)
 
     def _forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
-                 shards: TokenShards | None = None) -> torch.Tensor:
+                 shards: Keys | None = None) -> torch.Tensor:
         h = self.local_heads
         q_in = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         self.tap("q", q_in)

@@ -2,7 +2,8 @@
 GEMM split by heads (KV heads replicated when tp > num_key_value_heads), rotary embedding on
 whole heads, causal attention on this rank's heads, and a row-parallel o_proj with the block's
 one all-reduce. Under context parallelism (`shards`) the rank holds its own tokens only and
-all-gathers every token's rotated keys and values (what the KV cache holds) once per layer."""
+all-gathers every token's rotated keys and values (what the KV cache holds) once per layer; after a
+cached prefix (tpsim.parallel.context.PrefixCache) it prepends the prefix's, with no collective."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
 from tpsim.layers.norm import RMSNorm
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
 from tpsim.layers.rope import NeoxRotaryEmbedding
-from tpsim.parallel.context import TokenShards
+from tpsim.parallel.context import Keys
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import S1
 
@@ -82,8 +83,9 @@ class GQA(Tapped, nn.Module):
     def points(cls, base: str) -> list[NamedPoint]:
         return cls.declared(base) + RowParallelLinear.declared(f"{base}.o_proj")
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: TokenShards | None = None) -> torch.Tensor:
-        """`shards`: context parallelism, x and positions this rank's tokens (module docstring)."""
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: Keys | None = None) -> torch.Tensor:
+        """`shards`: context parallelism, x and positions this rank's tokens, or a prefix cache, x and
+        positions the suffix's (module docstring)."""
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         self.tap("q", q)
         q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))

@@ -20,6 +20,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from tpsim.base.errors import UsageError
 from tpsim.config.loader import ModelConfig
 from tpsim.layers import GQA, MLA, AttentionShape, DenseMLP, MoE, ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from tpsim.config.families import MoeBlock
@@ -29,6 +30,7 @@ from tpsim.layers.linear import RowParallelLinear
 from tpsim.layers.probe import NamedPoint, Point, Probe, Sink, Tapped
 from tpsim.modes import Mode, Stages, Stream, TensorParallel, split_sizes
 from tpsim.model.overlap import Earlier, two_batch_overlap
+from tpsim.parallel.context import CachedKeys, PrefixCache
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.pipeline import Stage
 from tpsim.parallel.placement import P, R, Placement
@@ -106,11 +108,12 @@ class DecoderLayer(Tapped, nn.Module):
         return self.mlp if self.is_moe else self.mlp.down_proj
 
     def forward(self, positions, hidden, residual, stream: Stream, stages: Stages,
-                previous: "DecoderLayer | None" = None, micro: Earlier | None = None):
+                previous: "DecoderLayer | None" = None, micro: Earlier | None = None, cached: CachedKeys | None = None):
         """hidden, residual: this rank's view of the stream at `stages.layer_input` → the same at
         `stages.layer_output`. `previous`: the layer before, whose deferred MLP output this one completes.
         `micro`: under two-batch overlap, this layer's earlier micro-batches (tpsim.model.overlap): the
-        rows are one micro-batch, its attention sees theirs, and the capture loop does not hear it."""
+        rows are one micro-batch, its attention sees theirs, and the capture loop does not hear it.
+        `cached`: the rows follow a cached prefix, whose keys attention sees too (tpsim.parallel.context)."""
         move, p = stream.move, self.prefix
         if stages.layer_input is P:  # the previous layer's MLP all-reduce, fused into this norm (ar-fusion)
             hidden = move(hidden, P, stages.middle, reduce=f"{p}.input_layernorm")
@@ -123,7 +126,7 @@ class DecoderLayer(Tapped, nn.Module):
             self.probe.in_layer(self.k, residual, stream.rows(stages.middle))
         hidden = move(hidden, stages.middle, stages.attn_input, gather=f"{p}.attn_gather")
         self.tap("attn.in", hidden, stages.attn_input)
-        attended = self.self_attn(positions, hidden, stream.shards) if micro is None \
+        attended = self.self_attn(positions, hidden, cached or stream.shards) if micro is None \
             else micro.attend(self.self_attn, positions, hidden)
         attn_reduce = f"{p}.post_attention_layernorm" if stages.attn_reduce_in_norm else f"{p}.self_attn.o_proj"
         hidden = self._complete(self.self_attn.o_proj, attended, stages.attn_output, stages.middle, stream,
@@ -179,11 +182,12 @@ class DecoderModel(Tapped, nn.Module):
         self.config, self.group, self.mode, self.probe, self.point = cfg, group, mode, probe, ""
         self.stage, self.dtype = stage, dtype
 
-    def forward(self, input_ids, positions, stream: Stream | None = None):
+    def forward(self, input_ids, positions, stream: Stream | None = None, cached: CachedKeys | None = None):
         """input_ids `[T]` (under dp-attention: this rank's own sequence) → final normed hidden
         `[T, hidden]`, Replicate() (dp-attention: this rank's tokens); on a PP stage other than
         the last: None, after sending (hidden, residual) to the next stage. `stream`: the forward's
-        token split when the caller made it (it runs a collective under dp-attention)."""
+        token split when the caller made it (it runs a collective under dp-attention). `cached`: the
+        tokens follow a cached prefix (CausalLM.forward)."""
         T = input_ids.shape[0]
         stream = stream or self.mode.stream(T, self.group)
         plan = self.mode.plan(self.config, self.group.size, T)
@@ -205,7 +209,7 @@ class DecoderModel(Tapped, nn.Module):
         end = st.end if split is None else split
         for layer, stages in zip(self.layers[:end - st.start], plan.layers[st.start:end]):
             self.probe.boundary(layer.k, hidden, residual, stream.rows(where))
-            hidden, residual = layer(positions, hidden, residual, stream, stages, previous)
+            hidden, residual = layer(positions, hidden, residual, stream, stages, previous, cached=cached)
             where, previous = stages.layer_output, layer
         if not st.last:
             self._send(hidden, residual)
@@ -276,21 +280,35 @@ class CausalLM(nn.Module):
                 + ParallelLMHead.declared(""))
 
     @torch.no_grad()
-    def forward(self, input_ids, positions=None, recorder: Sink | None = None, logits: bool = True):
+    def forward(self, input_ids, positions=None, recorder: Sink | None = None, logits: bool = True,
+                cache: PrefixCache | None = None):
         """`recorder`: a capture attached to the probe for this forward only. A PP stage other
-        than the last returns None (it sent its stream on)."""
+        than the last returns None (it sent its stream on). `cache`: SGLang's radix cache: while
+        empty, input_ids are the prefix it stores the KV of; after that, the tokens after the prefix,
+        at their global positions by default, attending to the stored prefix."""
+        cached = None if cache is None else self._cached_keys(cache, input_ids.shape[0])
         if positions is None:
-            positions = torch.arange(input_ids.shape[0], device=input_ids.device)
+            start = 0 if cached is None else cached.offset
+            positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
         with self.probe.attach(recorder) if recorder is not None else nullcontext(), \
                 forward_kernels(self.kernels, input_ids.shape[0]):
             stream = self.mode.stream(input_ids.shape[0], self.group)
-            hidden = self.model(input_ids, positions, stream)
+            hidden = self.model(input_ids, positions, stream, cached)
             if not logits or hidden is None:  # hidden None: a PP stage before the last sent its stream on
                 return hidden
             if not self.gathered_head:
                 return self.lm_head(hidden)
             every = stream.gather(hidden, "lm_head.dp_gather", by_sum=True)  # SGLang: dp_gather_replicate, SUM_LEN
             return stream.own_rows(self.lm_head(every))  # dp_scatter: a local copy
+
+    def _cached_keys(self, cache: PrefixCache, T: int) -> CachedKeys:
+        """This forward's keys in `cache` (UsageError where the mode or a PP stage cannot replay it)."""
+        refusal = self.mode.prefix_cache_refusal(cache.length)
+        if refusal is None and not (self.stage.first and self.stage.last):
+            refusal = f"--prefix-cached {cache.length} and --pp together are not replayed; drop one of them"
+        if refusal is not None:
+            raise UsageError(refusal)
+        return cache.keys(T)
 
 
 def layer_kinds(cfg: ModelConfig) -> list[tuple[int, int]]:

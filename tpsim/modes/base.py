@@ -97,6 +97,7 @@ class Mode:
     rank_local: ClassVar[bool] = False  # each rank runs and captures its own tokens, not the whole batch
     expert_parallel: ClassVar[bool] = False  # MoE experts split whole over ranks, tokens moved to them
     whole_weights: ClassVar[bool] = False  # every weight whole on each rank, the tokens split, KV all-gathered (cp)
+    prefix_cached: ClassVar[bool] = False  # replays a radix-cache hit (the stream replicated, every row a token)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -140,6 +141,15 @@ class Mode:
         if self.tbo:
             return (f"--pp {pp} and --tbo together are not replayed (whether SGLang runs two-batch overlap on "
                     "pipeline stages is not known here); drop one of them")
+        return None
+
+    def prefix_cache_refusal(self, n: int) -> str | None:
+        """Why a forward after a cached prefix of n tokens cannot replay this mode (None: it can)."""
+        if not self.prefix_cached:
+            return (f"--prefix-cached {n} replays SGLang's radix cache under --mode tp or ar-fusion only, not "
+                    f"--mode {self.name}; drop --mode or --prefix-cached")
+        if self.tbo:
+            return f"--prefix-cached {n} and --tbo together are not replayed; drop one of them"
         return None
 
     def graphs_refusal(self) -> str | None:

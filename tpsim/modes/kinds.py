@@ -42,6 +42,7 @@ class TensorParallel(Mode):
     name = "tp"
     strategies = (Strategy.MODEL_LEVEL, Strategy.IN_LAYER, Strategy.IN_LAYER_UNCLONED, Strategy.MICRO_BATCHES)
     plain = True
+    prefix_cached = True
 
     def plan(self, cfg: ModelConfig, tp: int, tokens: int) -> Plan:
         plan = super().plan(cfg, tp, tokens)
@@ -73,6 +74,7 @@ class ArFusion(Mode):
 
     name = "ar-fusion"
     strategies = (Strategy.IN_LAYER, Strategy.MODEL_LEVEL, Strategy.IN_LAYER_UNCLONED)
+    prefix_cached = True
 
     def __post_init__(self):
         if self.fusion_max_tokens < 1:

@@ -21,6 +21,7 @@ from tpsim.layers.moe import MoE, Routing
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.parallel.group import CollectiveRecord, TPGroup
 from tpsim.parallel.consistency import agree
+from tpsim.parallel.context import PrefixCache
 from tpsim.parallel.launch import RankContext
 from tpsim.parallel.pipeline import Stage
 from tpsim.run.reference import Reference, SameRun
@@ -55,30 +56,39 @@ def spec_model(spec: RunSpec, group: TPGroup, progress=None, mode: Mode = Tensor
 
 
 def run_captured(model: CausalLM, input_ids: list[int], positions: list[Position],
-                 strategy: Strategy = Strategy.MODEL_LEVEL):
+                 strategy: Strategy = Strategy.MODEL_LEVEL, cache: PrefixCache | None = None):
     """One forward: (this rank's capture `[T, len(positions) * hidden]` taken with `strategy`,
     logits `[T, vocab_size]`). Afterwards the group's tracer holds exactly the collectives of
-    this forward."""
-    parts, logits = run_captured_parts(model, input_ids, positions, strategy)
+    this forward. `cache`: a filled prefix cache the tokens follow (prefill_cache)."""
+    parts, logits = run_captured_parts(model, input_ids, positions, strategy, cache)
     return torch.cat(parts, dim=-1), logits
 
 
 def run_captured_parts(model: CausalLM, input_ids: list[int], positions: list[Position],
-                       strategy: Strategy = Strategy.MODEL_LEVEL):
+                       strategy: Strategy = Strategy.MODEL_LEVEL, cache: PrefixCache | None = None):
     """As run_captured, with the capture as one tensor per position (their token counts may differ)."""
-    recorder, logits = run_recorded(model, input_ids, positions, strategy)
+    recorder, logits = run_recorded(model, input_ids, positions, strategy, cache)
     return recorder.parts(), logits
 
 
 def run_recorded(model: CausalLM, input_ids: list[int], positions: list[Position],
-                 strategy: Strategy = Strategy.MODEL_LEVEL) -> tuple[Recorder, torch.Tensor]:
+                 strategy: Strategy = Strategy.MODEL_LEVEL,
+                 cache: PrefixCache | None = None) -> tuple[Recorder, torch.Tensor]:
     """One forward with a Recorder attached: (the recorder, after the forward; the logits)."""
     group = model.group
     group.tracer.clear()
     recorder = Recorder(positions, strategy)
     with model.probe.attach(recorder):
-        logits = model(torch.tensor(input_ids, dtype=torch.long, device=group.device))
+        logits = model(torch.tensor(input_ids, dtype=torch.long, device=group.device), cache=cache)
     return recorder, logits
+
+
+def prefill_cache(model: CausalLM, input_ids: list[int], n: int) -> tuple[PrefixCache, list[int]]:
+    """SGLang's prefill after a radix-cache hit of the first n tokens: (the cache, filled by a forward of
+    those n tokens, heard by no capture; the tokens the prefill still runs, n..T-1)."""
+    cache = PrefixCache(n)
+    model(torch.tensor(input_ids[:n], dtype=torch.long, device=model.group.device), cache=cache, logits=False)
+    return cache, input_ids[n:]
 
 
 def own_tokens(input_ids: list[int], mode: Mode, group: TPGroup) -> list[int]:
@@ -121,14 +131,16 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
     tokens (relative error; logits too). A capture that differs between ranks is gathered on
     the group's rank 0 and diagnosed there (tpsim.offline.diagnosis) against the TP=1 reference."""
     m, pos = spec.mode, list(spec.positions)
-    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": spec.strategy.value})
+    agree_on_run(ctx, spec, {"positions": [str(p) for p in pos], "tps": tps, "strategy": spec.strategy.value,
+                             "prefix cached": spec.prefix_cached})
     reference, rows, replica = None, [], None
     for tp in sorted(set(tps) | {1}):
         if not ctx.participates(tp):
             continue
         group = ctx.groups[tp]
         mine = own_tokens(list(spec.tokens), m, group)
-        if tp == 1 and m.tbo:  # the reference runs the whole batch; the TP=1 row replays the overlap too
+        if tp == 1 and (m.tbo or spec.prefix_cached):  # the reference runs the whole batch at once; the TP=1
+            # row replays the overlap or the cache hit too
             reference = tp1_reference(spec, group, mine)
         run, same_run = _checked_forward(ctx, spec, group, mine)
         if tp == 1 and reference is None:
@@ -139,6 +151,8 @@ def check_job(ctx: RankContext, spec: RunSpec, tps: list[int]) -> list[RankCheck
                 replica = spec_model(spec, TPGroup(device=group.device))
             c1, l1 = run_captured(replica, mine, pos)
             ref = Reference(c1, l1, routing_rows(replica), routing_margins(replica), {})
+        if spec.prefix_cached and ref is not None:  # the rows the suffix forward should hold
+            ref = ref.after(spec.prefix_cached)
         rows.append(_rank_check(ctx, spec, group, run, ref, same_run))
     return rows
 
@@ -172,18 +186,21 @@ def _residuals(taps: Taps, points: dict[Position, str]) -> dict[str, torch.Tenso
 def _checked_forward(ctx: RankContext, spec: RunSpec, group: TPGroup,
                      mine: list[int]) -> tuple[_Checked, SameRun | None]:
     """This rank's forward at its group's degree (TP=1: plain TP and the model-level capture, unless
-    two-batch overlap), and with a naive strategy the right strategy's capture of the same run."""
+    two-batch overlap), and with a naive strategy the right strategy's capture of the same run. With
+    --prefix-cached the forward runs the tokens after the cached prefix."""
     m, tp, pos, points = spec.mode, group.size, list(spec.positions), _residual_points(spec.positions)
     model = spec_model(spec, group, _progress(ctx, tp), m if tp > 1 or m.tbo else TensorParallel())
+    cache, mine = prefill_cache(model, mine, spec.prefix_cached) if spec.prefix_cached else (None, mine)
     same_run = None
     # what the naive capture should have been, same run (two-batch overlap: pure TP, every strategy replicated)
     if tp > 1 and spec.strategy != m.right_strategy and not m.tbo:
         with model.probe.attach(Taps(wanted=set(points.values()))) as taps:
-            right, _ = run_captured_parts(model, mine, pos, m.right_strategy)
+            right, _ = run_captured_parts(model, mine, pos, m.right_strategy, cache)
         same_run = SameRun(right, _residuals(taps, points))
     with model.probe.attach(Taps(wanted=set(points.values()) if tp == 1 else set(), watch_finite=True)) as taps:
         ctx.progress(f"TP={tp}: forward")
-        recorder, logits = run_recorded(model, mine, pos, spec.strategy if tp > 1 or m.tbo else Strategy.MODEL_LEVEL)
+        recorder, logits = run_recorded(model, mine, pos, spec.strategy if tp > 1 or m.tbo else Strategy.MODEL_LEVEL,
+                                        cache)
         parts, modified, missing = recorder.parts(), recorder.modified(), recorder.missing()
     records = list(group.tracer.records)
     rows_mode, T = m if tp > 1 else TensorParallel(), len(spec.tokens)

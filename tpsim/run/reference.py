@@ -20,6 +20,11 @@ class Reference:
     margins: dict[int, torch.Tensor]
     residual: dict[str, torch.Tensor]
 
+    def after(self, n: int) -> "Reference":
+        """The rows of tokens n..T-1: what a forward after a cached prefix of n tokens should compute."""
+        return Reference(self.capture[n:], self.logits[n:], {k: r[n:] for k, r in self.routing.items()},
+                         {k: m[n:] for k, m in self.margins.items()}, {k: r[n:] for k, r in self.residual.items()})
+
     def slots(self, n: int) -> list[torch.Tensor]:
         """The capture split into its n positions' `[T, hidden]` slots."""
         H = self.capture.shape[-1] // n

@@ -87,6 +87,23 @@ def check_tokens(tokens, cfg: ModelConfig) -> None:
                          f"(vocab_size={cfg.vocab_size})")
 
 
+def check_prefix_cached(spec: "RunSpec") -> None:
+    """--prefix-cached N: a cache hit that leaves tokens to run, in a mode and layout that can replay it."""
+    n, T = spec.prefix_cached, len(spec.tokens)
+    if n < 1:
+        raise UsageError(f"--prefix-cached {n} must be at least 1 (the prompt's tokens the radix cache holds); "
+                         "drop it for a prefill without a cache hit")
+    if n >= T:
+        raise UsageError(f"--prefix-cached {n} leaves none of the {T} tokens to run (a prefill runs at least one "
+                         f"after the cache hit); use --prefix-cached {T - 1} or less, or more tokens")
+    refusal = spec.mode.prefix_cache_refusal(n)
+    for option, given in (("--pp", spec.pipeline), ("--cuda-graph", spec.graphs)):
+        if refusal is None and given:
+            refusal = f"--prefix-cached {n} and {option} together are not replayed; drop one of them"
+    if refusal is not None:
+        raise UsageError(refusal)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run: the model and its weights, the tokens, what to capture, the mode, where to run."""
@@ -104,6 +121,7 @@ class RunSpec:
     pipeline: Pipeline | None = None  # --pp > 1
     graphs: CudaGraphs | None = None  # --cuda-graph
     compiled: bool = False  # --compile: the layers call tpsim.layers.fused's compiled kernels
+    prefix_cached: int | None = None  # --prefix-cached: the prompt's first N tokens hit SGLang's radix cache
 
     def __post_init__(self) -> None:
         """A spec built in Python guards itself as `RunRequest.spec()` guards the CLI's (which checks
@@ -128,10 +146,17 @@ class RunSpec:
         if what:
             raise UsageError(f"--cuda-graph runs without {what} (a graphed batch of every rank's tokens); drop one "
                              "of them")
+        if self.prefix_cached is not None:
+            check_prefix_cached(self)
 
     @property
     def cfg(self) -> ModelConfig:
         return self.source.cfg
+
+    @property
+    def forward_tokens(self) -> int:
+        """The tokens of the captured forward: every one, or those after a cached prefix."""
+        return len(self.tokens) - (self.prefix_cached or 0)
 
     @property
     def tolerance(self) -> float:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from tpsim.capture import Position
+from tpsim.capture import Position, Recorder
 from tpsim.weights.reader import Checkpoint, load_weights
 from tpsim.config.loader import config_from_dict
-from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, routing_rows, run_captured, run_recorded,
-                            run_captured_parts)
+from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, prefill_cache, routing_rows,
+                            run_captured, run_recorded, run_captured_parts)
 from tpsim.model.decoder import CausalLM
 from tpsim.modes import Mode, SequenceParallel, Strategy, TensorParallel
 from tpsim.layers import (GQA, MLA, AttentionShape, ColumnParallelLinear, DenseMLP, MergedColumnParallelLinear, MoE, ParallelLMHead,
@@ -388,3 +388,29 @@ def tbo_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positi
     return {"engine": engine.parts(), "missing": [str(p) for p in engine.missing()], "fixed": fixed.parts(),
             "logits": (logits_e, logits_f), "routing": routing_rows(model),
             "collectives": [r.op for r in group.tracer.records if not r.caller.startswith("capture.")]}
+
+
+def prefix_cache_job(ctx: RankContext, cfg: dict, seed: int, input_ids: list[int], positions: list[str], tp: int,
+                     mode: dict, n: int, other: list[int]):
+    """One float32 model at TP=tp in `mode`, four forwards of this rank: the whole prompt; its first n
+    tokens filling a PrefixCache, then the rest after them; the rest at the same positions with no cache;
+    the rest after a cache filled from the prefix `other`. Per group rank: each forward's capture per
+    position and logits ({"full", "cached", "uncached", "other"}), each one's routing of every MoE layer,
+    the cached forward's model collectives (op) and the cache's stored KV shapes by caller."""
+    run = _in_mode(ctx, cfg, seed, input_ids, positions, tp, mode)
+    if run is None:
+        return None
+    m, model, group, pos, ids = run
+    out = {"full": run_captured_parts(model, ids, pos, m.right_strategy), "routing": {"full": routing_rows(model)}}
+    cache, suffix = prefill_cache(model, ids, n)
+    out["cached"] = run_captured_parts(model, suffix, pos, m.right_strategy, cache)
+    out["routing"]["cached"] = routing_rows(model)
+    out["collectives"] = [r.op for r in group.tracer.records if not r.caller.startswith("capture.")]
+    out["stored"] = {caller: tuple(kv.shape) for caller, kv in cache.kv.items()}
+    recorder = Recorder(pos, m.right_strategy)
+    with model.probe.attach(recorder):
+        logits = model(torch.tensor(suffix, dtype=torch.long), torch.arange(n, len(ids)))
+    out["uncached"] = (recorder.parts(), logits)
+    elsewhere, _ = prefill_cache(model, other + ids[n:], n)
+    out["other"] = run_captured_parts(model, suffix, pos, m.right_strategy, elsewhere)
+    return out
