@@ -4,7 +4,7 @@ cache, the forward of the T-N suffix tokens after the prefix forward filled the 
 every captured position, the full forward's rows N..T-1, and its logits are the full forward's last
 T-N rows; it runs the mode's collectives and no more (each rank reads the KV shard it stored). The
 same suffix with no cache, or after another prefix, computes something else: the cache is read.
-`tpsim check --prefix-cached N` fails naming the suffix-only capture and passes its rows."""
+`tpsim check --prefix-cached N` checks the rows after a cache hit and names a stale draft KV per SGLang version."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tpsim.capture import Position, PositionKind
 from tpsim.config.loader import config_from_dict, load_config
 from tpsim.modes import ArFusion, Mode, SequenceParallel, TensorParallel, expected_collectives
 from tpsim.parallel import TPGroup
+from tpsim.profiles.prefix import prefix_hit
 from tpsim.parallel.context import PrefixCache
 from tpsim.run.jobs import build_model, rel_err
 from tpsim.run.spec import model_path
@@ -112,16 +113,40 @@ def test_the_prefix_forward_runs_the_cached_tokens_only():
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-qwen3"])
-def test_check_prefix_cached_fails_naming_the_suffix_and_passes_its_rows(model):
-    """`tpsim check --prefix-cached 3` end to end (MLA and GQA): exit 1, the finding and the shape line at
-    both degrees, the fix, and the line saying the suffix rows equal the reference's rows 3..7."""
-    r = run_cli("check", "--prefix-cached", "3", "--tp", "1,2", "--seq-len", "8", "--model", model)
-    assert r.returncode == 1, r
+def test_check_prefix_cached_per_sglang_version(model):
+    """`tpsim check --prefix-cached 3` end to end (MLA and GQA). SGLang 0.5.2 keys the radix tree by tokens: the 3
+    shared positions are reused, the draft's KV at position 2 with them (computed with another request's token 3):
+    exit 1, the finding at both degrees, the fix that replays clean. From 0.5.3 (#10846) token pairs: 2 positions
+    reused, the prefill re-runs 2..7: exit 0. Either way the capture's rows are the full prompt's."""
+    args = ["check", "--prefix-cached", "3", "--tp", "1,2", "--seq-len", "8", "--model", model]
+    old = run_cli(*args, "--server", "sglang@0.5.2")
+    assert old.returncode == 1, old
     for tp in (1, 2):
-        assert (f"FAIL TP={tp}: prefix cache: the capture covers tokens 3..7 only (5 of 8 rows): the 3 cached "
-                "prefix tokens get no aux hidden states") in r.stdout, r
-        assert f"FAIL TP={tp}: capture shapes [5, 192] != [8, 192]" in r.stdout, r
-    assert "--disable-radix-cache" in r.stdout, r
-    assert "the rows it holds are right: tokens 3..7 equal the TP=1 full-prompt reference's rows 3..7" in r.stdout, r
-    assert not any(line.startswith("FAIL") and "prefix cache" not in line and "capture shapes" not in line
-                   for line in r.stdout.splitlines()), r
+        assert (f"FAIL TP={tp}: prefix cache: sglang@0.5.2 keys the radix tree by tokens, so the hit reuses all 3 "
+                "shared positions, the draft's KV at position 2 with them") in old.stdout, old
+    assert "fix: serve with sglang 0.5.3 or later (#10846): the same hit reuses 2 positions" in old.stdout, old
+    assert "holds tokens 3..7, equal to the TP=1 full-prompt reference's rows 3..7" in old.stdout, old
+    assert not any(line.startswith("FAIL") and "prefix cache" not in line for line in old.stdout.splitlines()), old
+    new = run_cli(*args, "--server", "sglang@0.5.3")
+    assert new.returncode == 0, new
+    assert "holds tokens 2..7, equal to the TP=1 full-prompt reference's rows 2..7" in new.stdout, new
+    assert "[6, 192]" in new.stdout, new
+
+
+@given(shared=st.integers(1, 40), version=st.sampled_from(["0.5.2", "0.5.3", "0.5.12", "0.5.23", "latest"]))
+def test_a_hit_reuses_the_shared_tokens_or_one_fewer(shared, version):
+    """Keyed by tokens a hit reuses every shared position (the last one's draft KV stale); keyed by pairs one fewer
+    (nothing stale); the fix a stale hit names is a version where the same hit is not stale."""
+    hit = prefix_hit(f"sglang@{version}", shared)
+    tokens = version == "0.5.2"
+    assert hit.reused == (shared if tokens else shared - 1) and hit.stale == tokens
+    later = hit.fixed_in()
+    assert (later is not None) == tokens
+    if later is not None:
+        assert prefix_hit(f"sglang@{later.release}", shared).stale is False
+
+
+def test_the_radix_cache_is_sglangs_and_read_from_0_5_2():
+    for server, words in (("vllm@0.34.0", "of sglang only"), ("sglang@0.5.1", "from 0.5.2 on")):
+        r = run_cli("check", "--prefix-cached", "3", "--server", server)
+        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r

@@ -12,11 +12,10 @@ import torch
 from tpsim.app.preflight import check_world
 from tpsim.app.ranks import on_ranks
 from tpsim.base.errors import UsageError
-from tpsim.profiles import sglang
 from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.pd import Widths
+from tpsim.profiles.history import model_file_server
 from tpsim.profiles.pd_versions import PdVersion, pd_version
-from tpsim.profiles.registry import when
 from tpsim.run.pd_jobs import Disaggregation, PdRank, pd_job
 from tpsim.run.spec import RunSpec
 
@@ -31,17 +30,8 @@ class PdAsk:
 
 
 def capture_server(server: str) -> tuple[str, str | None]:
-    """The --server whose model file replays the capture, and a note when it is not `server`: a version
-    before the model files' profiled range is captured as the oldest profiled release."""
-    head, colon, model = server.partition(":")
-    engine, _, version = head.partition("@")
-    first = sglang.OLDEST.release
-    at = when(engine, version) if engine == "sglang" else None
-    if at is None or at.day is None or at.day >= sglang.RELEASES[first]:
-        return server, None
-    return (f"{engine}@{first}{colon}{model}",
-            f"the capture is replayed as {engine}@{first}'s model file (tpsim read the model files from {first} on; "
-            f"{version}'s capture loop was not read); the PD hand-off is {version}'s own")
+    """The --server whose model file replays the capture (tpsim.profiles.history.model_file_server)."""
+    return model_file_server(server, "the PD hand-off")
 
 
 def plan(ask: PdAsk, server: str, spec: RunSpec, ignore_limits: bool) -> tuple[Disaggregation, PdVersion]:

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from tpsim import __version__
+from tpsim.profiles.history import Held
+from tpsim.profiles.prefix import NOT_REPLAYED
 from tpsim.profiles.resolution import Resolution
 from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
@@ -27,7 +29,7 @@ class Fails(Enum):
 
     SHAPES = "the capture's shape"
     TBO_NARROWER = "two-batch overlap narrows the capture"
-    PREFIX = "a prefix-cache hit narrows the capture to the suffix"
+    PREFIX = "a prefix-cache hit reuses a draft KV computed with another request's next token"
     RANKS_DIFFER = "ranks differ"
     PLACEMENT = "a slot holds a piece, not the whole tensor"
     ALIASING = "a slot was modified after capture"
@@ -138,7 +140,9 @@ class CheckReport:
                 "tokens": len(s.tokens), "mode": s.mode.to_dict(), "tolerance": self.tolerance,
                 "tolerance_metric": TOLERANCE_METRIC, "rows": [r.to_dict() for r in self.rows], "ok": self.ok,
                 "tpsim_version": __version__, "capture_strategy": s.strategy.value, "weights": s.source.weights,
-                "prefix_cached": s.prefix_cached,
+                "prefix_cached": s.prefix_hit and {"shared": s.prefix_hit.shared, "reused": s.prefix_hit.reused,
+                                                   "keys": s.prefix_hit.keys.name.lower(),
+                                                   "stale_draft_kv": s.prefix_hit.stale},
                 "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes),
                 "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [asdict(g) for g in self.graphs]}}
 
@@ -169,35 +173,42 @@ def tbo_reason(spec: RunSpec, missing: list[str]) -> str:
 
 def prefix_note(spec: RunSpec) -> str:
     """What --prefix-cached replays, in one line."""
-    n, T = spec.prefix_cached, len(spec.tokens)
-    return (f"prefix cache: SGLang's radix cache holds the prompt's first {n} tokens: a forward of those {n} tokens "
-            f"fills every layer's KV cache first, then the prefill runs tokens {n}..{T - 1} at their positions, "
-            "attending to it, and captures there")
+    hit, T = spec.prefix_hit, len(spec.tokens)
+    n, k = hit.shared, hit.reused
+    run = (f"a forward of tokens 0..{k - 1} fills every layer's KV first, then the prefill runs tokens {k}..{T - 1} "
+           "at their positions, attending to it, and captures those rows") if k else "the prefill runs every token"
+    return (f"prefix cache ({hit.held.server}, {hit.held.versions.text()}: {hit.keys.value}): the prompt shares its "
+            f"first {n} tokens with a request the radix cache holds and diverges at token {n}; {k} positions are "
+            f"reused: {run} ({hit.held.cited.source}); {NOT_REPLAYED}")
 
 
 def prefix_reason(spec: RunSpec) -> str:
-    """Why a capture after a prefix-cache hit fails the draft, and the fix."""
-    n, T = spec.prefix_cached, len(spec.tokens)
-    return (f"prefix cache: the capture covers tokens {n}..{T - 1} only ({T - n} of {T} rows): the {n} cached "
-            "prefix tokens get no aux hidden states, and a draft trained on whole prompts never sees them at "
-            "serve time: its own KV for the prefix comes from an earlier request or not at all (sglang issue "
-            "#10846: EAGLE-3 acceptance length 2.39 -> 2.26 with the radix cache on; sglang issue #19897: the "
-            "draft's KV uninitialised on prefix hits -> NaN); fix: --disable-radix-cache (SGLang's flag: every "
-            "prefill runs the whole prompt)")
+    """Why a prefix-cache hit that reuses the last shared position feeds the draft a stale KV there, and the fix
+    (a later version, checked: the same hit there reuses nothing stale)."""
+    hit = spec.prefix_hit
+    n, later = hit.shared, hit.fixed_in()
+    fix = (f"serve with sglang {Held.upgrade(later)}: the same hit reuses {later.changes['radix'].value.reused(n)} "
+           f"positions and re-runs position {n - 1} with this request's token {n}; or --disable-radix-cache"
+           if later else "--disable-radix-cache")
+    return (f"prefix cache: {hit.held.server} keys the radix tree by tokens, so the hit reuses all {n} shared "
+            f"positions, the draft's KV at position {n - 1} with them: the draft's step 0 there read [token {n} of "
+            f"the request that cached the prefix, the capture at {n - 1}], and this request's token {n} is another, "
+            f"so every later draft step attends to a key and value this request never had (the target's rows are "
+            f"right: the capture's rows {n}..{len(spec.tokens) - 1} are the full prompt's; sglang PR #10846 measured "
+            f"acceptance length 2.26 with the radix cache against 2.39 without); fix: {fix}")
 
 
 def prefix_rows(report: "CheckReport") -> str | None:
     """With --prefix-cached, where the rows the capture holds are right (the suffix's, against the
     reference's same rows): which degrees, bitwise or within the tolerance (None: some row is wrong)."""
     spec = report.spec
-    narrowing = {Fails.PREFIX, Fails.SHAPES}
-    if not spec.prefix_cached or any(f.kind not in narrowing for r in report.rows for f in r.findings):
+    if not spec.prefix_cached or any(f.kind is not Fails.PREFIX for r in report.rows for f in r.findings):
         return None
-    n, T = spec.prefix_cached, len(spec.tokens)
+    k, T = spec.prefix_cached, len(spec.tokens)
     each = [f"TP {r.tp}: bitwise" if r.rel_err == 0 and r.logits_rel_err == 0 else
             f"TP {r.tp}: rel err {r.rel_err:.2e}, logits {r.logits_rel_err:.2e}" for r in report.rows]
-    return (f"the rows it holds are right: tokens {n}..{T - 1} equal the TP=1 full-prompt reference's rows "
-            f"{n}..{T - 1}, logits too ({'; '.join(each)}; tolerance {report.tolerance:.0e})")
+    return (f"the capture after the cache hit holds tokens {k}..{T - 1}, equal to the TP=1 full-prompt reference's "
+            f"rows {k}..{T - 1}, logits too ({'; '.join(each)}; tolerance {report.tolerance:.0e})")
 
 
 def summarize(spec: RunSpec, res: Resolution, tps: list[int], results: list[RankCheck]) -> CheckReport:
@@ -257,8 +268,8 @@ def _shape_failures(spec: RunSpec, tp: int, mine: list[RankCheck]) -> tuple[list
         wrong = [Failure(Fails.SHAPES, f"capture shapes {[r.shape for r in mine]} are not each rank's own tokens x "
                          f"{width}")] if any(r.shape != want[r.rank] for r in mine) else []
         return [f"[{n}, {width}]" for n in sizes], wrong
-    expected_shape, failures = [T, width], []
-    if spec.prefix_cached:
+    expected_shape, failures = [spec.forward_tokens, width], []  # a cache hit: the suffix's rows, as the engine
+    if spec.prefix_hit is not None and spec.prefix_hit.stale:
         failures.append(Failure(Fails.PREFIX, prefix_reason(spec)))
     missing = next((r.missing for r in mine if r.missing), [])
     if missing:

@@ -24,6 +24,8 @@ from tpsim.offline.align import read_draft_config
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.findings import findings
 from tpsim.profiles.fingerprints import unverified
+from tpsim.profiles.history import model_file_server
+from tpsim.profiles.prefix import prefix_hit
 from tpsim.profiles.profile import TboCapture
 from tpsim.profiles.registry import for_target
 from tpsim.profiles.replay import UNPACK_TEXT, replay
@@ -68,7 +70,7 @@ class RunRequest:
     tbo_asked: bool = False  # --tbo: said in the notes of a --server resolution
     pipeline: PipelineAsk = PipelineAsk()
     graphs: GraphsAsk = GraphsAsk()
-    prefix_cached: int | None = None  # --prefix-cached N: the prompt's first N tokens hit the radix cache
+    prefix_cached: int | None = None  # --prefix-cached N: the prompt shares its first N tokens with a cached request
 
     @property
     def run_dtype(self) -> str:
@@ -88,7 +90,14 @@ class RunRequest:
         src = source or self.source()
         if self.weights is not None:
             src = weights_for(self.weights, self.device, src, list(self.tps))
-        res = resolution_for(self.ids, src.cfg, self.tbo_asked) if positions is None else None
+        hit, ids, replayed_as = None, self.ids, None
+        if self.prefix_cached is not None:  # an SGLang version before the model files' range: 0.5.6's loop captures
+            hit = prefix_hit(self.ids.server, self.prefix_cached)
+            server, replayed_as = model_file_server(self.ids.server or "sglang", "the radix cache")
+            ids = dataclasses.replace(self.ids, server=server) if self.ids.server else self.ids
+        res = resolution_for(ids, src.cfg, self.tbo_asked) if positions is None else None
+        if res is not None and replayed_as:
+            res.notes.append(replayed_as)
         tokens = tokens_for(self.tokens, self.seq_len, self.seed, src.cfg)
         mode, strategy = decided or (self.mode, self.mode.strategy(self.strategy))
         for t in self.tps:
@@ -109,8 +118,7 @@ class RunRequest:
         check_memory(src.cfg, tps, dtype, self.device, self.ignore_limits, str(self.model), mode.whole_weights)
         compiled = self.device == "cuda" if self.compile is None else self.compile
         spec = RunSpec(src, self.seed, dtype, tuple(tokens), tuple(res.positions if positions is None else positions),
-                       mode, strategy, self.device, self.backend, self.timeout, pipe, graphs, compiled,
-                       self.prefix_cached)
+                       mode, strategy, self.device, self.backend, self.timeout, pipe, graphs, compiled, hit)
         return spec, res
 
 

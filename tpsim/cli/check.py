@@ -131,16 +131,7 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     for r in report.rows:
         if r.routing_note:
             say(f"note TP={r.tp}: {r.routing_note}")
-    degrees = ", ".join(map(str, tps))
-    word = "PASS" if report.ok else "the ranks agree, but the engine breaks the capture (below)"
-    if all(r.ok for r in report.rows) and mode.rank_local:
-        say(f"{word}: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
-            f"on that rank's sequence at TP {degrees}")
-    elif all(r.ok for r in report.rows):
-        say(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
-            f"at TP {degrees}" + (f" x PP {pipe.size}, against TP=1, PP=1" if pipe else "")
-            + ("" if plain or pipe else f" (mode {mode.name}, strategy {spec.strategy})")
-            + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows) else ""))
+    say_verdict(report, tps, n, H)
     rows_right = prefix_rows(report)
     if rows_right:
         say(rows_right)
@@ -150,6 +141,27 @@ def print_report(report: CheckReport, tps: list[int]) -> None:
     for f in res.findings:
         say(f"FAIL: {f}")
     print_graphs(report)
+
+
+
+def say_verdict(report: CheckReport, tps: list[int], n: int, H: int) -> None:
+    """The PASS line (or that the ranks agree but the engine breaks the capture) for the check's rows."""
+    spec = report.spec
+    mode, pipe, plain = spec.mode, spec.pipeline, spec.mode.plain and spec.pipeline is None
+    degrees = ", ".join(map(str, tps))
+    word = "PASS" if report.ok else "the ranks agree, but the engine breaks the capture (below)"
+    if all(r.ok for r in report.rows) and mode.rank_local:
+        say(f"{word}: each rank's capture is its own tokens x {n} x {H} and equals TP=1 "
+            f"on that rank's sequence at TP {degrees}")
+    elif all(r.ok for r in report.rows) and spec.prefix_cached:
+        say(f"{word}: the capture after the cache hit is [{spec.forward_tokens}, {n} x {H}] (tokens "
+            f"{spec.prefix_cached}..{len(spec.tokens) - 1}, the ones the prefill runs), identical on every rank and "
+            f"equal to those rows of TP=1's full prompt at TP {degrees}")
+    elif all(r.ok for r in report.rows):
+        say(f"{word}: capture is [T, {n} x {H}], all tokens, identical on every rank and equal to TP=1 "
+            f"at TP {degrees}" + (f" x PP {pipe.size}, against TP=1, PP=1" if pipe else "")
+            + ("" if plain or pipe else f" (mode {mode.name}, strategy {spec.strategy})")
+            + ("; where routing agrees (see the notes)" if any(r.routing_note for r in report.rows) else ""))
 
 
 def run_notes(spec) -> list[str]:

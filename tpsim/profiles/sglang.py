@@ -336,13 +336,7 @@ PD_13590 = Change(("#13590",), "PD disaggregation buffers sized with the draft's
 PD_HISTORY = (PD_TARGET_AUX, (PD_9976, PD_13590))
 
 
-def pd_at(day: date) -> Cited:
-    """The hand-off in force in the code of `day` (a change is in it when merged by then)."""
-    base, changes = PD_HISTORY
-    return next((c.changes["pd"] for c in reversed(changes) if c.merged <= day), base)
-
-
-PD_0506 = pd_at(RELEASES["0.5.6"])  # both PRs merged before 0.5.6 (and its wheel has both)
+PD_0506 = PD_13590.changes["pd"]  # both PRs merged before 0.5.6 (and its wheel has both)
 
 
 # --- DeepSeek: one model file, two architectures (fusion is auto-enabled for DeepseekV3ForCausalLM only) ---

@@ -16,6 +16,7 @@ from tpsim.weights.reader import Checkpoint, validate
 from tpsim.config.loader import BUILTIN_CONFIGS, ModelConfig, load_config, with_overrides
 from tpsim.config.loader import DEFAULT_MODEL  # noqa: F401  (defined with the built-in names; imported from here too)
 from tpsim.modes import Mode, Strategy, TensorParallel
+from tpsim.profiles.prefix import PrefixHit
 from tpsim.run.graphs import CudaGraphs
 from tpsim.run.pipeline import Pipeline
 
@@ -89,7 +90,7 @@ def check_tokens(tokens, cfg: ModelConfig) -> None:
 
 def check_prefix_cached(spec: "RunSpec") -> None:
     """--prefix-cached N: a cache hit that leaves tokens to run, in a mode and layout that can replay it."""
-    n, T = spec.prefix_cached, len(spec.tokens)
+    n, T = spec.prefix_hit.shared, len(spec.tokens)
     if n < 1:
         raise UsageError(f"--prefix-cached {n} must be at least 1 (the prompt's tokens the radix cache holds); "
                          "drop it for a prefill without a cache hit")
@@ -121,7 +122,7 @@ class RunSpec:
     pipeline: Pipeline | None = None  # --pp > 1
     graphs: CudaGraphs | None = None  # --cuda-graph
     compiled: bool = False  # --compile: the layers call tpsim.layers.fused's compiled kernels
-    prefix_cached: int | None = None  # --prefix-cached: the prompt's first N tokens hit SGLang's radix cache
+    prefix_hit: PrefixHit | None = None  # --prefix-cached: the prompt shares its first N tokens with a cached request
 
     def __post_init__(self) -> None:
         """A spec built in Python guards itself as `RunRequest.spec()` guards the CLI's (which checks
@@ -146,12 +147,17 @@ class RunSpec:
         if what:
             raise UsageError(f"--cuda-graph runs without {what} (a graphed batch of every rank's tokens); drop one "
                              "of them")
-        if self.prefix_cached is not None:
+        if self.prefix_hit is not None:
             check_prefix_cached(self)
 
     @property
     def cfg(self) -> ModelConfig:
         return self.source.cfg
+
+    @property
+    def prefix_cached(self) -> int | None:
+        """The positions a radix-cache hit reuses (None: no hit, or one that reuses none)."""
+        return (self.prefix_hit and self.prefix_hit.reused) or None
 
     @property
     def forward_tokens(self) -> int:
