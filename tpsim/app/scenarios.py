@@ -54,8 +54,9 @@ BUG_CLASSES = {
     "pp-stage-local": "a pipeline stage numbering its layers from 0: a later stage captures other boundaries",
     "packer-slot-count": "a packing engine fails the forward when it captures fewer slots than ids",
     "aux-count": "a draft trained on other than three aux states, served by a loader that builds fc for three",
-    "capture-ignored": "a model file that declares EAGLE-3 support and never captures: no error, no aux states",
+    "capture-ignored": "a model class that declares EAGLE-3 support and never takes the ids: no aux states",
     "pd-hidden-width": "PD disaggregation hands the decode server a state wider or narrower than its buffer",
+    "returned-rows": "hidden states returned per request with fewer rows than tokens (a return path that drops them)",
     "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
 }
 

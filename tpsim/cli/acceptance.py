@@ -7,19 +7,25 @@ feeds the draft, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from tpsim.app.acceptance import AcceptanceReport, Measured, measure
 from tpsim.app.preflight import check_divides_world, check_timeout
+from tpsim.app.returned import returned_paths, write_returned
 from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json, positive_int
+from tpsim.cli.outputs import check_output
 from tpsim.cli.run_args import one_tp, request_from
 from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.draft.checkpoint import read
 from tpsim.offline.align import read_draft_config
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.fingerprints import unverified
+from tpsim.profiles.returned import RETURNED
 
 
 def cmd_acceptance(args) -> int:
@@ -27,6 +33,7 @@ def cmd_acceptance(args) -> int:
         raise UsageError("acceptance needs --server PROFILE, the engine as served, e.g. --server sglang@0.5.12 "
                          "(tpsim profiles lists them)")
     check_timeout(args.timeout)
+    returned = None if args.returned_hidden_states is None else RETURNED.at(args.server)
     k = positive_int(args.steps, "--steps")
     tp = 1 if args.tp is None and not under_torchrun() else one_tp(args)  # the served TP; 1 unless said
     check_divides_world(tp)
@@ -40,18 +47,31 @@ def cmd_acceptance(args) -> int:
     args.model = target.name
     serve, trained, served = engines_from(args, target.real, tp)
     prompts = prompts_from(args, target)
+    check_returned(args, len(prompts.sequences) + len(prompts.to_answer))
     report = measure(Inputs(trained, serve, served, config, request_from(args, sorted({1, tp})), target),
                      ckpt, k, prompts)
     if report is None:  # a torchrun rank other than 0
         return 0
     stale = unverified(args.server, target.real.model_type)
+    written = [] if returned is None else write_returned(report, returned, Path(args.returned_hidden_states))
     if args.json:
         emit_json({**to_dict(report, args, prompts.origin), "unverified": stale and stale.to_dict()})
     else:
         print_report(report, args, prompts.origin)
         if stale:
             say(stale.line)
+    if written:  # on stderr with --json, whose stdout is the report alone
+        line = (f"wrote {len(written)} files, {written[0].name} .. {written[-1].name}: the hidden states "
+                f"{returned.server} returns ({returned.value.value}; tpsim diagnose FILE --reference ... reads one)")
+        print(line, file=sys.stderr) if args.json else say(line)
     return 0 if report.kept else 1
+
+
+def check_returned(args, sequences: int) -> None:
+    """--returned-hidden-states: the files it writes, checked before anything runs."""
+    if args.returned_hidden_states is not None:
+        for path in returned_paths(Path(args.returned_hidden_states), sequences):
+            check_output(path, "--returned-hidden-states", "x.safetensors", args.force)
 
 
 def to_dict(r: AcceptanceReport, args, origin: str) -> dict:

@@ -84,6 +84,11 @@ def acceptance(p: argparse.ArgumentParser) -> None:
                         "per token), or tpsim's prompts JSON with answers (default: the target's built-in prompts, "
                         "else 8 seeded random prompts)")
     p.add_argument("--new-tokens", default="48", help="answer length for prompts answered here (default 48)")
+    p.add_argument("--returned-hidden-states", metavar="OUT.safetensors",
+                   help="also write, per sequence (OUT.seq0.safetensors, ...), the hidden states --server sglang@VERSION's "
+                        "return_hidden_states gives back under speculative decoding (up to 0.5.13 one row per verify "
+                        "round, sglang issue #26163), as a capture file tpsim diagnose reads")
+    add_force(p)
     add_served_flags(p)
     add_execution_options(p)
     add_json(p)

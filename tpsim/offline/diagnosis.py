@@ -39,7 +39,8 @@ from tpsim.offline.reference import Reference, read_reference, reference_num_lay
 from tpsim.parallel.placement import P, R, S0, S1, Placement
 
 UNEXPLAINED = "unexplained"
-PLACEMENTS = (R, S0, S1, P)  # tie-break order
+TOKEN_SUBSET = "token subset"  # one file with fewer rows than the tokens, each row one token's (in token order)
+PLACEMENTS = (R, S0, S1, P, TOKEN_SUBSET)  # tie-break order
 
 # calc_diff thresholds (calc_diff ~ rel_err^2 / 2 for rel_err = ||x - y|| / ||y||).
 # float32 on both sides: TP round-off gives ~1e-13 (measured <= 9.2e-14 over 400 runs of up to 4
@@ -51,6 +52,9 @@ PLACEMENTS = (R, S0, S1, P)  # tie-break order
 # dump_comparator's default --diff-threshold) is above both and 10x below a wrong tensor.
 # A wrong tensor: another layer or a per-rank partial sum gives >= 1e-2 (tp=2 equal halves: 0.2;
 # adjacent residual-stream layers of a deep model: cosine 0.99 and a few % norm growth, ~1e-2).
+# the known engine path that drops tokens' states (tpsim/profiles/returned.py has the engine versions)
+TRUNCATED = ("SGLang's return_hidden_states under speculative decoding keeps one row per verify step up to 0.5.13: "
+             "sglang issue #26163, fixed by PR #28496 in 0.5.14")
 THRESHOLDS = {"exact": 1e-5, "low_precision": 1e-3}
 SIMILARITY = "calc_diff = 1 - 2*sum(x*y) / sum(x*x + y*y), float64 (0 = identical)"
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -125,6 +129,9 @@ def _tries(ranks, reference, residual=None):
         for placement, fulls, detail in cache[key]:
             diff = max(calc_diff(f, ref) for f in fulls)
             out.append((diff, placement, name, detail, thr))
+        rows = _token_subset(ranks, ref, thr)
+        if rows is not None:
+            out.append((calc_diff(ranks[0].double(), ref.double()[list(rows)]), TOKEN_SUBSET, name, rows, thr))
         res = (residual or {}).get(name)
         if res is not None and len(ranks) > 1 and all(tuple(r.shape) == key for r in ranks) \
                 and tuple(res.shape) == key:
@@ -133,6 +140,32 @@ def _tries(ranks, reference, residual=None):
             full = torch.stack([r.double() for r in ranks]).sum(0) - (len(ranks) - 1) * res.double()
             out.append((calc_diff(full, ref), P, name, "plus-residual", thr))
     return out
+
+
+def _token_subset(ranks, ref: torch.Tensor, thr: float) -> tuple[int, ...] | None:
+    """The token indices, when one file's rows are each, in order, within `thr` of a distinct row of `ref` and
+    fewer than its tokens (a capture or a return path that drops tokens), else None."""
+    if len(ranks) != 1 or ranks[0].shape[1] != ref.shape[1] or not 0 < ranks[0].shape[0] < ref.shape[0]:
+        return None
+    x, y = ranks[0].double(), ref.double()
+    diffs = 1 - 2 * (x @ y.T) / ((x * x).sum(1)[:, None] + (y * y).sum(1)[None, :])
+    rows, j = [], -1
+    for i, row in enumerate(diffs.tolist()):
+        j = next((t for t in range(j + 1, y.shape[0] - (x.shape[0] - 1 - i)) if row[t] <= thr), None)
+        if j is None:
+            return None
+        rows.append(j)
+    return tuple(rows)
+
+
+def spans(rows: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5, 7, 8) -> "0-2, 5, 7-8"."""
+    out, start = [], 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            out.append(str(rows[start]) if i - 1 == start else f"{rows[start]}-{rows[i - 1]}")
+            start = i
+    return ", ".join(out)
 
 
 def diagnose_tensors(ranks: list[torch.Tensor], reference: dict[str, torch.Tensor], asked: str,
@@ -200,6 +233,11 @@ def _reason(ranks, reference, asked, placement, name, detail, diff, also) -> str
                 f"replicated residual): summed over {tp} ranks, less {tp - 1} residuals, they are {name}{wrong}")
     elif placement == P:
         text = f"captured before an all-reduce (per-rank partial sums): the sum over {tp} ranks is {name}{wrong}"
+    elif placement == TOKEN_SUBSET:
+        T = reference[name].shape[0]
+        text = (f"holds {len(detail)} of {T} tokens' states, each equal to {name}'s row of one token (tokens "
+                f"{spans(detail)}): {T - len(detail)} tokens have none{wrong}; a capture or return path that "
+                f"drops tokens ({TRUNCATED})")
     elif placement == S0:
         text = (f"each rank holds only its share of the tokens (rows {detail}): concatenated they are "
                 f"{name}{wrong}")
