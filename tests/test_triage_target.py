@@ -114,8 +114,8 @@ def test_a_truncation_flags_the_default_ids_it_breaks(tmp_path, layers, words):
 
 
 def test_a_speculators_draft_names_its_verifier():
-    """hidden_size 4096 fits three built-ins; the speculators format's verifier architectures pick one."""
+    """hidden_size 4096 fits four built-ins; the speculators format's verifier architectures pick one."""
     raw = {"hidden_size": 4096, "speculators_config": {"verifier": {"architectures": ["LlamaForCausalLM"]}}}
     assert target_for(draft(raw), None, [], 2).name == "llama-3.1-8b"
-    with pytest.raises(UsageError, match="llama-3.1-8b, qwen3-235b-a22b, qwen3-8b all match its hidden_size 4096"):
+    with pytest.raises(UsageError, match="llama-3.1-8b, qwen3-235b-a22b, qwen3-8b, qwen3.5-9b all match its hidden_size 4096"):
         target_for(draft({"hidden_size": 4096}), None, [], 2)

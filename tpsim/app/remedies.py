@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from tpsim.app.run_options import PP_FLAGS, PipelineAsk
-from tpsim.app.triage import Inputs, Triage, triage
+from tpsim.app.triage import Inputs, Triage, served_flag_findings, triage
 from tpsim.offline.align import KEY, DraftConfig
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.draft import read_ids, write_ids_hint
@@ -33,10 +33,11 @@ class Remedy:
     server: Profile | None = None
     capture_on: bool = False  # eagle_config.use_aux_hidden_state: false removed
     pp_off: bool = False
+    radix_off: bool = False  # SGLang's --disable-radix-cache
 
     def to_dict(self) -> dict:
         return {"text": self.text, "ids": self.ids and list(self.ids), "server": self.server and self.server.name,
-                "capture_on": self.capture_on, "pp_off": self.pp_off}
+                "capture_on": self.capture_on, "pp_off": self.pp_off, "radix_off": self.radix_off}
 
     def apply(self, inputs: Inputs) -> Inputs:
         serve = self.server or inputs.serve
@@ -52,7 +53,9 @@ class Remedy:
             request = dataclasses.replace(request, ids=dataclasses.replace(request.ids, server=self.server.name))
         if self.pp_off:
             request = dataclasses.replace(request, pipeline=PipelineAsk())
-        return dataclasses.replace(inputs, serve=serve, draft=draft, request=request)
+        served = dataclasses.replace(inputs.served, radix_cache=inputs.served.radix_cache and not self.radix_off,
+                                     server=self.server.name if self.server else inputs.served.server)
+        return dataclasses.replace(inputs, serve=serve, draft=draft, request=request, served=served)
 
 
 def _write(raw: dict, profile: Profile, ids: list[int]) -> None:
@@ -118,6 +121,12 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     if f.kind is Kind.CAPTURE_IGNORED or not t.serve.behaviour.captures:  # the next version that wires it otherwise
         wiring = t.serve.behaviour.wiring
         return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.wiring != wiring)]
+    if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF):  # the first model-file release whose own behaviour differs
+        kind = f.kind
+        upgrade = [_upgrade(t, q) for q in _first([t.serve, *later_profiles(t.serve)], lambda q: not any(
+            g.kind is kind for g in served_flag_findings(t, dataclasses.replace(t.served, server=q.name), q)))]
+        flag = [Remedy("serve with --disable-radix-cache", radix_off=True)] if kind is Kind.PREFIX_CACHE else []
+        return upgrade + flag
     if f.kind in (Kind.PIPELINE, Kind.ENGINE_REFUSES):
         return [Remedy(f"serve without pipeline parallelism ({PP_FLAGS.get(t.serve.engine, '--pp')} 1)", pp_off=True)]
     return []

@@ -25,6 +25,7 @@ from tpsim.profiles.replay import Replay, replay
 from tpsim.profiles.served import ServedMode, fixed_in, served_mode
 from tpsim.offline.sides import align_profiles, ids_capturing, side_from_config
 from tpsim.app.report import CheckReport, Failure
+from tpsim.app.served_flags import pd_findings, radix_findings, unread_notes
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,15 @@ def assess(t: Triage, hidden: int) -> None:
     t.findings += [Finding(Kind.PIPELINE, *_cause_fix(f, t.serve))
                    for f in (t.check.resolution.findings if t.check is not None else []) if f.startswith("pipeline")]
     t.findings += _graphs(t)
+    t.notes += unread_notes(t.serve, t.served)
+    t.findings += served_flag_findings(t, t.served, t.serve)
+
+
+def served_flag_findings(t: Triage, served: Served, serve: Profile) -> list[Finding]:
+    """The radix cache's and the PD hand-off's findings for `serve` launched as `served`."""
+    hidden = t.inputs.target.real.hidden_size
+    return [*radix_findings(serve, served),
+            *pd_findings(serve, served, hidden, t.inputs.draft.raw.get("hidden_size") or hidden, len(t.replay.slots))]
 
 
 def _with_patch(t: Triage, f: Finding) -> Finding:

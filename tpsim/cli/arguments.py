@@ -47,12 +47,18 @@ def triage(p: argparse.ArgumentParser) -> None:
                    help="the target: a checkpoint directory, a config, or a built-in (default: the built-in the "
                         "draft's hidden_size and vocab_size name); a target too big to run here is replayed on a "
                         "stand-in at toy widths; --override num_hidden_layers=K runs a truncation")
-    add_served_flags(p)
+    served = add_served_flags(p)
+    served.add_argument("--disable-radix-cache", action="store_true",
+                        help="SGLang's radix (prefix) cache was off (on by default: up to 0.5.2 a prefix hit reuses "
+                             "a draft KV computed with another request's next token)")
+    served.add_argument("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"],
+                        help="SGLang's prefill/decode disaggregation: the prefill server hands the decode server the "
+                             "draft's state (tpsim check --disaggregate replays the transfer)")
     add_execution_options(p)
     add_json(p)
 
 
-def add_served_flags(p: argparse.ArgumentParser) -> None:
+def add_served_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     served = p.add_argument_group("engine flags as served")
     served.add_argument("--gpu", default="H200", choices=GPUS, help="the GPU served on (default H200)")
     served.add_argument("--nnodes", default="1", help="nodes (default 1)")
@@ -64,6 +70,7 @@ def add_served_flags(p: argparse.ArgumentParser) -> None:
                              "on anyway)")
     served.add_argument("--disable-cuda-graph", action="store_true", help="served without CUDA graphs")
     served.add_argument("--pp", help="pipeline-parallel stages served (vLLM --pipeline-parallel-size, SGLang --pp-size)")
+    return served
 
 
 def acceptance(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,8 @@ from tpsim.profiles.registry import for_target, lookup
 IDS = re.compile(r"default|-?\d+(\s*,\s*-?\d+)*")  # --train NAME:IDS, not ENGINE:MODEL
 
 SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend": "--moe-a2a-backend",
-                "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion"}
+                "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion",
+                "disable_radix_cache": "--disable-radix-cache", "disaggregation_mode": "--disaggregation-mode"}
 
 
 def engines_from(args, cfg: ModelConfig, tp: int) -> tuple[Profile, Trained, Served]:
@@ -30,7 +31,9 @@ def engines_from(args, cfg: ModelConfig, tp: int) -> tuple[Profile, Trained, Ser
     refuse_without(args, "an SGLang --server", serve.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
     served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
-                    not args.disable_cuda_graph, positive_int(getattr(args, "seq_len", None) or "16", "--seq-len"))
+                    not args.disable_cuda_graph, positive_int(getattr(args, "seq_len", None) or "16", "--seq-len"),
+                    not getattr(args, "disable_radix_cache", False),
+                    getattr(args, "disaggregation_mode", "null") != "null", args.server)
     return serve, trained, served
 
 

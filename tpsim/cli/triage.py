@@ -8,6 +8,8 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tpsim.offline.align import read_draft_config
 from tpsim.app.acceptance import Measured, TriageMeasure, measure_triage
 from tpsim.cli.findings import say_finding
@@ -25,6 +27,7 @@ from tpsim.app.remedies import replay_fixes
 from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs, Triage, triage
 from tpsim.base.ui import say
+from tpsim.profiles.history import model_file_server
 
 
 def cmd_triage(args) -> int:
@@ -32,6 +35,8 @@ def cmd_triage(args) -> int:
         raise UsageError("triage needs --server PROFILE, the engine as served, e.g. --server sglang@0.5.12 "
                          "(tpsim profiles lists them)")
     check_timeout(args.timeout)
+    given = args.server  # an SGLang version before the model files read: its capture is the oldest read one's
+    args.server, replayed_as = model_file_server(given, "the radix cache and the PD hand-off")
     tp = one_tp(args)
     check_divides_world(tp)
     tps = sorted({1, tp})
@@ -50,11 +55,13 @@ def cmd_triage(args) -> int:
     args.model = target.name
     cfg = target.real
     serve_p, trained, served = engines_from(args, cfg, tp)
+    served = dataclasses.replace(served, server=given)
     prompts = prompts_from(args, target) if args.measure else None
     k = positive_int(args.steps, "--steps")
     t = triage(Inputs(trained, serve_p, served, draft, request_from(args, tps), target))
     if t is None:  # a torchrun rank other than 0
         return 0
+    t.notes[:0] = [replayed_as] if replayed_as else []
     replay_fixes(t)
     checkpoint = [] if ckpt is None else served_findings(
         ckpt, inspect(ckpt, cfg.hidden_size), [lookup(args.server.partition("+")[0])],
@@ -74,7 +81,7 @@ def cmd_triage(args) -> int:
 
 def to_dict(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None) -> dict:
     target = t.inputs.target
-    return {"ok": t.ok and not checkpoint, "server": args.server, "serve_profile": t.serve.name, "train": t.inputs.trained.name,
+    return {"ok": t.ok and not checkpoint, "server": t.served.server, "serve_profile": t.serve.name, "train": t.inputs.trained.name,
             "train_ids": t.inputs.trained.ids and list(t.inputs.trained.ids),
             "target": {"model": target.name, "chosen": target.chosen, "hidden_size": target.real.hidden_size,
                        "num_hidden_layers": target.real.num_hidden_layers,
@@ -98,10 +105,10 @@ def _al(m: Measured, why: bool = False) -> str:
 
 def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None) -> None:
     s, target = t.served, t.inputs.target
-    say(f"tpsim triage: {args.draft_config} served by {args.server} at TP={s.tp} on {s.gpu.value}, trained by "
+    say(f"tpsim triage: {args.draft_config} served by {s.server} at TP={s.tp} on {s.gpu.value}, trained by "
         f"{t.inputs.trained.name}; target {target.name} ({t.replay.num_layers} layers, hidden_size "
         f"{target.real.hidden_size}{': ' + target.chosen if target.chosen else ''})")
-    say(f"{args.server} runs the code of profile {t.serve.name} ({t.serve.versions.text()})")
+    say(f"{s.server} runs the code of profile {t.serve.name} ({t.serve.versions.text()})")
     if target.standin is not None:
         say(target.standin.line(target.name, s.tp))
     say(f"served mode: {t.mode.mode.name}, capture strategy {t.mode.strategy} ({'; '.join(t.mode.why)})")

@@ -26,6 +26,7 @@ class Kind(Enum):
     PIPELINE = "pipeline parallelism moves or drops slots"
     IDS_CHANGED = "the config's ids were changed after training"
     CAPTURE_IGNORED = "the model file never captures"
+    PREFIX_CACHE = "a prefix-cache hit feeds the draft a stale KV"
     PD_HANDOFF = "PD disaggregation hands the decode server a state wider or narrower than its buffer"
 
 

@@ -27,6 +27,12 @@ class History(Generic[T]):
     oldest: str  # the oldest release read
     releases: dict[str, date]
 
+    def read(self, server: str) -> bool:
+        """Whether `server`'s version is one this history read (not older than its oldest release read)."""
+        version = server.partition("+")[0].partition(":")[0].partition("@")[2]
+        day = when(self.engine, version).day
+        return day is None or day >= self.releases[self.oldest]
+
     def at(self, server: str) -> "Held[T]":
         """The value `server` (`ENGINE[@VERSION][:MODEL][+PATCH]`) has (UsageError: another engine, or a version
         older than the oldest release read)."""
@@ -36,7 +42,7 @@ class History(Generic[T]):
             raise UsageError(f"--server {server}: tpsim replays {self.what} of {self.engine} only; give --server "
                              f"{self.engine}@VERSION")
         day = when(self.engine, version)
-        if day.day is not None and day.day < self.releases[self.oldest]:
+        if not self.read(server):
             raise UsageError(f"--server {server}: tpsim read {self.what} of {self.engine} from {self.oldest} on; give "
                              f"{self.oldest} or later, a date, or 'latest'")
         edges = (None, *self.changes, None)
@@ -86,4 +92,4 @@ def model_file_server(server: str, what: str) -> tuple[str, str | None]:
         return server, None
     return (f"{engine}@{first}{colon}{model}",
             f"the capture is replayed as {engine}@{first}'s model file (tpsim read the model files from {first} on; "
-            f"{version}'s capture loop was not read); {what} is {version}'s own")
+            f"{version}'s capture loop was not read); {version}'s own: {what}")

@@ -203,6 +203,9 @@ class Served:
     allreduce_fusion: bool = False  # --enable-flashinfer-allreduce-fusion given
     cuda_graph: bool = True
     tokens: int = 16  # tokens in the batch replayed
+    radix_cache: bool = True  # SGLang's radix cache (on unless --disable-radix-cache)
+    disaggregated: bool = False  # SGLang --disaggregation-mode prefill/decode: the PD hand-off of the draft's state
+    server: str = ""  # --server as given: the version of the behaviours kept outside the model files (history.py)
 
 
 class FusionAuto(Enum):

@@ -1,0 +1,54 @@
+"""triage's findings from served flags whose behaviour lives outside the model files (tpsim/app/served_flags.py):
+SGLang's radix cache (on unless --disable-radix-cache; keyed by tokens up to 0.5.2) and the PD hand-off under
+--disaggregation-mode (sglang PRs #9976 and #13590). A version before the model files read is captured as the
+oldest read one's; a behaviour not read for a version is UNVERIFIED, not judged."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, strategies as st
+
+from clirun import assert_one_line_error, run_cli
+from tpsim.app.served_flags import pd_findings, radix_findings, unread_notes
+from tpsim.profiles.findings import Kind
+from tpsim.profiles.pd import Widths
+from tpsim.profiles.pd_versions import PD
+from tpsim.profiles.profile import Served
+from tpsim.profiles.registry import lookup
+from tpsim.config.loader import BUILTIN_CONFIGS
+
+DRAFT = str(BUILTIN_CONFIGS / "scenarios" / "tiny-draft-nested-ids.json")
+VERSIONS = ["0.5.1", "0.5.2", "0.5.3", "0.5.5", "0.5.6", "0.5.12", "0.5.23"]
+SERVE = lookup("sglang@0.5.6:deepseek_v2", "deepseek_v2")
+
+
+@given(version=st.sampled_from(VERSIONS), radix=st.booleans(), pd=st.booleans(),
+       draft=st.sampled_from([32, 64, 128]), slots=st.integers(1, 5))
+def test_each_flag_is_judged_where_read_and_only_when_on(version, radix, pd, draft, slots):
+    served = Served(radix_cache=radix, disaggregated=pd, server=f"sglang@{version}")
+    r, p = radix_findings(SERVE, served), pd_findings(SERVE, served, 64, draft, slots)
+    notes = unread_notes(SERVE, served)
+    assert [f.kind for f in r] == ([Kind.PREFIX_CACHE] if radix and version == "0.5.2" else [])
+    assert (version == "0.5.1" and radix) == any("radix cache" in n for n in notes)
+    fits = pd and PD.at(f"sglang@{version}").value.fits(Widths(64, draft, slots))
+    assert [f.kind for f in p] == ([Kind.PD_HANDOFF] if pd and not fits else [])
+    for f in r + p:
+        assert f.sources and "serve with sglang" in f.fix
+
+
+def test_triage_names_the_flags_and_replays_the_fix():
+    r = run_cli("triage", "--server", "sglang@0.5.2", "--draft-config", DRAFT, "--model", "tiny", "--json")
+    out = json.loads(r.stdout)
+    kinds = {f["kind"]: f for f in out["findings"]}
+    assert r.returncode == 1 and kinds["prefix-cache"]["fix_replayed"], out["findings"]
+    assert out["server"] == "sglang@0.5.2" and out["serve_profile"] == "sglang@0.5.6:deepseek_v2"
+    off = run_cli("triage", "--server", "sglang@0.5.2", "--draft-config", DRAFT, "--model", "tiny", "--json",
+                  "--disable-radix-cache")
+    assert "prefix-cache" not in {f["kind"] for f in json.loads(off.stdout)["findings"]}, off.stdout
+
+
+def test_the_flags_are_sglangs():
+    r = run_cli("triage", "--server", "vllm@0.34.0", "--draft-config", DRAFT, "--model", "tiny-llama",
+                "--disable-radix-cache")
+    assert_one_line_error(r, "--disable-radix-cache applies only with an SGLang --server")

@@ -1,0 +1,58 @@
+"""triage's findings from served flags whose behaviour lives outside the model files (tpsim.profiles.history):
+SGLang's radix cache (on unless --disable-radix-cache) and the prefill/decode hand-off under
+--disaggregation-mode. Each names the version's behaviour as read and the first version where it is fixed; the
+fixes are replayed by tpsim.app.remedies (the same triage run on the fixed version, or with the flag)."""
+
+from __future__ import annotations
+
+from tpsim.profiles.findings import Finding, Kind
+from tpsim.profiles.history import Held
+from tpsim.profiles.pd import Widths
+from tpsim.profiles.pd_versions import PD
+from tpsim.profiles.prefix import RADIX, RadixKeys
+from tpsim.profiles.profile import Profile, Served
+
+
+def radix_findings(serve: Profile, served: Served) -> list[Finding]:
+    """A radix cache keyed by tokens: every prefix hit reuses the draft's KV at its last shared position."""
+    server = served.server or serve.name
+    if serve.engine != "sglang" or not served.radix_cache or not RADIX.read(server):
+        return []  # before the oldest release read: unread_notes says so
+    held = RADIX.at(server)
+    if held.value is not RadixKeys.TOKENS:
+        return []
+    later = held.later(lambda keys: keys is not RadixKeys.TOKENS)
+    fix = f"serve with sglang {Held.upgrade(later)}" if later else "--disable-radix-cache"
+    return [Finding(Kind.PREFIX_CACHE,
+                    f"{held.server} serves with its radix cache on and {held.value.value}: a prompt that shares its "
+                    "first N tokens with a cached request reuses the draft's KV at position N-1 too, computed with "
+                    "that request's token N, not this one's: every later draft step attends to a key and value this "
+                    "request never had (sglang PR #10846: acceptance length 2.26 with the radix cache against 2.39 "
+                    "without; tpsim check --prefix-cached N replays a hit)", [str(held.cited.source)],
+                    f"{fix}, or --disable-radix-cache")]
+
+
+def pd_findings(serve: Profile, served: Served, target_hidden: int, draft_hidden: int, slots: int) -> list[Finding]:
+    """Under --disaggregation-mode: the state the prefill server sends against the decode server's buffer."""
+    server = served.server or serve.name
+    if serve.engine != "sglang" or not served.disaggregated or not PD.read(server):
+        return []  # before the oldest release read: unread_notes says so
+    held = PD.at(server)
+    w = Widths(target_hidden, draft_hidden, slots or 3)
+    if held.value.fits(w):
+        return []
+    later = held.later(lambda t: t.fits(w))
+    fix = f"serve with sglang {Held.upgrade(later)}" if later else "no version tpsim read hands this state off"
+    return [Finding(Kind.PD_HANDOFF,
+                    f"PD disaggregation on {held.server}: the prefill server sends {held.value.sent_text(w)} values "
+                    f"per request ({held.value.what}) into the decode server's {held.value.buffer(w)}-wide buffer: "
+                    f"{held.cited.error or 'shape error'} (tpsim check --disaggregate replays the transfer)",
+                    [str(held.cited.source)], fix)]
+
+
+def unread_notes(serve: Profile, served: Served) -> list[str]:
+    """The served flags whose behaviour tpsim did not read for this version: UNVERIFIED, not judged."""
+    server = served.server or serve.name
+    asked = [(RADIX, served.radix_cache), (PD, served.disaggregated)]
+    return [f"UNVERIFIED: {h.what} of {server}: tpsim read {h.engine}'s from {h.oldest} on, so it is not judged"
+            for h, on in asked if on and serve.engine == h.engine and not h.read(server)]
