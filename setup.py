@@ -6,7 +6,8 @@ from setuptools import find_packages, setup
 setup(
     packages=[*find_packages(include=["tpsim", "tpsim.*"]), "tpsim.builtin"],
     package_dir={"tpsim.builtin": "configs"},
-    package_data={"tpsim.builtin": ["*.yaml", "*.tsv", "scenarios/*.yaml", "scenarios/*.json", "drafts/*.json",
+    package_data={"tpsim.builtin": ["*.yaml", "*.tsv", "scenarios/*.yaml", "scenarios/*.json", "scenarios/*/config.json",
+                                    "scenarios/*/*.safetensors", "drafts/*.json",
                                     "drafts/*/config.json", "drafts/*/*.safetensors", "prompts/*.json"],
                   "tpsim.cli": ["commands.toml"]},
 )

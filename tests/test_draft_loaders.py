@@ -162,12 +162,13 @@ def test_a_five_state_draft_loads_where_fc_is_sized_from_the_config(tmp_path, se
        release=st.sampled_from(["0.5.6", "0.5.9", "0.5.11", "0.5.12", "0.5.17", "0.5.23"]))
 def test_the_fc_a_sglang_loader_builds_refuses_exactly_the_other_counts(trained, declared, release):
     """The loader builds fc for 3 states up to 0.5.11, for num_aux_hidden_states (else the ids' count, else 3) from
-    0.5.12 (PR #24663); a draft whose fc takes `trained` states is refused exactly when that is another count, and the
-    fix names a release and config that build fc for `trained`."""
+    0.5.12 (PR #24663). A draft whose config and fc agree on `trained` states is refused exactly where the loader
+    builds another count, the fix naming 0.5.12; an fc the config does not explain is the layout's fc-width finding,
+    not the loader's."""
     import tempfile
     from pathlib import Path
     from tpsim.app.draft_served import served_findings
-    from tpsim.draft.checkpoint import read
+    from tpsim.draft.checkpoint import inspect, read
     from tpsim.profiles.loader_lines import lookup
     extra = {"key": {"num_aux_hidden_states": trained},
              "ids": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": list(range(1, trained + 1))}},
@@ -176,11 +177,12 @@ def test_the_fc_a_sglang_loader_builds_refuses_exactly_the_other_counts(trained,
     cfg = DraftConfig.from_json({**config, "num_aux_hidden_states": trained})  # fc trained on `trained` states
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = read(write(Path(tmp) / "d", config, clean_tensors(cfg)))
+        layout = [f.defect for f in inspect(ckpt)]
         found = [f for f in served_findings(ckpt, [], [lookup(f"sglang@{release}")], None) if f.key == "fc.weight"]
+    explained = declared != "none" or trained == 3
+    assert ("fc-width" in [d.value for d in layout]) == (not explained)
     reads_config = tuple(map(int, release.split("."))) >= (0, 5, 12)
-    built = (trained if declared != "none" else 3) if reads_config else 3
-    assert bool(found) == (built != trained), (found, built)
+    assert bool(found) == (explained and not reads_config and trained != 3), (found, layout)
     if found:
-        assert f"{trained} x 16" in found[0].cause and f"builds fc for {built} x 16" in found[0].cause, found[0]
-        assert ("sglang 0.5.12 or later (#24663)" in found[0].fix) == (not reads_config), found[0].fix
-        assert (f"\"num_aux_hidden_states\": {trained}" in found[0].fix) == (declared == "none"), found[0].fix
+        assert f"{trained} x 16" in found[0].cause and "builds fc for 3 x 16" in found[0].cause, found[0]
+        assert "sglang 0.5.12 or later (#24663)" in found[0].fix, found[0].fix

@@ -17,7 +17,6 @@ from tpsim.profiles import sglang
 from tpsim.profiles.conventions import Convention, resolve
 from tpsim.profiles.pd import PdTransfer, Widths
 from tpsim.profiles.pd_versions import pd_version
-from tpsim.profiles.registry import lookup
 from tpsim.run.pd_jobs import Disaggregation, pd_job
 from tpsim.run.spec import ModelSource, RunSpec
 
@@ -43,14 +42,11 @@ def test_between_9976_and_13590_the_draft_state_fits_only_a_draft_as_wide_as_the
         assert v.failure(Widths(64, 64)) is None and "send_kv_chunk" in v.failure(Widths(64, 32))
 
 
-def test_from_13590_the_buffer_is_the_drafts_width_and_every_profiled_line_says_so():
+def test_from_13590_the_buffer_is_the_drafts_width():
     for text in ("sglang@0.5.6", "sglang@2025-11-19", "sglang"):
         v = pd_version(text)
         assert v.transfer is PdTransfer.DRAFT and v.failure(Widths(64, 32)) is None, text
-    for line in sglang.LINES:  # the model files' profiles agree with the history at 0.5.6 and later
-        for p in line.profiles():
-            assert p.behaviour.pd.value is PdTransfer.DRAFT, p.name
-    assert lookup("sglang@0.5.6", "llama").behaviour.pd.source.symbol == "Scheduler.init_disaggregation"
+    assert pd_version("sglang@0.5.6").cited.source.symbol == "Scheduler.init_disaggregation"
     assert all(c.release is None for c in sglang.PD_HISTORY[1])  # first releases unknown
 
 

@@ -42,20 +42,15 @@ def _aux_count(ckpt: DraftCheckpoint, s: ServedLoader) -> list[DraftFinding]:
     """A draft trained on other than the count of aux states the loader builds fc for does not load."""
     fc, cfg, count = ckpt.tensors.get("fc.weight"), ckpt.config, s.loader.aux_count
     ht = cfg.target_hidden_size
-    if count is None or fc is None or fc.dim() != 2 or fc.shape[1] % ht or not cfg.use_aux_hidden_state:
-        return []  # an fc that fits no count of states is the layout's fc-width finding
-    trained, built = fc.shape[1] // ht, (3 if count.value is AuxCount.THREE else cfg.num_aux)
+    if count is None or fc is None or fc.dim() != 2 or fc.shape[1] != cfg.num_aux * ht or not cfg.use_aux_hidden_state:
+        return []  # an fc the config's own count does not explain is the layout's fc-width finding
+    trained, built = cfg.num_aux, (3 if count.value is AuxCount.THREE else cfg.num_aux)
     if trained == built:
         return []
     later = next((c for c in s.line.changes if (a := c.changes.get("aux_count")) and a.value is AuxCount.FROM_CONFIG),
                  None)
-    if count.value is AuxCount.THREE:
-        fix = f"serve with {s.line.engine} {later.release} or later ({later.label}), which reads num_aux_hidden_states" \
-            if later else f"serve with an engine that reads num_aux_hidden_states"
-        if later:
-            fix += f", and write \"num_aux_hidden_states\": {trained} in config.json" if cfg.num_aux != trained else ""
-    else:
-        fix = f"write \"num_aux_hidden_states\": {trained} in config.json (the draft was trained on {trained} states)"
+    fix = f"serve with {s.line.engine} {later.release} or later ({later.label}), which reads num_aux_hidden_states" \
+        if later else "serve with an engine that reads num_aux_hidden_states"
     return [_finding(s, DraftDefect.LOADER_REFUSES, "fc.weight",
                      f"fc.weight takes {fc.shape[1]} = {trained} x {ht} inputs (a draft trained on {trained} aux hidden "
                      f"states) but {s.name}'s draft loader builds fc for {built} x {ht} = {built * ht} "

@@ -76,12 +76,16 @@ class RankContext:
         made once per `sizes`."""
         if sizes not in self._blocks:
             timeout, mine, start = self.groups[1].timeout_s, None, 0
+            # the blocks' send/recv run on a group of their own: on the world they would advance the world's
+            # sequence numbers on the sending and receiving ranks only (TORCH_DISTRIBUTED_DEBUG=DETAIL then
+            # fails the next world collective, as pipeline_group says)
+            p2p = dist.new_group(list(range(sum(sizes))), timeout=timedelta(seconds=timeout))
             for size in sizes:
                 members = tuple(range(start, start + size))
                 pg = dist.new_group(list(members), timeout=timedelta(seconds=timeout)) if size > 1 else None
                 if self.rank in members:
                     mine = TPGroup(rank=self.rank - start, size=size, pg=pg, ranks=members, device=self.device,
-                                   verify=verify_collectives(self.device), timeout_s=timeout)
+                                   verify=verify_collectives(self.device), timeout_s=timeout, p2p_pg=p2p)
                 start += size
             self._blocks[sizes] = mine
         return self._blocks[sizes]

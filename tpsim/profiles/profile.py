@@ -14,7 +14,6 @@ from typing import Generic, TypeVar
 
 from tpsim.capture.pipeline import Handoff
 from tpsim.modes.strategy import Strategy
-from tpsim.profiles.pd import PdTransfer
 
 T = TypeVar("T")
 
@@ -287,10 +286,9 @@ class Behaviour:
     tbo: Cited[TboCapture] | None = None  # None: no two-batch overlap profiled for this model file
     cp: Cited[Gather] | None = None  # under context parallel (prefill CP); None: not profiled
     wiring: Cited[Wiring] | None = None  # None: the model file's forward captures (every line but a few)
-    pd: Cited[PdTransfer] | None = None  # the PD-disaggregation hand-off of the draft's state; None: not profiled
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
-              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp", "wiring", "pd")
+              "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp", "wiring")
 
     @property
     def captures(self) -> bool:

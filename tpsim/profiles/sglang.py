@@ -297,8 +297,8 @@ def _with(changes: tuple[Change, ...], extra: tuple[Change, ...]) -> tuple[Chang
 
 # --- PD disaggregation: what the prefill server hands the decode server for the draft -------------
 # Not the model file's code (the scheduler's and disaggregation/'s), and its history reaches before the
-# oldest release read for the model files: PD_HISTORY keeps all of it (wheels 0.5.1, 0.5.5 and 0.5.6 read),
-# each Line carries the value in force at 0.5.6. Neither PR's first release is known (release=None):
+# oldest release read for the model files: PD_HISTORY keeps all of it (wheels 0.5.1, 0.5.5 and 0.5.6 read;
+# tpsim.profiles.pd_versions looks a version up). Neither PR's first release is known (release=None):
 # 0.5.1 lacks #9976 and 0.5.5 has it; 0.5.5 lacks #13590 and 0.5.6 has it (post releases between not read).
 
 PREFILL, SCHED = "disaggregation/prefill.py", "managers/scheduler.py"
@@ -336,7 +336,6 @@ PD_13590 = Change(("#13590",), "PD disaggregation buffers sized with the draft's
 PD_HISTORY = (PD_TARGET_AUX, (PD_9976, PD_13590))
 
 
-PD_0506 = PD_13590.changes["pd"]  # both PRs merged before 0.5.6 (and its wheel has both)
 
 
 # --- DeepSeek: one model file, two architectures (fusion is auto-enabled for DeepseekV3ForCausalLM only) ---
@@ -504,7 +503,7 @@ def _deepseek(family: str, models: tuple[str, ...], fusion: Cited) -> Line:
         scattered=Cited(Gather.LOCAL, src(DS, "v0.5.6", DS_MODEL, _DS_LOOP, "under DeepEP the stream between MoE "
                                           "layers is token-scattered and the capture adds the local shard",
                                           reviewed=POST_056)),
-        tbo=TBO, cp=_CP_LOCAL, pd=PD_0506)
+        tbo=TBO, cp=_CP_LOCAL)
     return Line("sglang", family, models, base, starts=OLDEST,
                 changes=_with(_deepseek_changes(fusion.value is not FusionAuto.NEVER), _COMMON),
                 notes=("#28343's merge commit is not known; 0.5.14 is the first wheel with the decoder-layer "
@@ -538,7 +537,7 @@ LLAMA = Line(
                       "self.end_layer): if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + "
                       "residual)", guarded=False),
               config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
-              fusion_auto=_never_fused("LlamaForCausalLM is"), pd=PD_0506),
+              fusion_auto=_never_fused("LlamaForCausalLM is")),
     starts=OLDEST,
     changes=_with(_COMMON, (
         Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
@@ -561,7 +560,7 @@ QWEN = Line(
                       "self.layers_to_capture: aux_hidden_states.append( hidden_states + residual if residual is not "
                       "None else hidden_states", guarded=True),
               config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
-              fusion_auto=_never_fused("Qwen2/Qwen3 (dense) are"), pd=PD_0506),
+              fusion_auto=_never_fused("Qwen2/Qwen3 (dense) are")),
     starts=OLDEST,
     changes=_with(_COMMON, (
         Change((), "the capture copies through the residual stream's snapshot", None, "0.5.21", _loop(
@@ -618,7 +617,7 @@ QWEN3_MOE = Line(
                                                       "adjustments", "elif model_arch in [\"GptOssForCausalLM\"]: if ( "
                                                       "self.attention_backend is None",
                                                       "Qwen3Moe is on no 0.5.6 fusion rule; it joins the list in "
-                                                      "0.5.7", reviewed=POST_056)), pd=PD_0506),
+                                                      "0.5.7", reviewed=POST_056))),
     starts=OLDEST,
     changes=_with(FUSION_HISTORY, (
         *_COMMON,
@@ -646,7 +645,7 @@ GPT_OSS = Line(
                   SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
                   "if not self.enable_dp_attention and self.nnodes == 1: self.enable_flashinfer_allreduce_fusion = "
                   "True logger.info( \"Enable FlashInfer AllReduce Fusion on sm100 for GptOssForCausalLM\" )",
-                  "GptOss: is_blackwell_supported(), no DP attention, one node", reviewed=POST_056)), pd=PD_0506),
+                  "GptOss: is_blackwell_supported(), no DP attention, one node", reviewed=POST_056))),
     starts=OLDEST,
     changes=_with(FUSION_HISTORY, (*_COMMON,
         Change(("#32334",), "boundary ids with the final boundary (fixes #32226)", None, "0.5.17",
