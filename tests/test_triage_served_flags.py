@@ -10,7 +10,7 @@ import json
 from hypothesis import given, strategies as st
 
 from clirun import assert_one_line_error, run_cli
-from tpsim.app.served_flags import pd_findings, radix_findings, unread_notes
+from tpsim.app.served_flags import pd_findings, radix_findings, ubatch_findings, unread_notes
 from tpsim.profiles.findings import Kind
 from tpsim.profiles.pd import Widths
 from tpsim.profiles.pd_versions import PD
@@ -52,3 +52,19 @@ def test_the_flags_are_sglangs():
     r = run_cli("triage", "--server", "vllm@0.34.0", "--draft-config", DRAFT, "--model", "tiny-llama",
                 "--disable-radix-cache")
     assert_one_line_error(r, "--disable-radix-cache applies only with an SGLang --server")
+
+
+@given(version=st.sampled_from(["0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.27.0", "0.34.0"]), dbo=st.booleans())
+def test_dbo_fails_on_tuples_up_to_0_21(version, dbo):
+    """--enable-dbo with EAGLE-3: up to 0.21.0 the micro-batches' (hidden, aux) outputs meet torch.cat as tensors
+    (issue #40769); from 0.22.0 (PR #40789) each component is concatenated in micro-batch order."""
+    serve = lookup(f"vllm@{version}:qwen3_moe", "qwen3_moe")
+    found = ubatch_findings(serve, Served(dbo=dbo, server=f"vllm@{version}"))
+    old = version in ("0.18.0", "0.20.0", "0.21.0")
+    assert [f.kind for f in found] == ([Kind.UBATCH_MERGE] if dbo and old else [])
+    assert all("but got tuple" in f.cause and "0.22.0" in f.fix for f in found)
+
+
+def test_enable_dbo_is_vllms():
+    r = run_cli("triage", "--server", "sglang@0.5.12", "--draft-config", DRAFT, "--model", "tiny", "--enable-dbo")
+    assert_one_line_error(r, "--enable-dbo applies only with a vLLM --server")

@@ -121,7 +121,7 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     if f.kind is Kind.CAPTURE_IGNORED or not t.serve.behaviour.captures:  # the next version that wires it otherwise
         wiring = t.serve.behaviour.wiring
         return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.wiring != wiring)]
-    if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF):  # the first model-file release whose own behaviour differs
+    if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF, Kind.UBATCH_MERGE):  # the first model-file release whose own behaviour differs
         kind = f.kind
         upgrade = [_upgrade(t, q) for q in _first([t.serve, *later_profiles(t.serve)], lambda q: not any(
             g.kind is kind for g in served_flag_findings(t, dataclasses.replace(t.served, server=q.name), q)))]

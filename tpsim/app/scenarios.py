@@ -57,6 +57,7 @@ BUG_CLASSES = {
     "capture-ignored": "a model class that declares EAGLE-3 support and never takes the ids: no aux states",
     "pd-hidden-width": "PD disaggregation hands the decode server a state wider or narrower than its buffer",
     "returned-rows": "hidden states returned per request with fewer rows than tokens (a return path that drops them)",
+    "micro-batch-merge": "micro-batches whose (hidden, aux) outputs the engine merges as plain tensors: it fails",
     "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
 }
 

@@ -1,6 +1,6 @@
 """triage's findings from served flags whose behaviour lives outside the model files (tpsim.profiles.history):
-SGLang's radix cache (on unless --disable-radix-cache) and the prefill/decode hand-off under
---disaggregation-mode. Each names the version's behaviour as read and the first version where it is fixed; the
+SGLang's radix cache (on unless --disable-radix-cache), the prefill/decode hand-off under
+--disaggregation-mode, and vLLM's merge of the micro-batches under --enable-dbo. Each names the version's behaviour as read and the first version where it is fixed; the
 fixes are replayed by tpsim.app.remedies (the same triage run on the fixed version, or with the flag)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from tpsim.profiles.pd import Widths
 from tpsim.profiles.pd_versions import PD
 from tpsim.profiles.prefix import RADIX, RadixKeys
 from tpsim.profiles.profile import Profile, Served
+from tpsim.profiles.ubatch import UBATCH, UbatchMerge
 
 
 def radix_findings(serve: Profile, served: Served) -> list[Finding]:
@@ -50,9 +51,25 @@ def pd_findings(serve: Profile, served: Served, target_hidden: int, draft_hidden
                     [str(held.cited.source)], fix)]
 
 
+def ubatch_findings(serve: Profile, served: Served) -> list[Finding]:
+    """vLLM's --enable-dbo with EAGLE-3: the micro-batches' outputs, (hidden, aux) tuples, merged as tensors."""
+    server = served.server or serve.name
+    if serve.engine != "vllm" or not served.dbo or not UBATCH.read(server):
+        return []
+    held = UBATCH.at(server)
+    if held.value is not UbatchMerge.TENSORS_ONLY:
+        return []
+    later = held.later(lambda merge: merge is UbatchMerge.PER_COMPONENT)
+    return [Finding(Kind.UBATCH_MERGE,
+                    f"{held.server} with --enable-dbo: {held.value.value}: the target returns (hidden_states, "
+                    f"aux_hidden_states) per micro-batch under EAGLE-3, and the server fails at start-up: "
+                    f"{held.cited.error}", [str(held.cited.source)],
+                    f"serve with vllm {Held.upgrade(later)}, or without --enable-dbo")]
+
+
 def unread_notes(serve: Profile, served: Served) -> list[str]:
     """The served flags whose behaviour tpsim did not read for this version: UNVERIFIED, not judged."""
     server = served.server or serve.name
-    asked = [(RADIX, served.radix_cache), (PD, served.disaggregated)]
+    asked = [(RADIX, served.radix_cache), (PD, served.disaggregated), (UBATCH, served.dbo)]
     return [f"UNVERIFIED: {h.what} of {server}: tpsim read {h.engine}'s from {h.oldest} on, so it is not judged"
             for h, on in asked if on and serve.engine == h.engine and not h.read(server)]

@@ -54,6 +54,8 @@ def triage(p: argparse.ArgumentParser) -> None:
     served.add_argument("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"],
                         help="SGLang's prefill/decode disaggregation: the prefill server hands the decode server the "
                              "draft's state (tpsim check --disaggregate replays the transfer)")
+    served.add_argument("--enable-dbo", action="store_true",
+                        help="vLLM's dual-batch overlap: the forward as two micro-batches whose outputs are merged")
     add_execution_options(p)
     add_json(p)
 

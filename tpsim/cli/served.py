@@ -29,11 +29,13 @@ def engines_from(args, cfg: ModelConfig, tp: int) -> tuple[Profile, Trained, Ser
     serve = for_target(args.server, cfg.model_type)
     trained = trained_from(args.train, cfg.model_type, cfg.num_hidden_layers)
     refuse_without(args, "an SGLang --server", serve.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
+    refuse_without(args, "a vLLM --server", serve.engine == "vllm", {"enable_dbo": "--enable-dbo"})
     served = Served(tp, Gpu(args.gpu), positive_int(args.nnodes, "--nnodes"), args.enable_dp_attention,
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
                     not args.disable_cuda_graph, positive_int(getattr(args, "seq_len", None) or "16", "--seq-len"),
                     not getattr(args, "disable_radix_cache", False),
-                    getattr(args, "disaggregation_mode", "null") != "null", args.server)
+                    getattr(args, "disaggregation_mode", "null") != "null", getattr(args, "enable_dbo", False),
+                    args.server)
     return serve, trained, served
 
 

@@ -27,6 +27,7 @@ class Kind(Enum):
     IDS_CHANGED = "the config's ids were changed after training"
     CAPTURE_IGNORED = "the model file never captures"
     PREFIX_CACHE = "a prefix-cache hit feeds the draft a stale KV"
+    UBATCH_MERGE = "the micro-batches cannot be merged with their aux states"
     PD_HANDOFF = "PD disaggregation hands the decode server a state wider or narrower than its buffer"
 
 

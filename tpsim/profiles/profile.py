@@ -204,6 +204,7 @@ class Served:
     tokens: int = 16  # tokens in the batch replayed
     radix_cache: bool = True  # SGLang's radix cache (on unless --disable-radix-cache)
     disaggregated: bool = False  # SGLang --disaggregation-mode prefill/decode: the PD hand-off of the draft's state
+    dbo: bool = False  # vLLM --enable-dbo: dual-batch overlap, the forward run as two micro-batches
     server: str = ""  # --server as given: the version of the behaviours kept outside the model files (history.py)
 
 

@@ -1,0 +1,41 @@
+"""vLLM's dual-batch overlap (`--enable-dbo`) under EAGLE-3, per version: how the runner merges the two
+micro-batches' model outputs. With aux hidden states the target returns `(hidden_states, aux_hidden_states)` per
+micro-batch; up to 0.21.0 the ubatch wrapper concatenated the outputs as tensors, which fails on the tuples at
+start-up (profile run): vllm-project/vllm issue #40769, fixed by PR #40789 (first in 0.22.0), which concatenates
+each component in micro-batch order (0.34.0's runner-v2 `merge_ubatch_outputs` does the same, recursively).
+The same class in another engine: ROCm/ATOM PR #1418 ("TBO assumed that each ubatch model forward returned a
+single torch.Tensor"). tpsim's micro-batch merge (`check --tbo --strategy micro-batches`) concatenates each
+micro-batch's capture in token order and equals the whole-batch capture (tests/test_tbo.py)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from tpsim.profiles import vllm
+from tpsim.profiles.history import History
+from tpsim.profiles.profile import Change, Cited
+
+WRAPPER = "vllm/v1/worker/gpu_ubatch_wrapper.py"
+
+
+class UbatchMerge(Enum):
+    TENSORS_ONLY = "the micro-batches' outputs concatenated as tensors: a tuple of (hidden, aux) fails"
+    PER_COMPONENT = "each component of the outputs concatenated in micro-batch order (aux states included)"
+
+
+TENSORS = Cited(UbatchMerge.TENSORS_ONLY, vllm.src(
+    WRAPPER, "0.18.0", "UBatchWrapper._run_ubatches",
+    "sorted_results = [value for position, value in sorted(results)] result = torch.cat(sorted_results, dim=0)",
+    "the same in 0.19.0, 0.20.0 and 0.21.0 (read); issue #40769: 'During profile_run, the ubatch wrapper crashes in "
+    "torch.cat because the model's per-ubatch output is a tuple rather than a single Tensor'"),
+    error="TypeError: expected Tensor as element 0 in argument 0, but got tuple (vllm PR #40789, at start-up: "
+          "--enable-dbo with EAGLE-3)")
+PER_COMPONENT = Change(("#40789",), "support tuple model outputs in ubatch wrapper (dbo + spec decode)", None, "0.22.0",
+                       {"ubatch": Cited(UbatchMerge.PER_COMPONENT, vllm.src(
+                           WRAPPER, "0.22.0", "_cat_ubatch_outputs",
+                           "if sorted_results and isinstance(sorted_results[0], tuple): return tuple(torch.cat(parts, "
+                           "dim=0) for parts in zip(*sorted_results))",
+                           "first in 0.22.0, absent from 0.21.0; the same in 0.27.0 .. 0.33.0 (read); 0.34.0: runner "
+                           "v2's ubatch_utils.merge_ubatch_outputs, per component (tuple, list) in micro-batch order"))})
+UBATCH = History("vllm", "dual-batch overlap's merge of the micro-batches' outputs", "ubatch", TENSORS,
+                 (PER_COMPONENT,), "0.18.0", vllm.RELEASES)
