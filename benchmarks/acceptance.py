@@ -67,6 +67,10 @@ CASES = [
          ("--server", "vllm@0.25.0"), random_embed=True),
     Case("random embed_tokens, SGLang", "the same draft on SGLang 0.5.12, which always gives the draft the target's",
          ("--server", "sglang@0.5.12"), random_embed=True),
+    Case("radix cache by tokens", "the prompts served in order on SGLang 0.5.2, whose radix cache is keyed by "
+                                  "tokens: each after the first reuses the draft's KV at position 23 of the shared "
+                                  "24-token system prompt, computed with the previous request's token 24 (PR #10846)",
+         ("--server", "sglang@0.5.2")),
 ]
 
 

@@ -118,3 +118,23 @@ def test_rounds_are_a_walk_over_every_positions_acceptance(tokens, k, start, rnd
     for x in a.accepted:
         assert every[p - start] == x
         p += x + 1
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), length=st.integers(3, 14), k=st.integers(1, 4), data=st.data())
+def test_a_stale_draft_kv_changes_only_the_rows_that_attend_to_it(seed, length, k, data):
+    """A radix-cache hit's stale KV at row r (step 0 run with another request's token for r+1): the chains of
+    rows before r are the same; the same token as the sequence's is no change at all; the stale row's own chain is
+    the chain of the sequence with that token in its place."""
+    draft = seeded_draft(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    capture = torch.randn(length, 3 * 16, generator=g)
+    tokens = torch.randint(0, 40, (length,), generator=g)
+    r = data.draw(st.integers(0, length - 2), label="row")
+    x = data.draw(st.integers(0, 39), label="token")
+    whole, stale = chains(draft, capture, tokens, k), chains(draft, capture, tokens, k, (r, x))
+    assert torch.equal(stale[:r], whole[:r])
+    assert torch.equal(chains(draft, capture, tokens, k, (r, int(tokens[r + 1]))), whole)
+    swapped = tokens.clone()
+    swapped[r + 1] = x
+    assert torch.equal(stale[r], chains(draft, capture, swapped, k)[r])

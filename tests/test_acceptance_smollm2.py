@@ -112,3 +112,16 @@ def test_returned_hidden_states_per_sglang_version(env, tmp_path):
             assert b.get_tensor("aux_hidden_states").shape[0] == len(ids) > a.get_tensor("aux_hidden_states").shape[0]
     r = run_cli("diagnose", str(files["0.5.13"][0]), "--reference", str(files["0.5.14"][0]), env=env)
     assert r.returncode == 1 and "token subset" in r.stdout and "sglang issue #26163" in r.stdout, r
+
+
+def test_a_radix_cache_keyed_by_tokens_feeds_a_stale_draft_kv(env):
+    """The prompts share a 24-token system prompt: served in order with SGLang 0.5.2's radix cache (keyed by tokens)
+    the second reuses the draft's KV at position 23, computed with the first's token 24; 0.5.3 (PR #10846) and
+    --disable-radix-cache reuse nothing stale. One stale position costs no measurable acceptance here."""
+    prompts = ("--prompts", str(BUILTIN / "scenarios" / "smollm2-two-prompts.json"))
+    code, old = acceptance(env, "--server", "sglang@0.5.2", *prompts)
+    assert "1 of 2 sequences reuse the previous one's first 24 tokens" in old["served"]["radix_cache"], old["served"]
+    assert code == 0 and old["server"] == "sglang@0.5.2" and old["serve_profile"].startswith("sglang@0.5.6"), old
+    for extra in (("--server", "sglang@0.5.3"), ("--server", "sglang@0.5.2", "--disable-radix-cache")):
+        code, new = acceptance(env, *extra, *prompts)
+        assert code == 0 and new["served"]["radix_cache"] is None, new["served"]

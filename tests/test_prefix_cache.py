@@ -150,3 +150,20 @@ def test_the_radix_cache_is_sglangs_and_read_from_0_5_2():
     for server, words in (("vllm@0.34.0", "of sglang only"), ("sglang@0.5.1", "from 0.5.2 on")):
         r = run_cli("check", "--prefix-cached", "3", "--server", server)
         assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r
+
+
+@given(prefix=st.lists(st.integers(0, 9), min_size=0, max_size=8), tails=st.lists(
+    st.lists(st.integers(0, 9), min_size=2, max_size=6), min_size=1, max_size=4))
+def test_requests_served_in_order_reuse_a_stale_draft_kv_only_under_token_keys(prefix, tails):
+    """Requests sharing a prefix, served one after another: keyed by tokens each reuses the draft KV at its last
+    shared position, computed with the previous request's next token (where that differs); keyed by pairs none."""
+    from tpsim.profiles.prefix import RadixKeys, served_in_order
+    requests = [(tuple(prefix + t), len(prefix) + len(t) - 1) for t in tails]
+    tokens_keyed = served_in_order(RadixKeys.TOKENS, requests)
+    assert served_in_order(RadixKeys.BIGRAMS, requests) == [None] * len(requests)
+    assert len(tokens_keyed) == len(requests) and tokens_keyed[0] is None
+    for (before, _), (now, prompt), stale in zip(requests, requests[1:], tokens_keyed[1:]):
+        if stale is not None:
+            row, token = stale
+            assert now[:row + 1] == before[:row + 1] and token == before[row + 1] != now[row + 1]
+            assert row + 1 < prompt

@@ -68,3 +68,13 @@ def test_dbo_fails_on_tuples_up_to_0_21(version, dbo):
 def test_enable_dbo_is_vllms():
     r = run_cli("triage", "--server", "sglang@0.5.12", "--draft-config", DRAFT, "--model", "tiny", "--enable-dbo")
     assert_one_line_error(r, "--enable-dbo applies only with a vLLM --server")
+
+
+def test_a_version_before_the_model_files_is_captured_as_the_oldest_read_one():
+    from tpsim.profiles.history import model_file_server
+    for given, served in (("sglang@0.5.2", "sglang@0.5.6"), ("sglang@0.5.2+embed", "sglang@0.5.6+embed"),
+                          ("sglang@0.5.1:deepseek_v2", "sglang@0.5.6:deepseek_v2"),
+                          ("sglang@0.5.12+embed", "sglang@0.5.12+embed"), ("vllm@0.17.1", "vllm@0.17.1"),
+                          ("sglang", "sglang")):
+        got, note = model_file_server(given, "the radix cache")
+        assert got == served and (note is None) == (got == given), (given, got, note)

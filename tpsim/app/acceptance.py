@@ -23,6 +23,7 @@ from tpsim.draft.checkpoint import DraftCheckpoint, build
 from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.profiles.loader_lines import lookup
+from tpsim.profiles.prefix import RADIX, served_in_order
 from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job
 from tpsim.run.spec import RunSpec
 
@@ -66,12 +67,15 @@ class Fed:
     tp: int
     failure: str | None = None
     embedding: str = "the target's"  # whose embed_tokens the draft runs on, and why when not the target's
+    cache: str = ""  # a radix cache that feeds the draft a stale KV, and where (empty: none)
 
     @property
     def text(self) -> str:
         where = ", ".join(map(str, self.positions)) or "nothing"
         embed = "" if self.embedding == "the target's" else f"; embed_tokens: {self.embedding}"
-        return f"{where} at TP {self.tp}" + (f", mode {self.mode.name} ({self.strategy})" if self.tp > 1 else "") + embed
+        cache = f"; {self.cache}" if self.cache else ""
+        return f"{where} at TP {self.tp}" + (f", mode {self.mode.name} ({self.strategy})" if self.tp > 1 else "") + \
+            embed + cache
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class Measured:
         a = self.acceptance
         return {"label": self.fed.label, "positions": [str(p) for p in self.fed.positions], "tp": self.fed.tp,
                 "mode": self.fed.mode.name, "capture_strategy": self.fed.strategy.value, "failure": self.fed.failure,
-                "embedding": self.fed.embedding,
+                "embedding": self.fed.embedding, "radix_cache": self.fed.cache or None,
                 "ranks_identical": self.ranks_identical,
                 "acceptance_length": None if a is None else round(a.length, 4),
                 "per_position": None if a is None else [round(x, 4) for x in a.per_position],
@@ -237,13 +241,30 @@ def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
     draft (None on a torchrun rank other than 0)."""
     what = served_fed(inputs, caps, prep.draft.cfg.capture_width)
     embed, why = served_embedding(prep.checkpoint, inputs.request.ids.server or inputs.serve.name, prep.target_embed)
-    what = dataclasses.replace(what, embedding=why)
+    stale, cache = stale_kv(inputs, prep.sequences)
+    what = dataclasses.replace(what, embedding=why, cache=cache)
     if what.failure is not None:
         return Measured(what, None)
     spec, _ = inputs.request.spec(inputs.target.source, what.positions, (what.mode, what.strategy))
     draft = prep.draft if embed is prep.target_embed else build(prep.checkpoint, embed, spec.device).eval()
     on_serve = _captures(spec, what.tp, prep.sequences)
-    return None if on_serve is None else _measure(draft, what, on_serve, prep.sequences, prep.k)
+    return None if on_serve is None else _measure(draft, what, on_serve, prep.sequences, prep.k, stale)
+
+
+def stale_kv(inputs: Inputs, seqs: list[Sequence]) -> tuple[list, str]:
+    """The sequences served in order with SGLang's radix cache on (tpsim.profiles.prefix.served_in_order): per
+    sequence the draft KV a hit reuses stale, and what to call it (empty: none)."""
+    served, server = inputs.served, inputs.served.server or inputs.serve.name
+    if inputs.serve.engine != "sglang" or not served.radix_cache or not RADIX.read(server):
+        return [None] * len(seqs), ""
+    held = RADIX.at(server)
+    stale = served_in_order(held.value, [(s.tokens, s.prompt) for s in seqs])
+    hits = [s for s in stale if s is not None]
+    if not hits:
+        return stale, ""
+    return stale, (f"radix cache ({held.server}: {held.value.value}): {len(hits)} of {len(seqs)} sequences reuse the "
+                   f"previous one's first {hits[0][0] + 1} tokens, the draft's KV at position {hits[0][0]} computed "
+                   "with its next token")
 
 
 def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -292,18 +313,19 @@ def _greedy(seqs: list[Sequence], caps: list[SequenceCapture], notes: list[str])
     return kept, kept_caps
 
 
-def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence], k: int) -> Measured:
+def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence], k: int,
+             stale: list | None = None) -> Measured:
     if any(c.capture.shape[0] < len(s.tokens) for c, s in zip(caps, seqs)):
         c, s = next((c, s) for c, s in zip(caps, seqs) if c.capture.shape[0] < len(s.tokens))
         return Measured(Fed(what.label, what.positions, what.mode, what.strategy, what.tp,
                             f"rank 0 holds {c.capture.shape[0]} of the {len(s.tokens)} tokens' rows: what the engine "
                             "feeds the draft then is not replayed"), None)
     each = []
-    for c, s in zip(caps, seqs):
+    for c, s, reused in zip(caps, seqs, stale or [None] * len(seqs)):
         dev = model.d2t.device
         toks = torch.tensor(s.tokens, device=dev)
         cap = c.capture[:len(s.tokens)].to(dev, torch.float32)
-        each.append(rounds(chains(model, cap, toks, k).cpu(), list(s.tokens), s.prompt))
+        each.append(rounds(chains(model, cap, toks, k, reused).cpu(), list(s.tokens), s.prompt))
     return Measured(what, sum(each, Acceptance(k, ())), all(c.identical for c in caps),
                     tuple(a.accepted for a in each), tuple(c.capture[:len(s.tokens)] for c, s in zip(caps, seqs)))
 

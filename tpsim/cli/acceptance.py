@@ -7,6 +7,7 @@ feeds the draft, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tpsim.draft.checkpoint import read
 from tpsim.offline.align import read_draft_config
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.fingerprints import unverified
+from tpsim.profiles.history import model_file_server
 from tpsim.profiles.returned import RETURNED
 
 
@@ -34,6 +36,8 @@ def cmd_acceptance(args) -> int:
                          "(tpsim profiles lists them)")
     check_timeout(args.timeout)
     returned = None if args.returned_hidden_states is None else RETURNED.at(args.server)
+    given = args.server  # an SGLang version before the model files read: its capture is the oldest read one's
+    args.server, replayed_as = model_file_server(given, "the radix cache")
     k = positive_int(args.steps, "--steps")
     tp = 1 if args.tp is None and not under_torchrun() else one_tp(args)  # the served TP; 1 unless said
     check_divides_world(tp)
@@ -46,12 +50,14 @@ def cmd_acceptance(args) -> int:
                          "acceptance; give a target that runs here (e.g. --model smollm2-135m), or run on a GPU (--device cuda)")
     args.model = target.name
     serve, trained, served = engines_from(args, target.real, tp)
+    served = dataclasses.replace(served, server=given)
     prompts = prompts_from(args, target)
     check_returned(args, len(prompts.sequences) + len(prompts.to_answer))
     report = measure(Inputs(trained, serve, served, config, request_from(args, sorted({1, tp})), target),
                      ckpt, k, prompts)
     if report is None:  # a torchrun rank other than 0
         return 0
+    report.notes[:0] = [replayed_as] if replayed_as else []
     stale = unverified(args.server, target.real.model_type)
     written = [] if returned is None else write_returned(report, returned, Path(args.returned_hidden_states))
     if args.json:
@@ -75,7 +81,7 @@ def check_returned(args, sequences: int) -> None:
 
 
 def to_dict(r: AcceptanceReport, args, origin: str) -> dict:
-    return {"kept": r.kept, "draft": args.draft, "server": args.server, "serve_profile": r.inputs.serve.name,
+    return {"kept": r.kept, "draft": args.draft, "server": r.inputs.served.server, "serve_profile": r.inputs.serve.name,
             "train": r.inputs.trained.name, "model": r.inputs.target.name, "tp": r.inputs.served.tp, "steps": r.k,
             "prompts": origin, "sequences": len(r.sequences),
             "answer_tokens": sum(s.answer for s in r.sequences),
@@ -101,7 +107,7 @@ def _line(m: Measured) -> str:
 def print_report(r: AcceptanceReport, args, origin: str) -> None:
     t = r.inputs.target
     say(f"tpsim acceptance: draft {args.draft} on {t.name} ({t.real.num_hidden_layers} layers, hidden_size "
-        f"{t.real.hidden_size}), trained by {r.inputs.trained.name}, served by {args.server} at TP {r.inputs.served.tp}")
+        f"{t.real.hidden_size}), trained by {r.inputs.trained.name}, served by {r.inputs.served.server} at TP {r.inputs.served.tp}")
     say(f"prompts: {origin}: {len(r.sequences)} sequences, {sum(s.answer for s in r.sequences)} answer tokens; "
         f"greedy chain drafting, k = {r.k} draft tokens per verify round")
     say(f"served mode: {r.captures.mode.mode.name}, capture strategy {r.captures.mode.strategy} "

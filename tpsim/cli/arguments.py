@@ -98,7 +98,10 @@ def acceptance(p: argparse.ArgumentParser) -> None:
                         "return_hidden_states gives back under speculative decoding (up to 0.5.13 one row per verify "
                         "round, sglang issue #26163), as a capture file tpsim diagnose reads")
     add_force(p)
-    add_served_flags(p)
+    served = add_served_flags(p)
+    served.add_argument("--disable-radix-cache", action="store_true",
+                        help="SGLang's radix cache was off (on by default: the sequences are served in order, and up to "
+                             "0.5.2 a prefix hit reuses a draft KV computed with the previous request's next token)")
     add_execution_options(p)
     add_json(p)
 

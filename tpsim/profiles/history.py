@@ -86,10 +86,13 @@ def model_file_server(server: str, what: str) -> tuple[str, str | None]:
     version keeps as its own, e.g. "the PD hand-off")."""
     head, colon, model = server.partition(":")
     engine, _, version = head.partition("@")
+    version, plus, patch = version.partition("+")  # sglang@0.5.12+embed: a patch of the release
+    model, mplus, mpatch = model.partition("+")
+    patch = f"+{patch or mpatch}" if plus or mplus else ""
     first = sglang.OLDEST.release
     at = when(engine, version) if ALIASES.get(engine, engine) == "sglang" else None
     if at is None or at.day is None or at.day >= sglang.RELEASES[first]:
         return server, None
-    return (f"{engine}@{first}{colon}{model}",
+    return (f"{engine}@{first}{colon}{model}{patch}",
             f"the capture is replayed as {engine}@{first}'s model file (tpsim read the model files from {first} on; "
             f"{version}'s capture loop was not read); {version}'s own: {what}")

@@ -73,3 +73,17 @@ class PrefixHit:
 
 def prefix_hit(server: str | None, shared: int) -> PrefixHit:
     return PrefixHit(shared, RADIX.at(server or "sglang"))
+
+
+def served_in_order(keys: RadixKeys, requests: list[tuple[tuple[int, ...], int]]) -> list[tuple[int, int] | None]:
+    """Requests (tokens, prompt length) served one after another with the radix cache on: request i's prompt
+    shares its first N tokens with request i-1 (prompt and answer, cached when it finished). Per request, the draft
+    KV it reuses stale: (row N-1, request i-1's token N) where the keys reuse all N positions, else None."""
+    out: list[tuple[int, int] | None] = [None] * min(len(requests), 1)
+    for (before, _), (tokens, prompt) in zip(requests, requests[1:]):
+        n = 0
+        while n < min(prompt - 1, len(before) - 1) and tokens[n] == before[n]:
+            n += 1
+        reused = keys.reused(n) if n else 0
+        out.append((n - 1, before[n]) if reused == n and n and before[n] != tokens[n] else None)
+    return out

@@ -35,7 +35,8 @@ PER_COMPONENT = Change(("#40789",), "support tuple model outputs in ubatch wrapp
                            WRAPPER, "0.22.0", "_cat_ubatch_outputs",
                            "if sorted_results and isinstance(sorted_results[0], tuple): return tuple(torch.cat(parts, "
                            "dim=0) for parts in zip(*sorted_results))",
-                           "first in 0.22.0, absent from 0.21.0; the same in 0.27.0 .. 0.33.0 (read); 0.34.0: runner "
-                           "v2's ubatch_utils.merge_ubatch_outputs, per component (tuple, list) in micro-batch order"))})
+                           "first in 0.22.0, absent from 0.21.0; the same test in the 0.23.0 .. 0.27.0, 0.30.0, 0.32.0 "
+                           "and 0.33.0 sdists; 0.34.0: runner v2's ubatch_utils.merge_ubatch_outputs, per component "
+                           "(tuple, list) in micro-batch order"))})
 UBATCH = History("vllm", "dual-batch overlap's merge of the micro-batches' outputs", "ubatch", TENSORS,
                  (PER_COMPONENT,), "0.18.0", vllm.RELEASES)
