@@ -16,7 +16,7 @@ from tpsim.config.loader import config_from_dict
 from tpsim.profiles import sglang
 from tpsim.profiles.conventions import Convention, resolve
 from tpsim.profiles.pd import PdTransfer, Widths
-from tpsim.profiles.pd_versions import pd_version
+from tpsim.profiles.pd_versions import PD, pd_version
 from tpsim.run.pd_jobs import Disaggregation, pd_job
 from tpsim.run.spec import ModelSource, RunSpec
 
@@ -47,7 +47,7 @@ def test_from_13590_the_buffer_is_the_drafts_width():
         v = pd_version(text)
         assert v.transfer is PdTransfer.DRAFT and v.failure(Widths(64, 32)) is None, text
     assert pd_version("sglang@0.5.6").cited.source.symbol == "Scheduler.init_disaggregation"
-    assert all(c.release is None for c in sglang.PD_HISTORY[1])  # first releases unknown
+    assert all(c.release is None for c in PD.changes)  # first releases unknown
 
 
 def test_the_finding_names_both_widths_the_prs_and_the_fix():

@@ -14,6 +14,7 @@ import torch
 
 from tpsim.app.draft_served import same_embedding, target_embedding
 from tpsim.app.ranks import on_ranks
+from tpsim.app.served_flags import flag_behaviour
 from tpsim.app.triage import Captures, Inputs, captures
 from tpsim.base.errors import UsageError
 from tpsim.capture.positions import Position
@@ -254,10 +255,9 @@ def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
 def stale_kv(inputs: Inputs, seqs: list[Sequence]) -> tuple[list, str]:
     """The sequences served in order with SGLang's radix cache on (tpsim.profiles.prefix.served_in_order): per
     sequence the draft KV a hit reuses stale, and what to call it (empty: none)."""
-    served, server = inputs.served, inputs.served.server or inputs.serve.name
-    if inputs.serve.engine != "sglang" or not served.radix_cache or not RADIX.read(server):
+    held = flag_behaviour(RADIX, inputs.serve, inputs.served, inputs.served.radix_cache)
+    if held is None:
         return [None] * len(seqs), ""
-    held = RADIX.at(server)
     stale = served_in_order(held.value, [(s.tokens, s.prompt) for s in seqs])
     hits = [s for s in stale if s is not None]
     if not hits:

@@ -6,7 +6,7 @@ fixes are replayed by tpsim.app.remedies (the same triage run on the fixed versi
 from __future__ import annotations
 
 from tpsim.profiles.findings import Finding, Kind
-from tpsim.profiles.history import Held
+from tpsim.profiles.history import Held, History
 from tpsim.profiles.pd import Widths
 from tpsim.profiles.pd_versions import PD
 from tpsim.profiles.prefix import RADIX, RadixKeys
@@ -14,33 +14,33 @@ from tpsim.profiles.profile import Profile, Served
 from tpsim.profiles.ubatch import UBATCH, UbatchMerge
 
 
+def flag_behaviour(history: History, serve: Profile, served: Served, on: bool) -> Held | None:
+    """The behaviour of `history` at the served version, when its flag is `on` for that engine and the version
+    was read (else None: a version before the oldest read is unread_notes')."""
+    server = served.server or serve.name
+    return history.at(server) if on and serve.engine == history.engine and history.read(server) else None
+
+
 def radix_findings(serve: Profile, served: Served) -> list[Finding]:
     """A radix cache keyed by tokens: every prefix hit reuses the draft's KV at its last shared position."""
-    server = served.server or serve.name
-    if serve.engine != "sglang" or not served.radix_cache or not RADIX.read(server):
-        return []  # before the oldest release read: unread_notes says so
-    held = RADIX.at(server)
-    if held.value is not RadixKeys.TOKENS:
+    held = flag_behaviour(RADIX, serve, served, served.radix_cache)
+    if held is None or held.value is not RadixKeys.TOKENS:
         return []
     later = held.later(lambda keys: keys is not RadixKeys.TOKENS)
-    fix = f"serve with sglang {Held.upgrade(later)}" if later else "--disable-radix-cache"
+    fix = f"serve with sglang {Held.upgrade(later)}, or --disable-radix-cache" if later else "--disable-radix-cache"
     return [Finding(Kind.PREFIX_CACHE,
                     f"{held.server} serves with its radix cache on and {held.value.value}: a prompt that shares its "
                     "first N tokens with a cached request reuses the draft's KV at position N-1 too, computed with "
                     "that request's token N, not this one's: every later draft step attends to a key and value this "
                     "request never had (sglang PR #10846: acceptance length 2.26 with the radix cache against 2.39 "
                     "without; tpsim check --prefix-cached N replays a hit)", [str(held.cited.source)],
-                    f"{fix}, or --disable-radix-cache")]
+                    fix)]
 
 
 def pd_findings(serve: Profile, served: Served, target_hidden: int, draft_hidden: int, slots: int) -> list[Finding]:
     """Under --disaggregation-mode: the state the prefill server sends against the decode server's buffer."""
-    server = served.server or serve.name
-    if serve.engine != "sglang" or not served.disaggregated or not PD.read(server):
-        return []  # before the oldest release read: unread_notes says so
-    held = PD.at(server)
-    w = Widths(target_hidden, draft_hidden, slots or 3)
-    if held.value.fits(w):
+    held, w = flag_behaviour(PD, serve, served, served.disaggregated), Widths(target_hidden, draft_hidden, slots or 3)
+    if held is None or held.value.fits(w):
         return []
     later = held.later(lambda t: t.fits(w))
     fix = f"serve with sglang {Held.upgrade(later)}" if later else "no version tpsim read hands this state off"
@@ -53,11 +53,8 @@ def pd_findings(serve: Profile, served: Served, target_hidden: int, draft_hidden
 
 def ubatch_findings(serve: Profile, served: Served) -> list[Finding]:
     """vLLM's --enable-dbo with EAGLE-3: the micro-batches' outputs, (hidden, aux) tuples, merged as tensors."""
-    server = served.server or serve.name
-    if serve.engine != "vllm" or not served.dbo or not UBATCH.read(server):
-        return []
-    held = UBATCH.at(server)
-    if held.value is not UbatchMerge.TENSORS_ONLY:
+    held = flag_behaviour(UBATCH, serve, served, served.dbo)
+    if held is None or held.value is not UbatchMerge.TENSORS_ONLY:
         return []
     later = held.later(lambda merge: merge is UbatchMerge.PER_COMPONENT)
     return [Finding(Kind.UBATCH_MERGE,

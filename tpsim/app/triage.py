@@ -165,7 +165,8 @@ def assess(t: Triage, hidden: int) -> None:
 
 
 def served_flag_findings(t: Triage, served: Served, serve: Profile) -> list[Finding]:
-    """The radix cache's and the PD hand-off's findings for `serve` launched as `served`."""
+    """The findings of the served flags kept outside the model files (tpsim.app.served_flags) for `serve` launched
+    as `served`."""
     hidden = t.inputs.target.real.hidden_size
     return [*radix_findings(serve, served), *ubatch_findings(serve, served),
             *pd_findings(serve, served, hidden, t.inputs.draft.raw.get("hidden_size") or hidden, len(t.replay.slots))]

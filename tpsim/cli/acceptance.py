@@ -7,7 +7,6 @@ feeds the draft, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -49,8 +48,7 @@ def cmd_acceptance(args) -> int:
         raise UsageError(f"--model {target.name} is too big to run here and a stand-in's answers say nothing about "
                          "acceptance; give a target that runs here (e.g. --model smollm2-135m), or run on a GPU (--device cuda)")
     args.model = target.name
-    serve, trained, served = engines_from(args, target.real, tp)
-    served = dataclasses.replace(served, server=given)
+    serve, trained, served = engines_from(args, target.real, tp, given)
     prompts = prompts_from(args, target)
     check_returned(args, len(prompts.sequences) + len(prompts.to_answer))
     report = measure(Inputs(trained, serve, served, config, request_from(args, sorted({1, tp})), target),

@@ -24,8 +24,9 @@ SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend
                 "disable_radix_cache": "--disable-radix-cache", "disaggregation_mode": "--disaggregation-mode"}
 
 
-def engines_from(args, cfg: ModelConfig, tp: int) -> tuple[Profile, Trained, Served]:
-    """--server's profile for the target's model file, --train, and the served flags at TP=tp."""
+def engines_from(args, cfg: ModelConfig, tp: int, given: str | None = None) -> tuple[Profile, Trained, Served]:
+    """--server's profile for the target's model file, --train, and the served flags at TP=tp (`given`: --server as
+    the user wrote it, where args.server names the model file that replays it: history.model_file_server)."""
     serve = for_target(args.server, cfg.model_type)
     trained = trained_from(args.train, cfg.model_type, cfg.num_hidden_layers)
     refuse_without(args, "an SGLang --server", serve.engine == "sglang", SGLANG_FLAGS)  # another engine's flags differ
@@ -35,7 +36,7 @@ def engines_from(args, cfg: ModelConfig, tp: int) -> tuple[Profile, Trained, Ser
                     not args.disable_cuda_graph, positive_int(getattr(args, "seq_len", None) or "16", "--seq-len"),
                     not getattr(args, "disable_radix_cache", False),
                     getattr(args, "disaggregation_mode", "null") != "null", getattr(args, "enable_dbo", False),
-                    args.server)
+                    given or args.server)
     return serve, trained, served
 
 

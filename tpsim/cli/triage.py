@@ -8,8 +8,6 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-import dataclasses
-
 from tpsim.offline.align import read_draft_config
 from tpsim.app.acceptance import Measured, TriageMeasure, measure_triage
 from tpsim.cli.findings import say_finding
@@ -54,8 +52,7 @@ def cmd_triage(args) -> int:
                          "that runs here with --model")
     args.model = target.name
     cfg = target.real
-    serve_p, trained, served = engines_from(args, cfg, tp)
-    served = dataclasses.replace(served, server=given)
+    serve_p, trained, served = engines_from(args, cfg, tp, given)
     prompts = prompts_from(args, target) if args.measure else None
     k = positive_int(args.steps, "--steps")
     t = triage(Inputs(trained, serve_p, served, draft, request_from(args, tps), target))

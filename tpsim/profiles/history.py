@@ -29,20 +29,20 @@ class History(Generic[T]):
 
     def read(self, server: str) -> bool:
         """Whether `server`'s version is one this history read (not older than its oldest release read)."""
-        version = server.partition("+")[0].partition(":")[0].partition("@")[2]
-        day = when(self.engine, version).day
-        return day is None or day >= self.releases[self.oldest]
+        return self._read(when(self.engine, ServerName.of(server).version))
+
+    def _read(self, day) -> bool:
+        return day.day is None or day.day >= self.releases[self.oldest]
 
     def at(self, server: str) -> "Held[T]":
         """The value `server` (`ENGINE[@VERSION][:MODEL][+PATCH]`) has (UsageError: another engine, or a version
         older than the oldest release read)."""
-        spec = server.partition("+")[0].partition(":")[0]
-        engine, _, version = spec.partition("@")
-        if ALIASES.get(engine, engine) != self.engine:
+        name = ServerName.of(server)
+        if name.engine != self.engine:
             raise UsageError(f"--server {server}: tpsim replays {self.what} of {self.engine} only; give --server "
                              f"{self.engine}@VERSION")
-        day = when(self.engine, version)
-        if not self.read(server):
+        day = when(self.engine, name.version)
+        if not self._read(day):
             raise UsageError(f"--server {server}: tpsim read {self.what} of {self.engine} from {self.oldest} on; give "
                              f"{self.oldest} or later, a date, or 'latest'")
         edges = (None, *self.changes, None)
@@ -80,19 +80,36 @@ class Held(Generic[T]):
         return f"{when_} or later ({change.label})" if change.prs else f"{when_} or later"
 
 
+@dataclass(frozen=True)
+class ServerName:
+    """`ENGINE[@VERSION][:MODEL][+PATCH]` in its parts (the engine's alias resolved)."""
+
+    engine: str
+    version: str
+    model: str
+    patch: str
+
+    @staticmethod
+    def of(text: str) -> "ServerName":
+        base, _, patch = text.partition("+")
+        head, _, model = base.partition(":")
+        engine, _, version = head.partition("@")
+        return ServerName(ALIASES.get(engine, engine), version, model, patch)
+
+    def at(self, version: str) -> str:
+        """The same name at another version."""
+        return f"{self.engine}@{version}" + (f":{self.model}" if self.model else "") + \
+            (f"+{self.patch}" if self.patch else "")
+
+
 def model_file_server(server: str, what: str) -> tuple[str, str | None]:
     """The --server whose model file replays the capture, and a note when it is not `server`: an SGLang version
     before the model files' profiled range is captured as the oldest profiled release (`what`: the behaviour the
     version keeps as its own, e.g. "the PD hand-off")."""
-    head, colon, model = server.partition(":")
-    engine, _, version = head.partition("@")
-    version, plus, patch = version.partition("+")  # sglang@0.5.12+embed: a patch of the release
-    model, mplus, mpatch = model.partition("+")
-    patch = f"+{patch or mpatch}" if plus or mplus else ""
-    first = sglang.OLDEST.release
-    at = when(engine, version) if ALIASES.get(engine, engine) == "sglang" else None
+    name, first = ServerName.of(server), sglang.OLDEST.release
+    at = when(name.engine, name.version) if name.engine == "sglang" else None
     if at is None or at.day is None or at.day >= sglang.RELEASES[first]:
         return server, None
-    return (f"{engine}@{first}{colon}{model}{patch}",
-            f"the capture is replayed as {engine}@{first}'s model file (tpsim read the model files from {first} on; "
-            f"{version}'s capture loop was not read); {version}'s own: {what}")
+    return (name.at(first),
+            f"the capture is replayed as {name.engine}@{first}'s model file (tpsim read the model files from {first} "
+            f"on; {name.version}'s capture loop was not read); {name.version}'s own: {what}")

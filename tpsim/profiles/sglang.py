@@ -15,7 +15,6 @@ from datetime import date
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
                                     Duplicates, EmbedId, Empty, FusionAuto, Gather, GraphIds, Handoff, Line, Numbering,
                                     Order, OutOfRange, Site, Source, TboCapture, releases)
-from tpsim.profiles.pd import PdTransfer
 
 REPO = "sgl-project/sglang"
 RELEASES = releases(
@@ -293,49 +292,6 @@ def _with(changes: tuple[Change, ...], extra: tuple[Change, ...]) -> tuple[Chang
         merged[c.release] = c
     kept = [c for c in merged.values() if c.changes]  # a change another architecture's rule made: none here
     return tuple(sorted(kept, key=lambda c: tuple(int(x) for x in c.release.split("."))))
-
-
-# --- PD disaggregation: what the prefill server hands the decode server for the draft -------------
-# Not the model file's code (the scheduler's and disaggregation/'s), and its history reaches before the
-# oldest release read for the model files: PD_HISTORY keeps all of it (wheels 0.5.1, 0.5.5 and 0.5.6 read;
-# tpsim.profiles.pd_versions looks a version up). Neither PR's first release is known (release=None):
-# 0.5.1 lacks #9976 and 0.5.5 has it; 0.5.5 lacks #13590 and 0.5.6 has it (post releases between not read).
-
-PREFILL, SCHED = "disaggregation/prefill.py", "managers/scheduler.py"
-PD_PREFILL = "SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill"
-_SET_BUF = ("MetadataBuffers.set_buf copies it into `self.output_hidden_states[req.metadata_buffer_index]`, a row "
-            "hidden_size wide, before the transfer: a tensor of another width fails that copy_ (inferred from the code)")
-PD_TARGET_AUX = Cited(PdTransfer.TARGET_AUX, src(
-    PREFILL, "v0.5.1", PD_PREFILL,
-    "req.hidden_states_tensor = ( logits_output.hidden_states[last_hidden_index].cpu().clone() )",
-    "the target's logits_output hidden states of the last token, under EAGLE-3 the aux states concatenated (issue "
-    "#10059: 'the hidden states in logits_output include shallow, middle, and last hidden states(Aux hidden "
-    "states)', 'I see the shape is 3X'); the buffer is hf_text_config.hidden_size (the target's) wide; " + _SET_BUF
-    + ". PR #10547 (closed, unmerged) would have kept the first, shallow state only"),
-    "shape error (issue #10059: 'It will cause shape error when use eagle3 with pd disaggregation'; the copy into "
-    "the buffer fails: inferred from the code)")
-PD_9976 = Change(("#9976",), "PD disaggregation sends the draft's hidden state (spec_info), not logits_output's",
-                 date(2025, 9, 3), None, {"pd": Cited(PdTransfer.DRAFT_IN_TARGET_WIDTH, src(
-                     PREFILL, "v0.5.5", PD_PREFILL,
-                     "req.hidden_states_tensor = ( batch.spec_info.hidden_states[i].cpu().clone() )",
-                     "the draft's hidden state after its extend (PR #9976); the buffer is still the target's width: "
-                     "Scheduler.init_disaggregation passes hidden_size=self.model_config.hf_text_config.hidden_size; "
-                     + _SET_BUF),
-                     "shape mismatch in send_kv_chunk when the draft's hidden size differs from the target's (PR "
-                     "#13590: Llama-3.3-70B with yuhuili/EAGLE3-LLaMA3.3-Instruct-70B crashed there; the error text "
-                     "is not quoted: inferred from the code)")})
-PD_13590 = Change(("#13590",), "PD disaggregation buffers sized with the draft's hidden size", date(2025, 11, 19),
-                  None, {"pd": Cited(PdTransfer.DRAFT, src(
-                      SCHED, "v0.5.6", "Scheduler.init_disaggregation",
-                      "hidden_size=( model_config.hidden_size if self.spec_algorithm.is_eagle() else 16 # minimal "
-                      "padding size for RDMA ),",
-                      "model_config is the draft runner's (PR #13590: 'the buffers to move the draft model's hidden "
-                      "states are allocated based on the target model's hidden state size. This works only if target "
-                      "and draft model have the same hidden state size'); prefill.py still sends "
-                      "batch.spec_info.hidden_states[i]; read at 0.5.6, later releases not re-read here"))})
-PD_HISTORY = (PD_TARGET_AUX, (PD_9976, PD_13590))
-
-
 
 
 # --- DeepSeek: one model file, two architectures (fusion is auto-enabled for DeepseekV3ForCausalLM only) ---
