@@ -338,6 +338,8 @@ CASES = [
          "vocab_size x hidden_size makes a tensor of", "check the sizes"),
     case("export-unknown-dtype", "export --out e --dtype float8", "--dtype", "'float8'", "bfloat16"),
     case("export-model-fifo", "export --out e --model {fifo}", "is not a regular file"),
+    case("export-approximated-family", "export --out e --model qwen3.5-9b --override num_hidden_layers=1",
+         "model_type qwen3_5 is an approximation in tpsim", "export or compare another family"),
     case("export-out-current-directory", "export --out .", "--out . is the current directory", "ckpt"),
     case("export-out-empty", ["export", "--out", ""], "is the current directory"),
     case("export-override-rope-beta-zero",
