@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import torch
 from einops import rearrange
-from torch import nn
 
 from tpsim.config.loader import ModelConfig
-from tpsim.layers.causal import causal_attention
+from tpsim.layers.causal import HeadAttention
 from tpsim.layers.fused import kernels, region
 from tpsim.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide
 from tpsim.layers.norm import RMSNorm
-from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
+from tpsim.layers.probe import Point, Probe, point_name
 from tpsim.layers.rope import DeepseekRotaryEmbedding, softmax_scale
 from tpsim.parallel.context import Keys
 from tpsim.parallel.group import TPGroup
 from tpsim.parallel.placement import R, S1
 
 
-class MLA(Tapped, nn.Module):
+class MLA(HeadAttention):
     """normed hidden `[T, hidden]` Replicate() → `[T, hidden]` Replicate() after o_proj's
     all-reduce, or its Partial() input with `reduce_results=False` (the caller reduces)."""
 
@@ -65,14 +64,7 @@ class MLA(Tapped, nn.Module):
         self.scaling = softmax_scale(self.qk_dim, cfg.rope_scaling)
         self.group, self.prefix, self.point, self.probe = group, prefix, point_name(prefix), probe
 
-    @classmethod
-    def points(cls, base: str) -> list[NamedPoint]:
-        """This attention's points under `base`, then its o_proj's, in forward order."""
-        return cls.declared(base) + RowParallelLinear.declared(f"{base}.o_proj")
-
     def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: Keys | None = None) -> torch.Tensor:
-        """`shards`: context parallelism, x and positions this rank's tokens, or a prefix cache, x and
-        positions the suffix's (module docstring)."""
         rope = self.rotary_emb.cos_sin(positions)  # outside the region: once per forward, not per head and layer
         if shards is None:  # one compiled region (fused.region) unless it holds a collective, fp8 or a listened tap
             whole = not (self.fp8 or self.o_proj.reduce_results or self.probe.listening)
@@ -97,9 +89,4 @@ class MLA(Tapped, nn.Module):
         self.tap("kv", lambda: kv if shards is None else shards.own(kv))
         kv = rearrange(kv, "t (h d) -> t h d", h=h)
         q, k = kernels().rope_assemble_qk(rearrange(q_in, "t (h d) -> t h d", h=h), k_pe, kv, *rope)  # q's rope rotated
-        v = kv[..., self.nope:]
-        # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (30x slower at 8k tokens)
-        q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
-        out = rearrange(causal_attention(q, k, v, self.scaling, shards), "1 h t d -> t (h d)")
-        self.tap("out", out)
-        return self.o_proj(out)
+        return self._attend(q, k, kv[..., self.nope:], self.scaling, shards)

@@ -11,14 +11,13 @@ from dataclasses import dataclass
 
 import torch
 from einops import rearrange
-from torch import nn
 
 from tpsim.config.loader import ModelConfig
-from tpsim.layers.causal import causal_attention
+from tpsim.layers.causal import HeadAttention
 from tpsim.layers.gptoss import AttentionSinks
 from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
 from tpsim.layers.norm import RMSNorm
-from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
+from tpsim.layers.probe import Point, Probe, point_name
 from tpsim.layers.rope import NeoxRotaryEmbedding
 from tpsim.parallel.context import Keys
 from tpsim.parallel.group import TPGroup
@@ -52,7 +51,7 @@ class AttentionShape:
                    cfg.fp8_block)
 
 
-class GQA(Tapped, nn.Module):
+class GQA(HeadAttention):
     """normed hidden `[T, hidden]` Replicate() → `[T, hidden]` Replicate() after o_proj's all-reduce."""
 
     POINTS = (Point("q", S1, "q_proj output: this rank's query heads (its KV heads are split while tp <= "
@@ -79,13 +78,7 @@ class GQA(Tapped, nn.Module):
         self.heads, self.kv_heads, self.head_dim = self.qkv_proj.heads, self.qkv_proj.kv_heads, d
         self.group, self.prefix, self.point, self.probe = group, prefix, point_name(prefix), probe
 
-    @classmethod
-    def points(cls, base: str) -> list[NamedPoint]:
-        return cls.declared(base) + RowParallelLinear.declared(f"{base}.o_proj")
-
     def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: Keys | None = None) -> torch.Tensor:
-        """`shards`: context parallelism, x and positions this rank's tokens, or a prefix cache, x and
-        positions the suffix's (module docstring)."""
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         self.tap("q", q)
         q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))
@@ -96,13 +89,8 @@ class GQA(Tapped, nn.Module):
             k, v = shards.gather(torch.cat([k, v], dim=-1), f"{self.prefix}.kv_gather").chunk(2, dim=-1)
         if self.sinks is not None:
             first = None if shards is None else shards.offset
-            out = rearrange(self.sinks(q, k, v, self.window, self.head_dim ** -0.5, first), "t h d -> t (h d)")
-            self.tap("out", out)
-            return self.o_proj(out)
+            return self._project(rearrange(self.sinks(q, k, v, self.window, self.head_dim ** -0.5, first),
+                                           "t h d -> t (h d)"))
         group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-        q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
-        # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (see MLA)
-        out = rearrange(causal_attention(q, k, v, self.head_dim ** -0.5, shards), "1 h t d -> t (h d)")
-        self.tap("out", out)
-        return self.o_proj(out)
+        return self._attend(q, k, v, self.head_dim ** -0.5, shards)

@@ -38,6 +38,12 @@ def vl(ref: str, symbol: str, quote: str, note: str, path: str = VL_FILE, review
     return Source(VL, path, ref, note, symbol, quote, reviewed)
 
 
+def _no_norm_keys(source: Source) -> dict[str, Cited]:
+    """A loader that reads none of norm_before_fc (top-level or nested), fc_norm and norm_output, as `source` shows."""
+    return {"norm_before_fc": Cited(Use.IGNORED, source), "fc_norm": Cited(Use.IGNORED, source),
+            "norm_output": Cited(Use.IGNORED, source), "nested_norm_before_fc": Cited(False, source)}
+
+
 # --- SGLang ------------------------------------------------------------------------------------------------------
 
 SG_SKIPS = sg("v0.5.6", "LlamaForCausalLMEagle3.load_weights",
@@ -82,11 +88,10 @@ SG_24663 = sg("v0.5.12", "LlamaModel.__init__", 'self.num_aux_hidden_states = ge
 
 SGLANG = LoaderLine(
     "sglang", SG_FILE, "0.5.6", "0.5.23", Cited(READS, SG_SKIPS),
-    Loader(unknown=Cited(Fate.SKIPPED, SG_SKIPS), norm_before_fc=Cited(Use.IGNORED, SG_NO_NORMS),
-           fc_norm=Cited(Use.IGNORED, SG_NO_NORMS), norm_output=Cited(Use.IGNORED, SG_NO_NORMS),
-           norm_before_residual=Cited(Use.IGNORED, SG_RESIDUAL), nested_norm_before_fc=Cited(False, SG_NO_NORMS),
-           idle_input_norm=Cited(Fate.SKIPPED, SG_SKIPS), aux_off_fc=Cited(Fate.READ, SG_NO_NORMS),
-           embed=Cited(EmbedUse.TARGETS, SG_EMBED), aux_count=Cited(AuxCount.THREE, SG_THREE)),
+    Loader(unknown=Cited(Fate.SKIPPED, SG_SKIPS), **_no_norm_keys(SG_NO_NORMS),
+           norm_before_residual=Cited(Use.IGNORED, SG_RESIDUAL), idle_input_norm=Cited(Fate.SKIPPED, SG_SKIPS),
+           aux_off_fc=Cited(Fate.READ, SG_NO_NORMS), embed=Cited(EmbedUse.TARGETS, SG_EMBED),
+           aux_count=Cited(AuxCount.THREE, SG_THREE)),
     (Change(("#24663",), "fc_norm and norm_output read; fc sized by num_aux_hidden_states", None, "0.5.12",
             {"fc_norm": Cited(Use.HONOURED, SG_31), "norm_output": Cited(Use.HONOURED, SG_31),
              "norm_before_fc": Cited(Use.IGNORED, SG_31), "aux_count": Cited(AuxCount.FROM_CONFIG, SG_24663)}),
@@ -136,11 +141,9 @@ VL_28549 = vl("v0.11.1", "EagleProposer.load_model", 'if not self.model.has_own_
 
 VLLM = LoaderLine(
     "vllm", VL_FILE, "0.11.0", "0.34.0", Cited(READS, VL_REFUSES),
-    Loader(unknown=Cited(Fate.REFUSED, VL_REFUSES), norm_before_fc=Cited(Use.IGNORED, VL_NO_NORMS),
-           fc_norm=Cited(Use.IGNORED, VL_NO_NORMS), norm_output=Cited(Use.IGNORED, VL_NO_NORMS),
-           norm_before_residual=Cited(Use.HONOURED, VL_RESIDUAL), nested_norm_before_fc=Cited(False, VL_NO_NORMS),
-           idle_input_norm=Cited(Fate.REFUSED, VL_REFUSES), aux_off_fc=Cited(Fate.READ, VL_AUX),
-           embed=Cited(EmbedUse.TARGETS_IF_SAME_SHAPE, VL_EMBED_0)),
+    Loader(unknown=Cited(Fate.REFUSED, VL_REFUSES), **_no_norm_keys(VL_NO_NORMS),
+           norm_before_residual=Cited(Use.HONOURED, VL_RESIDUAL), idle_input_norm=Cited(Fate.REFUSED, VL_REFUSES),
+           aux_off_fc=Cited(Fate.READ, VL_AUX), embed=Cited(EmbedUse.TARGETS_IF_SAME_SHAPE, VL_EMBED_0)),
     (Change(("#28549",), "a draft's own distinct embed_tokens kept", None, "0.11.1",
             {"embed": Cited(EmbedUse.OWN_IF_DISTINCT, VL_28549)}),
      Change((), "fc skipped when use_aux_hidden_state is false", None, "0.12.0",

@@ -115,16 +115,23 @@ class Duplicates(Enum):
     FAILS = "captured once, and the forward fails: the packer counts fewer captures than ids"
 
 
-class Site(Enum):
+class Replayed(Enum):
+    """A behaviour of the capture that one of tpsim's capture strategies replays: a member is `NAME = (what the
+    engine does, the Strategy that replays it)`, its value the text."""
+
+    strategy: Strategy
+
+    def __new__(cls, text: str, strategy: Strategy):
+        member = object.__new__(cls)
+        member._value_, member.strategy = text, strategy
+        return member
+
+
+class Site(Replayed):
     """Where in the layer the capture is taken (decides what it holds when an all-reduce is deferred)."""
 
-    BETWEEN_LAYERS = "between layers: hidden_states + residual as the next layer receives them"
-    AFTER_FUSED_ADD = "inside the next layer, after its fused all-reduce + add, residual cloned"
-
-    @property
-    def strategy(self) -> Strategy:
-        """tpsim's capture strategy that replays this site."""
-        return Strategy.MODEL_LEVEL if self is Site.BETWEEN_LAYERS else Strategy.IN_LAYER
+    BETWEEN_LAYERS = ("between layers: hidden_states + residual as the next layer receives them", Strategy.MODEL_LEVEL)
+    AFTER_FUSED_ADD = ("inside the next layer, after its fused all-reduce + add, residual cloned", Strategy.IN_LAYER)
 
 
 class GraphIds(Enum):
@@ -232,30 +239,25 @@ class FusionAuto(Enum):
         return s.nnodes == 1 or s.gpu.sm100
 
 
-class Gather(Enum):
+class Gather(Replayed):
     """What the capture holds when the stream between layers is token-scattered (DeepEP)."""
 
-    LOCAL = "this rank's token shard only"
-    GATHERED = "all tokens: the capture all-gathers the scattered stream"
-    WHOLE = "all tokens: the stream between layers is never token-short (the MoE block gathers its own output)"
-
-    @property
-    def strategy(self) -> Strategy:
-        return Strategy.LOCAL if self is Gather.LOCAL else Strategy.GATHERED
+    LOCAL = ("this rank's token shard only", Strategy.LOCAL)
+    GATHERED = ("all tokens: the capture all-gathers the scattered stream", Strategy.GATHERED)
+    WHOLE = ("all tokens: the stream between layers is never token-short (the MoE block gathers its own output)",
+             Strategy.GATHERED)
 
 
-class TboCapture(Enum):
+class TboCapture(Replayed):
     """What the capture does under two-batch overlap (SGLang --enable-two-batch-overlap)."""
 
     REGION_NOT_CAPTURED = ("layers from first_k_dense_replace on run as two micro-batches outside the capture loop: "
-                           "no boundary there is captured")
-    MICRO_BATCHES = "each micro-batch captured over its own token slice, merged back by token range"
+                           "no boundary there is captured", Strategy.MODEL_LEVEL)
+    MICRO_BATCHES = ("each micro-batch captured over its own token slice, merged back by token range",
+                     Strategy.MICRO_BATCHES)
     REGION_FAILS = ("layers from first_k_dense_replace on run as two micro-batches outside the capture loop; the "
-                    "packer counts their slots missing and fails the forward (none captured: the unpack fails)")
-
-    @property
-    def strategy(self) -> Strategy:
-        return Strategy.MICRO_BATCHES if self is TboCapture.MICRO_BATCHES else Strategy.MODEL_LEVEL
+                    "packer counts their slots missing and fails the forward (none captured: the unpack fails)",
+                    Strategy.MODEL_LEVEL)
 
 
 class Wiring(Enum):
@@ -428,7 +430,7 @@ def describe(c: Cited | None) -> str:
 
 __all__ = ["Behaviour", "Change", "Cited", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty",
            "FusionAuto", "Gather", "Gpu", "Handoff", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line", "Numbering",
-           "Order", "OutOfRange", "Profile", "Served", "Site", "Source", "TboCapture", "Versions", "Wiring", "differences", "describe",
+           "Order", "OutOfRange", "Profile", "Replayed", "Served", "Site", "Source", "TboCapture", "Versions", "Wiring", "differences", "describe",
            "releases"]
 
 

@@ -257,9 +257,25 @@ def _in_layer(path: str, ref: str, symbol: str, quote: str, note: str, last: boo
     c = src(path, ref, symbol, quote, note + "; StageBoundary._prepare_attention (layers/layer_boundary/stage.py) "
             "captures the embedding before layer 0 (`stream.residual is None`) and else the residual after the fused "
             "all-reduce + add; AuxHiddenStateList.capture clones a borrowed tensor")
-    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c),
-            "order": Cited(Order.ASCENDING, c), "out_of_range": Cited(OutOfRange.DROPPED, c),
+    return {**_fused_add(c), "order": Cited(Order.ASCENDING, c), "out_of_range": Cited(OutOfRange.DROPPED, c),
             "duplicates": Cited(Duplicates.CAPTURED_ONCE, c), "last_boundary": Cited(last, c)}
+
+
+def _fused_add(c: Source) -> dict:
+    """A capture in the decoder layer, as `c` shows it: the residual after the layer's fused all-reduce + add,
+    cloned (a new tensor either way), and at layer 0 the embedding output."""
+    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c)}
+
+
+def _dense_in_layer(path: str, symbol: str, note: str) -> Change:
+    """0.5.22: a dense model file's forward passes the capture to decoder layer i (the layer boundary)."""
+    return Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
+        path, "v0.5.22", symbol, "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
+        "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None, )", note))
+
+
+# what every model file does at the oldest release read: the config read, the graphs' ids, the PP refusal
+_COMMON_START = {"config": CONFIG, "graphs": GRAPHS_BEFORE, "pp": PP_0506}
 
 
 # the changes every model file shares: the config read and the start-up check
@@ -311,16 +327,15 @@ TBO = Cited(TboCapture.REGION_NOT_CAPTURED, src(
               "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16")))
 
 
-def _boundary(path: str, ref: str, symbol: str) -> dict:
-    """The MoE decoder layers' capture through the layer boundary (0.5.21): the residual after the fused
-    add, gathered when scattered; the embedding before layer 0."""
-    c = src(path, ref, symbol, "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
-            "captured_last_layer_outputs=captured_last_layer_outputs,",
-            "the decoder layer captures through attn_boundary.prepare(captured_last_layer_outputs=...): "
-            "StageBoundary stores the residual after the fused all-reduce + add, moved by the entry's input_move (the "
-            "gather of a scattered stream) and copied when borrowed; before layer 0 the residual is initialised from "
-            "the embedding (layer_boundary/prepare.py, read.init_residual; read at 0.5.22)")
-    return {"site": Cited(Site.AFTER_FUSED_ADD, c), "cloned": Cited(True, c), "embed": Cited(EmbedId.CAPTURED, c)}
+def _boundary(path: str, ref: str, symbol: str) -> Source:
+    """Where the MoE decoder layers' capture through the layer boundary (0.5.21) is shown: the residual after the
+    fused add, gathered when scattered; the embedding before layer 0."""
+    return src(path, ref, symbol, "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+               "captured_last_layer_outputs=captured_last_layer_outputs,",
+               "the decoder layer captures through attn_boundary.prepare(captured_last_layer_outputs=...): "
+               "StageBoundary stores the residual after the fused all-reduce + add, moved by the entry's input_move "
+               "(the gather of a scattered stream) and copied when borrowed; before layer 0 the residual is "
+               "initialised from the embedding (layer_boundary/prepare.py, read.init_residual; read at 0.5.22)")
 
 
 _PACKER = "layers/aux_hidden_states.py"
@@ -414,12 +429,14 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
     """DeepSeek's changes; `fusion`: the model is DeepseekV3ForCausalLM, which the fusion rule lists."""
     def f(c: Cited) -> dict:
         return _fusion(c, fusion)
+
+    def layer(c: Source) -> dict:
+        """The capture in the decoder layer as `c` shows it, gathered when the stream is scattered."""
+        return {**_fused_add(c), "scattered": Cited(Gather.GATHERED, c)}
     loop = _loop(DS, "v0.5.7", DS_MODEL, DS_LOOP_057, guarded=False,
                  reviewed=("0.5.8", "0.5.8.post1", "0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12",
                            "0.5.12.post1", "0.5.13", "0.5.13.post1"))
     walk = {k: Cited(loop[k].value, DS_LOOP_0514) for k in ("order", "out_of_range", "duplicates", "last_boundary")}
-    layer = {"site": Cited(Site.AFTER_FUSED_ADD, DS_LAYER), "cloned": Cited(True, DS_LAYER),
-             "embed": Cited(EmbedId.CAPTURED, DS_LAYER), "scattered": Cited(Gather.GATHERED, DS_LAYER)}
     boundary = _boundary(DS, "v0.5.21", "DeepseekV2DecoderLayer.forward")
     walk21 = src(DS, "v0.5.21", DS_MODEL, "captured_last_layer_outputs=aux_hidden_states if i in "
                  "self.layers_to_capture else None,", DS_LOOP_0514.note + " (the same at 0.5.23; 0.5.22 renames the final "
@@ -434,7 +451,7 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
                {"numbering": Cited(Numbering.PLUS_ONE_IF_FIRST_IS_1, DS_SET_0513),
                 "defaults": Cited(Defaults.BEFORE_2_MID_LAST3, DS_SET_0513), **f(FUSION_0513)}),
         Change(("#28343", "#28789"), "capture after the fused all-reduce + add, in the decoder layer", None, "0.5.14",
-               {**layer, **walk, **f(FUSION_0514)}),
+               {**layer(DS_LAYER), **walk, **f(FUSION_0514)}),
         Change((), "fusion rule moved to a post-process hook", None, "0.5.15", f(FUSION_0515)),
         Change((), "captures packed by AuxHiddenStatePacker: a missing slot fails the forward", None, "0.5.17",
                _packer(PACK_0517, "AssertionError")),
@@ -442,20 +459,16 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
         Change((), "the packer raises RuntimeError; CP gathers the aux states", None, "0.5.20",
                {**_packer(PACK_0520, "RuntimeError"), "cp": _CP_GATHERED}),
         Change((), "capture through the layer boundary", None, "0.5.21",
-               {**boundary, "scattered": Cited(Gather.GATHERED, boundary["site"].source),
-                "order": Cited(walk["order"].value, walk21), "last_boundary": Cited(False, walk21)}),
+               {**layer(boundary), "order": Cited(walk["order"].value, walk21), "last_boundary": Cited(False, walk21)}),
         Change((), "the layer boundary's capture argument renamed; the packer's count re-read", None, "0.5.22",
-               {"site": Cited(Site.AFTER_FUSED_ADD, DS_RENAMED), "cloned": Cited(True, DS_RENAMED),
-                "embed": Cited(EmbedId.CAPTURED, DS_RENAMED), "scattered": Cited(Gather.GATHERED, DS_RENAMED),
-                **_packer(PACK_0522, "RuntimeError")}),
+               {**layer(DS_RENAMED), **_packer(PACK_0522, "RuntimeError")}),
     )
 
 
 def _deepseek(family: str, models: tuple[str, ...], fusion: Cited) -> Line:
     base = Behaviour(
         **_setter(DS, "v0.5.6", DS_SET), **_loop(DS, "v0.5.6", DS_MODEL, _DS_LOOP, guarded=False, reviewed=POST_056),
-        config=CONFIG,
-        pp=PP_0506, graphs=GRAPHS_BEFORE, fusion_auto=fusion,
+        **_COMMON_START, fusion_auto=fusion,
         scattered=Cited(Gather.LOCAL, src(DS, "v0.5.6", DS_MODEL, _DS_LOOP, "under DeepEP the stream between MoE "
                                           "layers is token-scattered and the capture adds the local shard",
                                           reviewed=POST_056)),
@@ -492,16 +505,11 @@ LLAMA = Line(
               **_loop(LL, "v0.5.12", "LlamaModel.forward", "aux_hidden_states = [] for i in range(self.start_layer, "
                       "self.end_layer): if i in self.layers_to_capture: aux_hidden_states.append(hidden_states + "
                       "residual)", guarded=False),
-              config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
-              fusion_auto=_never_fused("LlamaForCausalLM is")),
+              **_COMMON_START, fusion_auto=_never_fused("LlamaForCausalLM is")),
     starts=OLDEST,
-    changes=_with(_COMMON, (
-        Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
-            LL, "v0.5.22", "LlamaModel.forward",
-            "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
-            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None, )",
-            "LlamaModel.forward passes capture_output to layer i; LlamaDecoderLayer.forward hands it to "
-            "attn_boundary.prepare(capture=...)")),)),
+    changes=_with(_COMMON, (_dense_in_layer(LL, "LlamaModel.forward", "LlamaModel.forward passes capture_output to "
+                                            "layer i; LlamaDecoderLayer.forward hands it to attn_boundary.prepare("
+                                            "capture=...)"),)),
     notes=("checked at every release 0.5.6 .. 0.5.23: the setter keeps [val + 1] throughout; the id-0 crash "
            "ends in 0.5.22, whose in-layer capture takes the embedding before layer 0",),
 )
@@ -515,19 +523,15 @@ QWEN = Line(
               **_loop(Q2, "v0.5.12", "Qwen2Model.forward", "for i in range(self.start_layer, self.end_layer): if i in "
                       "self.layers_to_capture: aux_hidden_states.append( hidden_states + residual if residual is not "
                       "None else hidden_states", guarded=True),
-              config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
-              fusion_auto=_never_fused("Qwen2/Qwen3 (dense) are")),
+              **_COMMON_START, fusion_auto=_never_fused("Qwen2/Qwen3 (dense) are")),
     starts=OLDEST,
     changes=_with(_COMMON, (
         Change((), "the capture copies through the residual stream's snapshot", None, "0.5.21", _loop(
             Q2, "v0.5.21", "Qwen2Model.forward", "for i in range(self.start_layer, self.end_layer): if i in "
             "self.layers_to_capture: aux_hidden_states.append(snapshot(hidden_states, residual))", guarded=True)),
-        Change((), "capture inside the decoder layer (layer boundary)", None, "0.5.22", _in_layer(
-            Q2, "v0.5.22", "Qwen2Model.forward",
-            "hidden_states = self.layers[i]( positions, hidden_states, forward_batch, "
-            "capture_output=aux_hidden_states.capture if i in self.layers_to_capture else None, )",
-            "Qwen2Model.forward passes capture_output to layer i (Qwen3Model.forward in qwen3.py the same); "
-            "0.5.21 still captured between layers (`snapshot(hidden_states, residual)`)")),)),
+        _dense_in_layer(Q2, "Qwen2Model.forward", "Qwen2Model.forward passes capture_output to layer i (Qwen3Model."
+                        "forward in qwen3.py the same); 0.5.21 still captured between layers (`snapshot("
+                        "hidden_states, residual)`)"))),
     notes=("Qwen3Model subclasses Qwen2Model: the same capture (from 0.5.22 qwen3.py has its own forward, "
            "the same capture_output)",),
 )
@@ -551,24 +555,20 @@ FUSION_HISTORY = (
     Change((), "fusion rule moved to a post-process hook", None, "0.5.15", {"fusion_auto": FUSION_0515}),
     Change((), "fusion rule reads the platform through get_platform()", None, "0.5.19", {"fusion_auto": FUSION_0519}),
 )
-_COMM_0514 = src("layers/communicator.py", "v0.5.14", "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs",
-                 "if ( gathered_last_layer_output is residual and not self._post_attn_residual_is_read_only(residual) "
-                 "): gathered_last_layer_output = residual.clone()",
-                 "the residual after prepare_attn, cloned unless the fused norm wrote a fresh residual_out (a new "
-                 "tensor either way; the same in 0.5.14 .. 0.5.20)")
-_Q3_RENAMED = src("models/qwen3_moe.py", "v0.5.22", "Qwen3MoeDecoderLayer.forward",
-                  "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
-                  "capture_gathered=captured_last_layer_outputs, capture=capture_output,",
-                  "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)")
+Q3 = "models/qwen3_moe.py"
+
+
+def _qwen3_moe_layer(c: Source) -> dict:
+    """Qwen3MoeDecoderLayer's capture as `c` shows it: in the decoder layer after the fused add, layers ascending."""
+    return {**_fused_add(c), "order": Cited(Order.ASCENDING, c)}
+
+
 QWEN3_MOE = Line(
     "sglang", "qwen3_moe", ("qwen3_moe",),
-    Behaviour(**_setter("models/qwen3_moe.py", "v0.5.12", "Qwen3MoeForCausalLM.set_eagle3_layers_to_capture",
+    Behaviour(**_setter(Q3, "v0.5.12", "Qwen3MoeForCausalLM.set_eagle3_layers_to_capture",
                         "self.model.set_eagle3_layers_to_capture([val + 1 for val in layer_ids])"),
-              embed=Cited(EmbedId.CAPTURED, _COMM),
-              out_of_range=Cited(OutOfRange.REFUSED, _QSET), order=Cited(Order.ASCENDING, _COMM),
-              duplicates=Cited(Duplicates.CAPTURED_ONCE, _QSET), site=Cited(Site.AFTER_FUSED_ADD, _COMM),
-              cloned=Cited(True, _COMM), last_boundary=Cited(False, _QSET), config=CONFIG, pp=PP_0506,
-              graphs=GRAPHS_BEFORE,
+              **_qwen3_moe_layer(_COMM), out_of_range=Cited(OutOfRange.REFUSED, _QSET),
+              duplicates=Cited(Duplicates.CAPTURED_ONCE, _QSET), last_boundary=Cited(False, _QSET), **_COMMON_START,
               fusion_auto=Cited(FusionAuto.NEVER, src(SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_"
                                                       "adjustments", "elif model_arch in [\"GptOssForCausalLM\"]: if ( "
                                                       "self.attention_backend is None",
@@ -577,15 +577,19 @@ QWEN3_MOE = Line(
     starts=OLDEST,
     changes=_with(FUSION_HISTORY, (
         *_COMMON,
-        Change((), "the clone skipped where the fused norm writes a fresh residual", None, "0.5.14",
-               {k: Cited(v, _COMM_0514) for k, v in (("site", Site.AFTER_FUSED_ADD), ("cloned", True),
-                                                     ("embed", EmbedId.CAPTURED), ("order", Order.ASCENDING))}),
-        Change((), "capture through the layer boundary", None, "0.5.21", {**(b := _boundary(
-            "models/qwen3_moe.py", "v0.5.21", "Qwen3MoeDecoderLayer.forward")), "order": Cited(
-                Order.ASCENDING, b["site"].source)}),
-        Change((), "the layer boundary's capture argument renamed", None, "0.5.22",
-               {k: Cited(v, _Q3_RENAMED) for k, v in (("site", Site.AFTER_FUSED_ADD), ("cloned", True),
-                                                      ("embed", EmbedId.CAPTURED), ("order", Order.ASCENDING))}))),
+        Change((), "the clone skipped where the fused norm writes a fresh residual", None, "0.5.14", _qwen3_moe_layer(
+            src("layers/communicator.py", "v0.5.14", "LayerCommunicator.prepare_attn_and_capture_last_layer_outputs",
+                "if ( gathered_last_layer_output is residual and not self._post_attn_residual_is_read_only(residual) "
+                "): gathered_last_layer_output = residual.clone()",
+                "the residual after prepare_attn, cloned unless the fused norm wrote a fresh residual_out (a new "
+                "tensor either way; the same in 0.5.14 .. 0.5.20)"))),
+        Change((), "capture through the layer boundary", None, "0.5.21",
+               _qwen3_moe_layer(_boundary(Q3, "v0.5.21", "Qwen3MoeDecoderLayer.forward"))),
+        Change((), "the layer boundary's capture argument renamed", None, "0.5.22", _qwen3_moe_layer(src(
+            Q3, "v0.5.22", "Qwen3MoeDecoderLayer.forward",
+            "hidden_states = self.attn_boundary.prepare( hidden_states, forward_batch, "
+            "capture_gathered=captured_last_layer_outputs, capture=capture_output,",
+            "the layer boundary's argument renamed capture_gathered; the same capture (the same at 0.5.23)"))))),
     notes=("from 0.5.21 the decoder layer captures through the layer boundary (the residual after the fused add, "
            "as before; 0.5.22 renames the argument capture_gathered)",),
 )
@@ -596,8 +600,7 @@ GPT_OSS = Line(
     Behaviour(**_setter(GO, "v0.5.16", "GptOssForCausalLM.set_eagle3_layers_to_capture"),
               **_loop(GO, "v0.5.16", "GptOssModel.forward", "if i in self.layers_to_capture: "
                       "aux_hidden_states.append(hidden_states + residual)", guarded=False),
-              config=CONFIG, pp=PP_0506, graphs=GRAPHS_BEFORE,
-              fusion_auto=Cited(FusionAuto.SM100, src(
+              **_COMMON_START, fusion_auto=Cited(FusionAuto.SM100, src(
                   SERVER_ARGS, "v0.5.6", "ServerArgs._handle_model_specific_adjustments",
                   "if not self.enable_dp_attention and self.nnodes == 1: self.enable_flashinfer_allreduce_fusion = "
                   "True logger.info( \"Enable FlashInfer AllReduce Fusion on sm100 for GptOssForCausalLM\" )",
