@@ -37,7 +37,19 @@ from tpsim.run.spec import input_ids_for  # noqa: E402
 BOUND = 0.1  # stated: fp8 weights and activations move the capture by at most 10 % of its norm
 
 
-def measure(cfg, ids, positions, repeats: int) -> dict:
+def kernel_profile(model, ids, top: int = 12) -> dict:
+    """One forward under torch.profiler: its kernels' summed GPU time and the `top` kernels by time (what
+    the forward's wall time is made of; the wall minus the sum is the GPU idle, waiting for the host)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model(torch.tensor(ids, device="cuda"))
+        torch.cuda.synchronize()
+    kernels = sorted(((e.key, e.self_device_time_total / 1e3, e.count) for e in prof.key_averages()
+                      if e.self_device_time_total > 0), key=lambda k: -k[1])
+    return {"kernel_ms": sum(k[1] for k in kernels),
+            "top": [{"kernel": name[:90], "ms": ms, "calls": n} for name, ms, n in kernels[:top]]}
+
+
+def measure(cfg, ids, positions, repeats: int, profile: bool) -> dict:
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
     model = build_model(cfg, TPGroup(device=torch.device("cuda")), 0, "bfloat16")
@@ -52,6 +64,8 @@ def measure(cfg, ids, positions, repeats: int) -> dict:
         times.append(time.perf_counter() - t0)
     out = {"predicted_bytes": shard_bytes(cfg, 1, torch.bfloat16), "allocated_bytes": held,
            "forward_ms": statistics.median(times) * 1e3, "capture": capture.float().cpu()}
+    if profile:
+        out["profile"] = kernel_profile(model, ids)
     del model
     gc.collect()
     torch.cuda.empty_cache()
@@ -63,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="also one forward of each under torch.profiler: "
+                    "its kernels' time and the top kernels")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fp8-cuda.json"))
     args = ap.parse_args(argv)
     base = with_overrides(load_config(ROOT / "configs/deepseek-v3.yaml"), [f"num_hidden_layers={args.layers}"])
@@ -70,7 +86,7 @@ def main(argv=None) -> int:
     res = resolve("sglang-ids", None, base.num_hidden_layers)
     rows = {}
     for name, cfg in (("fp8", dataclasses.replace(base, fp8_block=base.weight_block())), ("bf16", base)):
-        rows[name] = measure(cfg, ids, res.positions, args.repeats)
+        rows[name] = measure(cfg, ids, res.positions, args.repeats, args.profile)
     diff = float((rows["fp8"]["capture"] - rows["bf16"]["capture"]).norm() / rows["bf16"]["capture"].norm())
     L = args.layers
     table = []
@@ -83,6 +99,11 @@ def main(argv=None) -> int:
     ui.titled_table(f"DeepSeek-V3 shapes, {L} layers, {args.seq_len} tokens, one {torch.cuda.get_device_name()}; "
                     f"capture fp8 vs bf16: {diff:.3e} (bound {BOUND})",
                     ["weights", "forward ms", "ms / layer", "predicted", "allocated"], table)
+    for name, r in rows.items():
+        if "profile" in r:
+            p = r["profile"]
+            ui.titled_table(f"{name}: kernels {p['kernel_ms']:.1f} ms of the {r['forward_ms']:.1f} ms forward",
+                            ["kernel", "ms", "calls"], [[k["kernel"], f"{k['ms']:.2f}", str(k["calls"])] for k in p["top"]])
     write_json(Path(args.out), {
         "benchmark": "fp8", "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()},

@@ -13,6 +13,11 @@ matching scales; `linear` multiplies by it: on CUDA with `torch._scaled_mm`'s bl
 scaling (1 x 128 activation groups, 128 x 128 weight blocks), elsewhere by the same arithmetic in
 float32 (quantized activation times dequantized weight), which is also the reference the GPU
 kernel is tested against.
+
+The routed experts (`experts`) multiply each expert's rows by its FP8 stack: on a CUDA GPU with
+Triton one grouped kernel per projection (tpsim.layers.triton_fp8: the activation quantized once
+per token, gate/up with silu * up and the down projection's quantization fused in), elsewhere one
+reference GEMM per expert.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tpsim.layers.fused import silu_mul
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _SCALED_MM_BLOCK = (128, 128)  # the block torch._scaled_mm's block-wise recipe takes
+# the dense projections: torch._scaled_mm's block-wise GEMM where it takes the weight, the Triton GEMM where it
+# does not (DeepSeek-V3's kv_a_proj, 576 rows). Measured on the H200 at V3's shapes and 2048 tokens (GPU time,
+# benchmarks/results/fp8-kernels-cuda.json): cuBLAS was faster than the Triton GEMM at every shape (o_proj 0.39
+# against 0.54 ms, the dense MLP's gate/up 0.82 against 1.13) and than bf16 at all but the smallest (q_a_proj)
+_triton = None  # tpsim.layers.triton_fp8 once a CUDA tensor found Triton; False where it is not there
 
 
 def scale_shape(shape: tuple[int, int], block: tuple[int, int]) -> tuple[int, int]:
@@ -132,7 +144,12 @@ def linear(x: torch.Tensor, w: "torch.Tensor | BlockFp8", bias: torch.Tensor | N
         return F.linear(x, w, bias)
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, K)
-    y = quantized_mm(*act_quant(x2, w.block[1]), w, x.dtype)
+    fast = _fast(x2, w)
+    xq, xs = act_quant(x2, w.block[1]) if fast is None else fast.act_quant(x2, w.block[1])
+    if fast is not None and not _scaled_mm_fits(xq, w):  # cuBLAS's block-wise GEMM first: faster where it fits
+        y = fast.mm(xq, xs, w.q, w.scale_inv, x.dtype)
+    else:
+        y = quantized_mm(xq, xs, w, x.dtype)
     y = y.view(*lead, y.shape[-1])
     return y if bias is None else y + bias
 
@@ -163,3 +180,46 @@ def quantized_mm(xq: torch.Tensor, xs: torch.Tensor, w: BlockFp8, dtype: torch.d
         return torch._scaled_mm(xq, wq.t(), scale_a=xs.t().contiguous().t(), scale_b=ws.t(), out_dtype=dtype)[:T]
     a = xq.float() * xs.repeat_interleave(w.block[1], 1)[:, :K]
     return (a @ w.dequantize().t()).to(dtype)
+
+
+def _fast(x: torch.Tensor, *weights: BlockFp8):
+    """tpsim.layers.triton_fp8 where its kernels take these operands: CUDA bf16 on a GPU with FP8 tensor
+    cores (sm89+), contiguous weights in 128 x 128 blocks."""
+    global _triton
+    fits = (x.is_cuda and x.dtype == torch.bfloat16 and x.stride(-1) == 1
+            and all(w.block == _SCALED_MM_BLOCK and w.q.is_contiguous() and w.scale_inv.stride(-1) == 1
+                    for w in weights)
+            and torch.cuda.get_device_capability(x.device) >= (8, 9))
+    if not fits:
+        return None
+    if _triton is None:
+        try:
+            from tpsim.layers import triton_fp8 as _triton
+        except ImportError:
+            _triton = False
+    return _triton if _triton and all(_triton.fits(x, w.q) for w in weights) else None
+
+
+def grouped_mm(xq: torch.Tensor, xs: torch.Tensor, w: BlockFp8, ends: torch.Tensor, dtype: torch.dtype):
+    """Quantized rows `xq [N, K]` (scales `xs`) grouped by expert (group e ends at `ends[e]`), group e
+    times `w[e]^T` → `[N, out]` in `dtype`: one GEMM per expert (the reference; it syncs with the host
+    once to read the ends)."""
+    ends_ = ends.tolist()
+    groups = [(e, a, b) for e, (a, b) in enumerate(zip([0] + ends_[:-1], ends_)) if b > a]
+    if not groups:
+        return xq.new_empty((0, w.q.shape[-2]), dtype=dtype)
+    return torch.cat([quantized_mm(xq[a:b], xs[a:b], w[e], dtype) for e, a, b in groups])
+
+
+def experts(x: torch.Tensor, src: torch.Tensor, w13: BlockFp8, w2: BlockFp8, ends: torch.Tensor) -> torch.Tensor:
+    """The routed experts in FP8: rows `x[src]` `[N, hidden]` grouped by expert (group e ends at
+    `ends[e]`) → `[N, hidden]`, each row through its expert (gate | up stack `w13 [E, 2I, hidden]`,
+    silu(gate) * up, down stack `w2 [E, hidden, I]`), each activation quantized per token and group."""
+    fast = _fast(x, w13, w2)
+    if fast is not None and w13.q.shape[-2] % 256 == 0:  # gate and up each whole 128-wide groups
+        xq, xs = fast.act_quant(x, w13.block[1])  # once per token, not once per (token, expert) row
+        hq, hs = fast.expert_gate_up(xq, xs, src, w13.q, w13.scale_inv, ends)
+        return fast.grouped_mm(hq, hs, w2.q, w2.scale_inv, ends, x.dtype)
+    xq, xs = act_quant(x[src], w13.block[1])
+    h = silu_mul(grouped_mm(xq, xs, w13, ends, x.dtype))
+    return grouped_mm(*act_quant(h, w2.block[1]), w2, ends, x.dtype)

@@ -19,11 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tpsim.config.loader import ModelConfig
 from tpsim.layers.fused import inverse_permutation, kernels, region, top_k_margin
-from tpsim.layers.fp8 import BlockFp8, act_quant, linear, quantized_mm
+from tpsim.layers import fp8
+from tpsim.layers.fp8 import BlockFp8
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
 from tpsim.layers.mlp import DenseMLP
 from tpsim.layers.probe import NamedPoint, Point, Probe, Tapped, point_name
@@ -155,6 +157,8 @@ class Experts(nn.Module):
         sum under TP, the whole expert output under EP)."""
         order, offs, back = kernels().expert_places(experts, self.count)
         src = order if rows is None else rows[order]  # where each row in expert order comes from
+        if self.fp8 is not None:
+            return fp8.experts(x, src, self._stack("w13"), self._stack("w2"), offs)[back]
         if self.grouped:
             h = kernels().expert_gate_up(x, src, self.w13, offs)
         else:
@@ -170,10 +174,7 @@ class Experts(nn.Module):
             return x.new_empty((0, w.shape[1]))
         ends = offs.tolist()  # the fallback syncs with the host once per call
         groups = [(e, a, b) for e, (a, b) in enumerate(zip([0] + ends[:-1], ends)) if b > a]
-        if isinstance(w, BlockFp8):  # the activation quantized once: its groups are per token, not per expert
-            xq, xs = act_quant(x, w.block[1])
-            return torch.cat([quantized_mm(xq[a:b], xs[a:b], w[e], x.dtype) for e, a, b in groups])
-        return torch.cat([linear(x[a:b], w[e]) for e, a, b in groups])
+        return torch.cat([F.linear(x[a:b], w[e]) for e, a, b in groups])
 
 
 def _counts(ids: torch.Tensor, n: int) -> torch.Tensor:
