@@ -5,6 +5,7 @@ and the MXFP4 dequantizer equals `convert_moe_packed_tensors`, whole and sliced.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
@@ -197,3 +198,48 @@ def test_experts_load_the_same_slice_from_mxfp4_as_from_the_dequantized_tensor(t
         n = per_rank
         assert torch.equal(loaded[0][0][:, :n], full[..., 0::2][..., r * n:(r + 1) * n].transpose(1, 2))
         assert torch.equal(loaded[0][0][:, n:], full[..., 1::2][..., r * n:(r + 1) * n].transpose(1, 2))
+
+
+@st.composite
+def prefill_cases(draw):
+    """Query heads, KV heads dividing them, head_dim, T, a window (None: causal only), a seed."""
+    kv = draw(st.sampled_from([1, 2, 4]), label="kv")
+    heads = kv * draw(st.sampled_from([1, 2, 4]), label="group")
+    T = draw(st.integers(1, 40), label="T")
+    window = draw(st.one_of(st.none(), st.integers(1, T + 2)), label="window")
+    return heads, kv, draw(st.sampled_from([16, 32]), label="head_dim"), T, window, draw(st.integers(0, 2 ** 16))
+
+
+def prefill(heads, kv, d, T, seed, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(T, h, d, generator=g).to(dtype).to(device) for h in (heads, kv, kv))
+    return q, k, v, (torch.randn(heads, generator=g) * 2).to(device)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@settings(max_examples=25, deadline=None)
+@given(case=prefill_cases())
+@example(case=(4, 2, 16, 33, 5, 0))  # a window shorter than T, two query heads on each KV head
+@example(case=(2, 2, 16, 1, None, 1))
+def test_flex_attention_rescaled_by_its_lse_is_sink_attention(case):
+    """Flex attention (eager here: the same masks, GQA and log-sum-exp the compiled kernel computes on CUDA)
+    without sinks, times sigmoid(lse - sink), equals the reference that concatenates the sink as a logit."""
+    from tpsim.layers.sinks import flex_sinks, sink_attention
+    heads, kv, d, T, window, seed = case
+    q, k, v, sinks = prefill(heads, kv, d, T, seed)
+    assert rel_err(flex_sinks(q, k, v, sinks, window, None), sink_attention(q, k, v, sinks, window)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run pytest -m gpu on a GPU node")
+@settings(max_examples=6, deadline=None)  # each shape compiles its kernel
+@given(case=prefill_cases())
+@example(case=(8, 1, 32, 40, 7, 0))
+def test_compiled_flex_sink_attention_is_the_reference_on_cuda(case):
+    """The compiled flex kernel (what GPT-OSS runs at speed) in bf16 against the float32-softmax reference:
+    within bf16 rounding of the inputs' products and of the output (2^-6 of the norm)."""
+    from tpsim.layers.sinks import sink_attention, sink_attention_flex
+    heads, kv, d, T, window, seed = case
+    q, k, v, sinks = prefill(heads, kv, d, T, seed, torch.bfloat16, "cuda")
+    got, want = sink_attention_flex(q, k, v, sinks, window), sink_attention(q, k, v, sinks, window)
+    assert rel_err(got.float().cpu(), want.float().cpu()) <= 2 ** -6

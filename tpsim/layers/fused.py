@@ -31,6 +31,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tpsim.layers.sinks import sink_attention, sink_attention_flex
+
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     """(rms_norm(x + residual) * weight, x + residual): the add in float32, the sum cast back to x's dtype."""
@@ -189,14 +191,15 @@ class Kernels:
     greedy_top: Callable
     expert_gate_up: Callable
     expert_places: Callable
+    sink_attention: Callable
 
 
 EAGER = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk, weighted_sum, router_logits,
-                greedy_top, expert_gate_up, expert_places)
+                greedy_top, expert_gate_up, expert_places, sink_attention)
 # what a compiled region traces: the fusible forms, uncompiled (the region compiles them with the rest),
 # and the Triton kernels where inductor's own code was slower
 FUSIBLE = Kernels(add_rms_norm, rms_norm, silu_mul, rope_pairs, rope_assemble_qk_fast, weighted_sum_fused,
-                  router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast)
+                  router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast, sink_attention_flex)
 # The CLI's threshold. With the regions the compiled forward is faster at every token count on the H200
 # (benchmarks/results/forward-cuda.json, V2-Lite bf16, same rounds: 8 tokens 53.1 vs 76.3 ms eager, 512:
 # 39.1 vs 58.7, 4096: 54.0 vs 77.8, 8192: 97.8 vs 139.2), but every new token count compiles its graphs
@@ -222,7 +225,8 @@ def compiled_kernels() -> Kernels:
                 _triton = None
         each = (torch.compile(f, dynamic=None) for f in (add_rms_norm, rms_norm, silu_mul, rope_pairs))
         _compiled = Kernels(*each, rope_assemble_qk_fast, torch.compile(weighted_sum_fused, dynamic=None),
-                            router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast)
+                            router_logits_fp32_out, greedy_top_fast, expert_gate_up_fast, expert_places_fast,
+                            sink_attention_flex)
     return _compiled
 
 

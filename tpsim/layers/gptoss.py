@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, repeat
 from torch import nn
 
 from tpsim.config.loader import ModelConfig
@@ -205,33 +204,6 @@ class GptOssMoE(Tapped, nn.Module):
         return self._reduced(self._routed(x, weights, ids))
 
 
-def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,
-                   window: int | None = None, scale: float | None = None, first: int | None = None) -> torch.Tensor:
-    """Causal attention with a learned sink logit per head: q `[Tq, H, d]`, k and v `[Tk, Hkv, d]`
-    (H a multiple of Hkv; query head i reads KV head i // (H/Hkv)), sinks `[H]` → `[Tq, H, d]`.
-
-    Each head's sink joins its softmax denominator and contributes no value (transformers'
-    `eager_attention_forward` concatenates it as an extra logit and drops its probability).
-    The queries are the last Tq of the Tk positions (Tq == Tk for a prefill), or positions first..first+Tq-1
-    (context parallelism: this rank's tokens among every rank's keys). Window
-    convention (transformers `sliding_window_overlay` with `config.sliding_window`, and vLLM's
-    `per_layer_sliding_window`): the query at position i sees keys j with i - window < j <= i,
-    i.e. `window` keys counting itself; None: every j <= i. Logits and softmax in float32.
-    """
-    Tq, H, d = q.shape
-    Tk, Hkv = k.shape[0], k.shape[1]
-    k, v = (repeat(t.float(), "s h d -> s (h g) d", g=divide(H, Hkv, "heads over KV heads")) for t in (k, v))
-    logits = einsum(q.float(), k, "t h d, s h d -> h t s") * (d ** -0.5 if scale is None else scale)
-    start = Tk - Tq if first is None else first
-    i = torch.arange(start, start + Tq, device=q.device)[:, None]
-    j = torch.arange(Tk, device=q.device)[None, :]
-    seen = (j <= i) if window is None else (j <= i) & (j > i - window)
-    logits = logits.masked_fill(~seen, float("-inf"))
-    sink = repeat(sinks.float(), "h -> h t 1", t=Tq)
-    probs = torch.cat([logits, sink], dim=-1).softmax(-1)[..., :-1]
-    return einsum(probs, v, "h t s, s h d -> t h d").to(q.dtype)
-
-
 class AttentionSinks(nn.Module):
     """This rank's sink logits: heads [r*H/tp, (r+1)*H/tp) of `{prefix}.sinks` [H], the query heads
     QKVParallelLinear gives rank r (vLLM narrows the same range). Kept in float32 (`dtype`): the
@@ -254,4 +226,4 @@ class AttentionSinks(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
                 scale: float | None = None, first: int | None = None) -> torch.Tensor:
-        return sink_attention(q, k, v, self.sinks, window, scale, first)
+        return kernels().sink_attention(q, k, v, self.sinks, window, scale, first)
