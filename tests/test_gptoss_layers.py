@@ -232,14 +232,16 @@ def test_flex_attention_rescaled_by_its_lse_is_sink_attention(case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run pytest -m gpu on a GPU node")
-@settings(max_examples=6, deadline=None)  # each shape compiles its kernel
-@given(case=prefill_cases())
-@example(case=(8, 1, 32, 40, 7, 0))
-def test_compiled_flex_sink_attention_is_the_reference_on_cuda(case):
-    """The compiled flex kernel (what GPT-OSS runs at speed) in bf16 against the float32-softmax reference:
-    within bf16 rounding of the inputs' products and of the output (2^-6 of the norm)."""
-    from tpsim.layers.sinks import sink_attention, sink_attention_flex
-    heads, kv, d, T, window, seed = case
-    q, k, v, sinks = prefill(heads, kv, d, T, seed, torch.bfloat16, "cuda")
+@settings(max_examples=4, deadline=None)  # each shape compiles its kernel
+@given(heads=st.sampled_from([8, 16]), kv=st.sampled_from([1, 2, 8]), d=st.sampled_from([64, 128]),
+       blocks=st.integers(1, 3), window=st.sampled_from([None, 1, 7, 128]), seed=st.integers(0, 2 ** 16))
+@example(heads=8, kv=2, d=64, blocks=2, window=7, seed=0)
+def test_compiled_flex_sink_attention_is_the_reference_on_cuda(heads, kv, d, blocks, window, seed):
+    """The compiled flex kernel (what GPT-OSS runs at speed) in bf16 against the float32-softmax reference,
+    on the prefills it takes: within bf16 rounding of the inputs' products and of the output (2^-6 of the norm).
+    T = 40 with d = 32 is left to the reference (inductor found no kernel for it)."""
+    from tpsim.layers.sinks import flex_applies, sink_attention, sink_attention_flex
+    q, k, v, sinks = prefill(heads, kv, d, 128 * blocks, seed, torch.bfloat16, "cuda")
+    assert flex_applies(q, k, None) and not flex_applies(q[:40, :, :32], k[:40, :, :32], None)
     got, want = sink_attention_flex(q, k, v, sinks, window), sink_attention(q, k, v, sinks, window)
     assert rel_err(got.float().cpu(), want.float().cpu()) <= 2 ** -6

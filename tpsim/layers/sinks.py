@@ -72,11 +72,18 @@ def _block_mask(T: int, window: int | None, device: torch.device):
 
 def sink_attention_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,
                         window: int | None = None, scale: float | None = None, first: int | None = None) -> torch.Tensor:
-    """`sink_attention` through compiled flex attention where it applies: CUDA, a whole prefill (the
-    queries are the keys' positions: Tq == Tk, `first` None); elsewhere the reference."""
-    if not q.is_cuda or first is not None or k.shape[0] != q.shape[0]:
+    """`sink_attention` through compiled flex attention where `flex_applies`; elsewhere the reference."""
+    if not flex_applies(q, k, first):
         return sink_attention(q, k, v, sinks, window, scale, first)
     return flex_sinks(q, k, v, sinks, window, scale, _compiled_flex())
+
+
+def flex_applies(q: torch.Tensor, k: torch.Tensor, first: int | None) -> bool:
+    """Whether the compiled kernel takes this prefill: CUDA, Tq == Tk (`first` None), whole 128-row blocks and a
+    head_dim of 64 or 128, as measured on the H200 (GPT-OSS-20B, d 64, 4096 and 8192 tokens); inductor found no
+    kernel for T = 40 with d = 32 (NoValidChoicesError), and the shapes between were not measured."""
+    T, d = q.shape[0], q.shape[-1]
+    return q.is_cuda and first is None and k.shape[0] == T and T % 128 == 0 and d in (64, 128)
 
 
 def flex_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, window: int | None,
