@@ -42,11 +42,11 @@ class Tile:
 
 def tile_for(rows: int, groups: int, gate_up: bool) -> Tile:
     """The tile for `rows` rows over `groups` groups, as measured on the H200 at DeepSeek-V3's shapes and 2048
-    tokens (64 rows an expert; benchmarks/fp8_kernels.py --sweep): gate/up on tiles of the rows a group gets on
-    average (a power of two, 16 to 128), eight warps, eight row tiles sweeping the columns (at 64 rows: 2.36 ms
-    against 2.74 with four warps and four); every other GEMM on 128-row tiles, eight warps (the experts' down
-    at 64 rows an expert: 1.28 against 1.48 ms on 64-row tiles), each group's tiles alone (GROUP 1) where
-    there are groups."""
+    tokens, 64 rows an expert (benchmarks/fp8_kernels.py --sweep: results/probes-issue37/fp8-kernels-sweep.json):
+    gate/up on tiles of the rows a group gets on average (a power of two, 16 to 128), eight warps, eight row
+    tiles sweeping the columns (2.36 ms against 2.74 with four warps and four); every other GEMM on 128-row
+    tiles, eight warps (the experts' down: 1.28 against 1.48 ms on 64-row tiles), each group's tiles alone
+    (GROUP 1) where there are groups."""
     if not gate_up:
         return Tile(128, GROUP=1 if groups > 1 else 4, num_warps=8, num_stages=4)
     bm = min(128, max(16, triton.next_power_of_2(max(1, rows // max(1, groups)))))
