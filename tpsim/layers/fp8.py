@@ -28,15 +28,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tpsim.layers.fused import silu_mul
+from tpsim.layers.fused import expert_groups, silu_mul
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _SCALED_MM_BLOCK = (128, 128)  # the block torch._scaled_mm's block-wise recipe takes
-# the dense projections: torch._scaled_mm's block-wise GEMM where it takes the weight, the Triton GEMM where it
-# does not (DeepSeek-V3's kv_a_proj, 576 rows). Measured on the H200 at V3's shapes and 2048 tokens (GPU time,
-# benchmarks/results/fp8-kernels-cuda.json): cuBLAS was faster than the Triton GEMM at every shape (o_proj 0.39
-# against 0.54 ms, the dense MLP's gate/up 0.82 against 1.13) and than bf16 at all but the smallest (q_a_proj)
 _triton = None  # tpsim.layers.triton_fp8 once a CUDA tensor found Triton; False where it is not there
 
 
@@ -146,7 +142,11 @@ def linear(x: torch.Tensor, w: "torch.Tensor | BlockFp8", bias: torch.Tensor | N
     x2 = x.reshape(-1, K)
     fast = _fast(x2, w)
     xq, xs = act_quant(x2, w.block[1]) if fast is None else fast.act_quant(x2, w.block[1])
-    if fast is not None and not _scaled_mm_fits(xq, w):  # cuBLAS's block-wise GEMM first: faster where it fits
+    # torch._scaled_mm's block-wise GEMM where it takes the weight, the Triton GEMM where it does not (V3's
+    # kv_a_proj, 576 rows). Measured on the H200 at V3's shapes and 2048 tokens (GPU time, benchmarks/results/
+    # fp8-kernels-cuda.json): cuBLAS was faster than the Triton GEMM at every shape (o_proj 0.39 against 0.54 ms,
+    # the dense MLP's gate/up 0.82 against 1.13) and than bf16 at all but the smallest (q_a_proj)
+    if fast is not None and not _scaled_mm_fits(xq, w):
         y = fast.mm(xq, xs, w.q, w.scale_inv, x.dtype)
     else:
         y = quantized_mm(xq, xs, w, x.dtype)
@@ -204,8 +204,7 @@ def grouped_mm(xq: torch.Tensor, xs: torch.Tensor, w: BlockFp8, ends: torch.Tens
     """Quantized rows `xq [N, K]` (scales `xs`) grouped by expert (group e ends at `ends[e]`), group e
     times `w[e]^T` → `[N, out]` in `dtype`: one GEMM per expert (the reference; it syncs with the host
     once to read the ends)."""
-    ends_ = ends.tolist()
-    groups = [(e, a, b) for e, (a, b) in enumerate(zip([0] + ends_[:-1], ends_)) if b > a]
+    groups = expert_groups(ends)
     if not groups:
         return xq.new_empty((0, w.q.shape[-2]), dtype=dtype)
     return torch.cat([quantized_mm(xq[a:b], xs[a:b], w[e], dtype) for e, a, b in groups])

@@ -105,6 +105,13 @@ def expert_order(experts: torch.Tensor, count: int) -> tuple[torch.Tensor, torch
     return order, ends.to(torch.int32)
 
 
+def expert_groups(ends: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(expert, first row, end row) of each expert with rows, from `expert_order`'s ends: the per-expert
+    fallbacks' loop (it reads the ends on the host: one sync)."""
+    ends_ = ends.tolist()
+    return [(e, a, b) for e, (a, b) in enumerate(zip([0] + ends_[:-1], ends_)) if b > a]
+
+
 def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
     """The inverse of a permutation `[N]`: `x[perm][inverse_permutation(perm)] == x`."""
     return torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.shape[0], device=perm.device))

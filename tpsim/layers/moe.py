@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpsim.config.loader import ModelConfig
-from tpsim.layers.fused import inverse_permutation, kernels, region, top_k_margin
+from tpsim.layers.fused import expert_groups, inverse_permutation, kernels, region, top_k_margin
 from tpsim.layers import fp8
 from tpsim.layers.fp8 import BlockFp8
 from tpsim.layers.linear import WeightSpec, _copy, divide, fp8_parameters
@@ -172,9 +172,7 @@ class Experts(nn.Module):
             return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
         if not x.shape[0]:
             return x.new_empty((0, w.shape[1]))
-        ends = offs.tolist()  # the fallback syncs with the host once per call
-        groups = [(e, a, b) for e, (a, b) in enumerate(zip([0] + ends[:-1], ends)) if b > a]
-        return torch.cat([F.linear(x[a:b], w[e]) for e, a, b in groups])
+        return torch.cat([F.linear(x[a:b], w[e]) for e, a, b in expert_groups(offs)])
 
 
 def _counts(ids: torch.Tensor, n: int) -> torch.Tensor:

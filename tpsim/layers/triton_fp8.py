@@ -108,7 +108,8 @@ def _grouped_fp8(a_ptr, as_ptr, src_ptr, w_ptr, ws_ptr, ends_ptr, out_ptr, os_pt
     else:
         ends = tl.load(ends_ptr + ei, mask=ei < E, other=0)  # lanes past E: no rows, no tiles
         starts = tl.load(ends_ptr + ei - 1, mask=(ei > 0) & (ei < E), other=0)
-        tile_ends = tl.cumsum((ends - starts + BM - 1) // BM, axis=0)
+        tiles = (ends - starts + BM - 1) // BM
+        tile_ends = tl.cumsum(tiles, axis=0)
         m_tiles = tl.max(tile_ends, axis=0)
     kk = tl.arange(0, BK)
     for tile in range(tl.program_id(0), m_tiles * NT, PROGRAMS):
@@ -120,7 +121,7 @@ def _grouped_fp8(a_ptr, as_ptr, src_ptr, w_ptr, ws_ptr, ends_ptr, out_ptr, os_pt
         else:
             e = tl.sum((tile_ends <= tm).to(tl.int32))  # the group whose row tiles hold tile tm
             at = ei == e
-            first_tile = tl.sum(tl.where(at, tile_ends - (ends - starts + BM - 1) // BM, 0))
+            first_tile = tl.sum(tl.where(at, tile_ends - tiles, 0))
             m0 = tl.sum(tl.where(at, starts, 0)) + (tm - first_tile) * BM
             end = tl.sum(tl.where(at, ends, 0))
         rows = m0 + tl.arange(0, BM)
