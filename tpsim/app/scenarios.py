@@ -64,6 +64,9 @@ BUG_CLASSES = {
 
 @dataclass(frozen=True)
 class Scenario:
+    """One bug replayed from configs/scenarios/: the tpsim commands that reproduce it, and the exit code and
+    finding that show tpsim caught it."""
+
     name: str
     description: str
     bug_class: str

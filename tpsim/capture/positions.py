@@ -15,6 +15,8 @@ from tpsim.base.errors import UsageError
 
 
 class PositionKind(Enum):
+    """Where in the model a capture reads: the embedding output, a layer's output, or the final norm's."""
+
     EMBED = "embed"
     OUT = "out"
     FINAL = "final"
@@ -22,6 +24,8 @@ class PositionKind(Enum):
 
 @dataclass(frozen=True)
 class Position:
+    """One captured tensor's place: `out` needs its layer, `embed` and `final` take none."""
+
     kind: PositionKind
     layer: int | None = None
 

@@ -17,6 +17,8 @@ from tpsim.base.errors import UsageError
 
 
 class Attention(Enum):
+    """How a family's attention is built (tpsim.layers.attention.MLA or tpsim.layers.gqa.GQA)."""
+
     MLA = "multi-head latent attention"  # DeepSeek: q/kv LoRA, one shared rope key
     GQA = "grouped-query attention"  # one QKV GEMM, KV heads shared by groups of query heads
 

@@ -7,6 +7,8 @@ from enum import Enum
 
 
 class DraftDefect(Enum):
+    """What is wrong with a draft checkpoint; the value is the finding's `defect` in `tpsim draft --json`."""
+
     FC_WIDTH = "fc-width"  # fc's input width is not num_aux x the target's hidden size
     VOCAB_MAP = "vocab-map"  # d2t / t2d disagree with each other or with the vocab sizes
     EMBED_ABSENT = "embed-absent"  # no embed_tokens.weight (SpecForge's SGLang export drops it)

@@ -7,6 +7,8 @@ from enum import StrEnum
 
 
 class Op(StrEnum):
+    """A collective as the tracer records it; the value is torch.distributed's function name."""
+
     ALL_REDUCE = "all_reduce"
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"

@@ -12,6 +12,8 @@ from enum import Enum
 
 
 class Placement(str, Enum):
+    """How one tensor lies across the TP ranks; the value is DTensor's spelling of the placement."""
+
     REPLICATE = "Replicate()"     # every rank holds the full tensor
     SHARD_ROWS = "Shard(dim=0)"   # each rank its share of the tokens (rows), in rank order
     SHARD_LAST = "Shard(dim=-1)"  # each rank a contiguous 1/tp of the last dim, in rank order

@@ -36,6 +36,8 @@ from tpsim.profiles.resolution import Resolution, resolution
 
 
 class Convention(Enum):
+    """A numbering of the capture ids with no version (`--convention`): an idealised profile with strict refusals."""
+
     SGLANG = "sglang-ids"
     SGLANG_BOUNDARY = "sglang-boundary-ids"
     VLLM = "vllm-ids"

@@ -15,6 +15,8 @@ from tpsim.profiles.replay import Fate, Replay, Slot
 
 
 class Kind(Enum):
+    """What a finding is about; the value is its headline in `triage` and `resolve`."""
+
     CAPTURE_OFF = "capture turned off"
     ENGINE_FAILS = "the engine fails on these ids"
     DROPPED_SLOT = "a slot silently dropped"

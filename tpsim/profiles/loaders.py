@@ -24,6 +24,8 @@ class Fate(Enum):
 
 
 class Use(Enum):
+    """Whether a loader applies one of the draft config's norm switches (`Norm`) or runs its default."""
+
     HONOURED = "honoured"
     IGNORED = "ignored"
 

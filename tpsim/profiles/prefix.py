@@ -19,6 +19,8 @@ RADIX_FILE = "mem_cache/radix_cache.py"
 
 
 class RadixKeys(Enum):
+    """What the radix cache's tree is keyed by: decides how many cached positions a hit reuses."""
+
     TOKENS = "the tree is keyed by tokens: a hit of N shared tokens reuses positions 0..N-1"
     BIGRAMS = "under EAGLE the tree is keyed by token pairs (t_i, t_i+1): a hit of N shared tokens reuses 0..N-2"
 

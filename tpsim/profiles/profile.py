@@ -81,12 +81,42 @@ class Defaults(Enum):
         return None
 
 
-class EmbedId(Enum):
+class Fate(Enum):
+    """What becomes of one configured id in a replay of the engine's capture."""
+
+    CAPTURED = "captured"
+    MERGED = "captured once with an earlier equal id"
+    DROPPED = "never matched by the capture loop"
+    CRASHES = "crashes the forward"
+    REFUSED = "refused"
+    FAILS = "not captured, and the packer fails the forward"
+    IGNORED = "never captured: the model class ignores the capture set"
+
+
+class Tagged(Enum):
+    """A behaviour whose member is `NAME = (what the engine does, what tpsim makes of it)`: its value the
+    text, `tag` the second (a subclass names it)."""
+
+    def __new__(cls, text: str, tag):
+        member = object.__new__(cls)
+        member._value_, member.tag = text, tag
+        return member
+
+
+class Fated(Tagged):
+    """A behaviour of the capture loop that decides what becomes of a slot: the tag is the slot's Fate."""
+
+    @property
+    def fate(self) -> Fate:
+        return self.tag
+
+
+class EmbedId(Fated):
     """What an id that lands before layer 0 (the embedding output) does."""
 
-    CAPTURED = "captures the embedding output"
-    CRASHES = "crashes: the loop adds residual=None"
-    UNREACHABLE = "no id reaches it"
+    CAPTURED = ("captures the embedding output", Fate.CAPTURED)
+    CRASHES = ("crashes: the loop adds residual=None", Fate.CRASHES)
+    UNREACHABLE = ("no id reaches it", Fate.REFUSED)
 
 
 class Patch(Enum):
@@ -95,36 +125,36 @@ class Patch(Enum):
     EMBED = "embed"  # the capture loop's residual-None case guarded: id -1 captures the embedding output
 
 
-class OutOfRange(Enum):
+class OutOfRange(Fated):
     """What an id whose layer the capture loop never reaches does."""
 
-    REFUSED = "refused with an error"
-    DROPPED = "silently never matched: the slot is missing and the capture narrower"
-    FAILS = "never matched, and the forward fails: the packer counts fewer captures than ids"
+    REFUSED = ("refused with an error", Fate.REFUSED)
+    DROPPED = ("silently never matched: the slot is missing and the capture narrower", Fate.DROPPED)
+    FAILS = ("never matched, and the forward fails: the packer counts fewer captures than ids", Fate.FAILS)
 
 
 class Order(Enum):
+    """In which order the capture loop packs the configured ids' layers into the concatenation."""
+
     ASCENDING = "ascending, each position once (the loop tests `i in layers`)"
     LIST = "list order, a repeated id twice"
 
 
-class Duplicates(Enum):
-    CAPTURED_ONCE = "captured once"
-    CAPTURED_TWICE = "captured twice"
-    REFUSED = "refused with an error"
-    FAILS = "captured once, and the forward fails: the packer counts fewer captures than ids"
+class Duplicates(Fated):
+    """What an id listed twice does: the width of the concatenation the draft receives."""
+
+    CAPTURED_ONCE = ("captured once", Fate.MERGED)
+    CAPTURED_TWICE = ("captured twice", Fate.CAPTURED)
+    REFUSED = ("refused with an error", Fate.REFUSED)
+    FAILS = ("captured once, and the forward fails: the packer counts fewer captures than ids", Fate.FAILS)
 
 
-class Replayed(Enum):
-    """A behaviour of the capture that one of tpsim's capture strategies replays: a member is `NAME = (what the
-    engine does, the Strategy that replays it)`, its value the text."""
+class Replayed(Tagged):
+    """A behaviour of the capture that one of tpsim's capture strategies replays: the tag is that Strategy."""
 
-    strategy: Strategy
-
-    def __new__(cls, text: str, strategy: Strategy):
-        member = object.__new__(cls)
-        member._value_, member.strategy = text, strategy
-        return member
+    @property
+    def strategy(self) -> Strategy:
+        return self.tag
 
 
 class Site(Replayed):
@@ -181,6 +211,8 @@ HARD_CODED = ConfigRead(keys=(), hard_coded=True)  # the layers are fixed in the
 
 
 class Gpu(Enum):
+    """A GPU a served launch names (`--gpu`): some engine paths differ by architecture (sm90, sm100)."""
+
     H100 = "H100"
     H200 = "H200"
     H20 = "H20"

@@ -13,22 +13,11 @@ from enum import Enum
 
 from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
-from tpsim.profiles.profile import (Behaviour, Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange, Profile,
-                                    Wiring)
+from tpsim.profiles.profile import Behaviour, Defaults, EmbedId, Fate, Numbering, Order, Profile, Wiring
 
 CRASH_TEXT = "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'"
 # a packing engine that captured nothing returns the hidden states alone; the caller's two-way unpack fails
 UNPACK_TEXT = "ValueError: too many values to unpack (expected 2)"
-
-
-class Fate(Enum):
-    CAPTURED = "captured"
-    MERGED = "captured once with an earlier equal id"
-    DROPPED = "never matched by the capture loop"
-    CRASHES = "crashes the forward"
-    REFUSED = "refused"
-    FAILS = "not captured, and the packer fails the forward"
-    IGNORED = "never captured: the model class ignores the capture set"
 
 
 @dataclass(frozen=True)
@@ -131,13 +120,11 @@ def slot(profile: Profile, k: int, j: int, i: int, L: int) -> Slot:
     if not b.captures:
         return Slot(k, j, i, None, Fate.IGNORED if b.wiring.value is Wiring.IGNORED else Fate.REFUSED)
     if i == 0:
-        fate = {EmbedId.CAPTURED: Fate.CAPTURED, EmbedId.CRASHES: Fate.CRASHES,
-                EmbedId.UNREACHABLE: Fate.REFUSED}[b.embed.value]
+        fate = b.embed.value.fate
         return Slot(k, j, i, Position(PositionKind.EMBED) if fate is Fate.CAPTURED else None, fate)
     if 0 < i < L or (i == L and (b.last_boundary.value or hf)):
         return Slot(k, j, i, Position(PositionKind.FINAL) if hf and i == L else Position.at_boundary(i), Fate.CAPTURED)
-    fate = {OutOfRange.DROPPED: Fate.DROPPED, OutOfRange.FAILS: Fate.FAILS}.get(b.out_of_range.value, Fate.REFUSED)
-    return Slot(k, j, i, None, fate)
+    return Slot(k, j, i, None, b.out_of_range.value.fate)
 
 
 def _order(profile: Profile, slots: list[Slot]) -> list[Slot]:
@@ -147,9 +134,7 @@ def _order(profile: Profile, slots: list[Slot]) -> list[Slot]:
     out = []
     for s in slots:
         if s.internal in seen and s.fate is Fate.CAPTURED:
-            s = Slot(s.index, s.id, s.internal, s.position,
-                     {Duplicates.CAPTURED_ONCE: Fate.MERGED, Duplicates.CAPTURED_TWICE: Fate.CAPTURED,
-                      Duplicates.REFUSED: Fate.REFUSED, Duplicates.FAILS: Fate.FAILS}[dup])
+            s = Slot(s.index, s.id, s.internal, s.position, dup.fate)
         seen.add(s.internal)
         out.append(s)
     return out

@@ -23,6 +23,8 @@ DECODE = "BatchResultProcessor.process_batch_result_decode"
 
 
 class Returned(Enum):
+    """Which positions' hidden states a served request returns to the client."""
+
     ONE_PER_ROUND = "one row per verify round (the request's index into the verify batch), whatever it accepted"
     ACCEPTED = "each round's accepted rows: one per token it emits"
 

@@ -19,6 +19,8 @@ WRAPPER = "vllm/v1/worker/gpu_ubatch_wrapper.py"
 
 
 class UbatchMerge(Enum):
+    """How the engine joins its micro-batches' outputs after a split forward."""
+
     TENSORS_ONLY = "the micro-batches' outputs concatenated as tensors: a tuple of (hidden, aux) fails"
     PER_COMPONENT = "each component of the outputs concatenated in micro-batch order (aux states included)"
 
