@@ -1,8 +1,9 @@
 """Forward speed: tpsim with EAGLE-3 capture, tpsim without, and transformers, same weights.
 
 One run builds, on one device, tpsim at TP=1 (`TPGroup(device=...)`, no process group) and
-transformers' `DeepseekV2ForCausalLM` (V3 for a V3 config; `attn_implementation="sdpa"`, its
-default experts implementation) holding the same seeded weights: each Hugging Face checkpoint
+transformers' `DeepseekV2ForCausalLM` (V3 for a V3 config; `attn_implementation` from `--hf-attention`,
+auto: "sdpa" where the model class supports it, else "flex_attention" (GPT-OSS on CUDA, its sinks included),
+else "eager" (GPT-OSS on the CPU), recorded in the JSON's settings; its default experts implementation) holding the same seeded weights: each Hugging Face checkpoint
 tensor is generated once by `tpsim.weights.seeded.init_tensor` and copied into both models (no
 checkpoint written). Then, per token count (one sequence each), it times:
 
@@ -85,7 +86,7 @@ import torch  # noqa: E402
 
 from tpsim.base import ui  # noqa: E402
 from tpsim.bench.flops import FLOP_FORMULA, active_params, forward_flops, tp_all_reduces  # noqa: E402
-from tpsim.bench.hf import build_models, hf_unsupported  # noqa: E402
+from tpsim.bench.hf import HF_ATTENTION, build_models, hf_attention, hf_unsupported  # noqa: E402
 from tpsim.bench.scaling import tp_table  # noqa: E402
 from tpsim.capture import PositionKind, Recorder  # noqa: E402
 from tpsim.profiles.conventions import resolve  # noqa: E402
@@ -137,6 +138,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--skip-transformers", action="store_true", help="time tpsim only")
     ap.add_argument("--graph-max-tokens", type=int, default=512,
                     help="CUDA: also time tpsim+capture replayed as a CUDA graph up to this many tokens (default 512)")
+    ap.add_argument("--hf-attention", default="auto", choices=["auto", *(name for name, _ in HF_ATTENTION)],
+                    help="transformers' attn_implementation; auto: sdpa where its model class supports it, else "
+                         "flex_attention, else eager (GPT-OSS: flex_attention on CUDA, its sinks included; eager on the CPU)")
     ap.add_argument("--experts-implementation", default=None,
                     help="transformers' experts implementation (eager, grouped_mm, ...); default: its own")
     ap.add_argument("--mm-size", type=int, default=None, help="N of the N x N x N matmul ceiling (8192 CUDA, 1024 CPU)")
@@ -444,7 +448,7 @@ def print_tables(result: dict) -> None:
     mm = result.get("matmul")
     title = (f"forward: {result['config']['name']} (L={result['config']['num_hidden_layers']}), {s['dtype']} on "
              f"{result['environment'].get('gpu') or 'CPU'}, TP=1; capture {result['capture']['positions_text']}; "
-             f"transformers attn=sdpa, experts={s.get('experts_implementation') or '-'}, output_hidden_states, "
+             f"transformers attn={s.get('attn_implementation') or '-'}, experts={s.get('experts_implementation') or '-'}, output_hidden_states, "
              f"use_cache=False; median of {s['repeats']} (ABBA)")
     cols = ["tokens", "variant", "ms median", "min-max", "tok/s", "vs transformers", "capture ovh", "TFLOP/s",
             "% of mm", "peak GB", "+act GB"]
@@ -511,10 +515,12 @@ def main(argv=None) -> int:
         cpu_tokens = int_list(args.cpu_tp_tokens, "--cpu-tp-tokens")
         if max(tokens) > cfg.max_position_embeddings:
             raise UsageError(f"--tokens {max(tokens)} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+        attention = None
         if not args.skip_transformers:
             importlib.import_module("transformers")  # fail now, with the fix, not after building tpsim
             if hf_unsupported(cfg):
                 raise UsageError(hf_unsupported(cfg))
+            attention = hf_attention(cfg, args.hf_attention, device)
     except UsageError as e:
         print(f"forward: error: {e}", file=sys.stderr)
         return 2
@@ -547,7 +553,8 @@ def main(argv=None) -> int:
                    "hidden_size": cfg.hidden_size, "model_type": cfg.model_type, "fields": cfg.to_dict()},
         "settings": {"device": str(device), "dtype": dtype, "tokens": tokens, "repeats": args.repeats,
                      "warmup": args.warmup, "seed": args.seed, "tp": 1, "batch": 1,
-                     "transformers": not args.skip_transformers, "attn_implementation": "sdpa",
+                     "transformers": not args.skip_transformers,
+                     "attn_implementation": None if args.skip_transformers else attention,
                      "experts_implementation": None, "use_cache": False, "timer": "cuda events" if cuda else
                      "time.perf_counter", "order": "ABBA: rounds alternate the variant order"},
         "capture": {"convention": "sglang-ids", "ids": res.internal, "positions": [str(p) for p in res.positions],
@@ -571,7 +578,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         model, hf = build_models(cfg, args.seed, dtype, device, transformers=not args.skip_transformers,
-                                 experts_implementation=args.experts_implementation, progress=progress)
+                                 attn_implementation=attention, experts_implementation=args.experts_implementation,
+                                 progress=progress)
     except UsageError as e:  # a config transformers cannot hold (moe_layer_freq > 1)
         print(f"forward: error: {e}", file=sys.stderr)
         return 2

@@ -173,13 +173,13 @@ def tiny_variants():
     }
 
 
-@pytest.mark.parametrize("name", list(tiny_variants()))
+@pytest.mark.parametrize("name", [*tiny_variants(), "tiny-gpt-oss"])
 def test_transformers_model_holds_tpsim_weights(name):
     """build_models: transformers' final hidden state, output_hidden_states at the captured
     positions, and logits equal tpsim's (float32, CPU); tpsim's weights are build_model's, bit for bit."""
     pytest.importorskip("transformers")
-    cfg = tiny_variants()[name]
-    model, hf = build_models(cfg, 7, "float32", torch.device("cpu"))
+    cfg = tiny_variants()[name] if name in tiny_variants() else load_config(f"configs/{name}.yaml")
+    model, hf = build_models(cfg, 7, "float32", torch.device("cpu"))  # GPT-OSS: eager attention (hf_attention)
     ref = build_model(cfg, TPGroup(), 7, "float32")
     theirs = dict(ref.named_parameters())
     assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())
@@ -206,6 +206,40 @@ def test_transformers_refuses_moe_layer_freq():
     cfg = with_overrides(load_config(TINY), ["moe_layer_freq=2"])
     with pytest.raises(UsageError, match="moe_layer_freq"):
         build_hf_model(cfg, "float32", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-fp8", "tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_transformers_attention_is_the_fastest_its_class_supports(name, device):
+    """hf_attention: auto is sdpa wherever transformers' class declares it; GPT-OSS (no SDPA path for its
+    sinks) gets flex_attention on CUDA and eager on the CPU, where transformers' flex refuses sinks; a named
+    one the class does not support there is refused with the ones it does."""
+    pytest.importorskip("transformers")
+    from tpsim.bench.hf import hf_attention
+    cfg = load_config(f"configs/{name}.yaml")
+    sinks = cfg.family.sinks
+    assert sinks == (name == "tiny-gpt-oss")
+    want = ("flex_attention" if device == "cuda" else "eager") if sinks else "sdpa"
+    assert hf_attention(cfg, "auto", device) == want
+    assert hf_attention(cfg, "eager", device) == "eager"
+    if sinks:
+        with pytest.raises(UsageError, match=r"attn_implementation='sdpa' on .*one of"):
+            hf_attention(cfg, "sdpa", device)
+
+
+def test_forward_script_times_gpt_oss_against_transformers_eager(tmp_path):
+    """GPT-OSS, which transformers runs without SDPA: the transformers variant runs (eager on the CPU, said in
+    the settings) and holds the same capture and logits."""
+    pytest.importorskip("transformers")
+    fw = script("forward")
+    out = tmp_path / "forward.json"
+    assert fw.main(["--device", "cpu", "--model", "configs/tiny-gpt-oss.yaml", "--tokens", "5", "--repeats", "1",
+                    "--warmup", "0", "--mm-size", "64", "--cpu-tp", "none", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["settings"]["attn_implementation"] == "eager" and "transformers_error" not in data
+    (row,) = data["rows"]
+    assert row["variants"]["transformers"]["error"] is None
+    assert row["check"]["capture_rel_err_vs_transformers"] <= TOL and row["check"]["logits_rel_err_vs_transformers"] <= TOL
 
 
 # --- formulas ---------------------------------------------------------------------------------------------------
@@ -285,8 +319,10 @@ def test_forward_script_bad_input(capsys):
     assert fw.main(["--device", "cpu", "--tokens", "8,x"]) == 2
     assert fw.main(["--device", "cpu", "--model", "no-such-model"]) == 2
     assert fw.main(["--device", "cpu", "--override", "nonsense=1"]) == 2
+    assert fw.main(["--device", "cpu", "--model", "configs/tiny-gpt-oss.yaml", "--hf-attention", "sdpa"]) == 2
     err = capsys.readouterr().err
-    assert err.count("forward: error:") == 3
+    assert err.count("forward: error:") == 4 and len(err.strip().splitlines()) == 4
+    assert "GptOssForCausalLM does not support attn_implementation='sdpa' on cpu" in err
 
 
 def test_targets_report_met_and_missed():

@@ -60,7 +60,30 @@ def hf_unsupported(cfg) -> str | None:
     return None
 
 
-def build_hf_model(cfg, dtype: str, device: torch.device, attn_implementation: str = "sdpa",
+# transformers' attention implementations, fastest first, as its model classes declare them (`_supports_sdpa`,
+# `_supports_flex_attn`): GPT-OSS's sinks have no SDPA path in transformers 5 (GptOssPreTrainedModel sets
+# `_supports_sdpa = False`); its flex path adds them (integrations/flex_attention.py, `s_aux`), on CUDA only
+# (on the CPU it raises "Attention sinks cannot be run on CPU with flex attention")
+HF_ATTENTION = (("sdpa", "_supports_sdpa"), ("flex_attention", "_supports_flex_attn"), ("eager", None))
+
+
+def hf_attention(cfg, wanted: str = "auto", device: torch.device | str = "cuda") -> str:
+    """The attention implementation transformers runs this config with on `device`: `wanted`, or for "auto"
+    the first of HF_ATTENTION its model class supports there. One it does not support is a UsageError."""
+    import transformers
+    cls = getattr(transformers, hf_architecture(cfg))
+    cpu_sinks = torch.device(device).type == "cpu" and cfg.family.sinks
+    supported = [name for name, flag in HF_ATTENTION if flag is None or (
+        getattr(cls, flag, False) and not (name == "flex_attention" and cpu_sinks))]
+    if wanted == "auto":
+        return supported[0]
+    if wanted not in supported:
+        raise UsageError(f"transformers' {cls.__name__} does not support attn_implementation={wanted!r} on "
+                         f"{torch.device(device).type}; use one of {', '.join(supported)} (or auto)")
+    return wanted
+
+
+def build_hf_model(cfg, dtype: str, device: torch.device, attn_implementation: str = "auto",
                    experts_implementation: str | None = None):
     """transformers' model of the config's family (DeepseekV2ForCausalLM, LlamaForCausalLM, ...) built in memory on `device` in
     `dtype` (router weights stay float32, as transformers keeps them), weights not yet filled."""
@@ -69,7 +92,7 @@ def build_hf_model(cfg, dtype: str, device: torch.device, attn_implementation: s
     if why:
         raise UsageError(why)
     cls = getattr(transformers, hf_architecture(cfg))
-    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation}
+    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": hf_attention(cfg, attn_implementation, device)}
     if experts_implementation:
         kwargs["experts_implementation"] = experts_implementation
     with torch.device(device):
@@ -141,7 +164,7 @@ class HFWeights:
 
 
 def build_models(cfg, seed: int, dtype: str, device: torch.device, transformers: bool = True,
-                 attn_implementation: str = "sdpa", experts_implementation: str | None = None, progress=None):
+                 attn_implementation: str = "auto", experts_implementation: str | None = None, progress=None):
     """tpsim at TP=1 (a `TPGroup(device=...)`, no process group) and, with `transformers`,
     transformers' model, both holding the same seeded weights: each checkpoint tensor is
     generated once (`seeded_tensors`), cast to the dtype tpsim keeps it in, and copied into both.
