@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tpsim.profiles.profile import NESTED, TOP, ConfigKey, Empty, Profile
+from tpsim.profiles.profile import NESTED, TOP, ConfigKey, Profile
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,10 @@ def read_ids(profile: Profile, raw: dict) -> ConfigIds:
         if v is None:
             continue
         if v == []:
-            if read.empty is Empty.DEFAULT:
+            if read.empty.failure is None:
                 continue
-            what = "refuses it (exactly three ids)" if read.empty is Empty.REFUSED else \
-                "turns capture on with no layers and the forward's unpack fails"
-            return ConfigIds(None, key, failure=f"{key} is an empty list: {who} {what}; write the ids (e.g. "
-                                                "[1, 29, 57]) or remove the key for the default")
+            return ConfigIds(None, key, failure=f"{key} is an empty list: {who} {read.empty.failure}; write the ids "
+                                                "(e.g. [1, 29, 57]) or remove the key for the default")
         return ConfigIds([j + key.shift for j in v], key)
     elsewhere = next((p for p in _ID_PLACES if value_at(raw, p) and p not in {k.path for k in read.keys}), None)
     if elsewhere is None:

@@ -48,21 +48,30 @@ class Cited(Generic[T]):
     error: str = ""  # a refusal or a failure: the engine's own words ({i} of {n}, {architecture}: filled in)
 
 
-class Numbering(Enum):
-    """How an id becomes the boundary the engine's loop captures (the number of layers run before it)."""
+class Tagged(Enum):
+    """A behaviour whose member is `NAME = (what the engine does, what tpsim makes of it)`: its value the
+    text, `tag` the second (a subclass names it)."""
 
-    OUTPUT_OF_PLUS_ONE = "id + 1: id j captures out(j)"
-    PLUS_ONE_IF_FIRST_IS_1 = "id + 1 only when the first id is 1, else id j captures before layer j"
-    PLUS_ONE_UNLESS_MAX_IS_L = "ids as boundaries when the largest id is L, else id + 1"
-    BEFORE_LAYER = "id j captures before layer j (L: after the last layer)"
-    OUTPUT_OF = "id j captures out(j) (a hook on layer j)"
-    HIDDEN_STATES_INDEX = "index j into output_hidden_states (0: embed, L: the final-norm output)"
+    def __new__(cls, text: str, tag):
+        member = object.__new__(cls)
+        member._value_, member.tag = text, tag
+        return member
+
+
+class Numbering(Tagged):
+    """How an id becomes the boundary the engine's loop captures (the number of layers run before it); the tag
+    is the shift every id gets added (None: it depends on the list the id is in)."""
+
+    OUTPUT_OF_PLUS_ONE = ("id + 1: id j captures out(j)", 1)
+    PLUS_ONE_IF_FIRST_IS_1 = ("id + 1 only when the first id is 1, else id j captures before layer j", None)
+    PLUS_ONE_UNLESS_MAX_IS_L = ("ids as boundaries when the largest id is L, else id + 1", None)
+    BEFORE_LAYER = ("id j captures before layer j (L: after the last layer)", 0)
+    OUTPUT_OF = ("id j captures out(j) (a hook on layer j)", 1)
+    HIDDEN_STATES_INDEX = ("index j into output_hidden_states (0: embed, L: the final-norm output)", 0)
 
     @property
     def shift(self) -> int | None:
-        """What every id gets added (None: it depends on the list the id is in)."""
-        return {Numbering.OUTPUT_OF_PLUS_ONE: 1, Numbering.OUTPUT_OF: 1, Numbering.BEFORE_LAYER: 0,
-                Numbering.HIDDEN_STATES_INDEX: 0}.get(self)
+        return self.tag
 
 
 class Defaults(Enum):
@@ -91,16 +100,6 @@ class Fate(Enum):
     REFUSED = "refused"
     FAILS = "not captured, and the packer fails the forward"
     IGNORED = "never captured: the model class ignores the capture set"
-
-
-class Tagged(Enum):
-    """A behaviour whose member is `NAME = (what the engine does, what tpsim makes of it)`: its value the
-    text, `tag` the second (a subclass names it)."""
-
-    def __new__(cls, text: str, tag):
-        member = object.__new__(cls)
-        member._value_, member.tag = text, tag
-        return member
 
 
 class Fated(Tagged):
@@ -172,12 +171,18 @@ class GraphIds(Enum):
     DEFAULT = "the default ids, not the configured ones"
 
 
-class Empty(Enum):
-    """What an empty id list at the key an engine reads does."""
+class Empty(Tagged):
+    """What an empty id list at the key an engine reads does; the tag is what `triage` says the engine does
+    with it (None: nothing goes wrong, the default ids are captured)."""
 
-    DEFAULT = "treated as not set: the default ids"
-    CRASH = "capture on with no layers: the forward's unpack fails"
-    REFUSED = "refused: exactly three ids are required"
+    DEFAULT = ("treated as not set: the default ids", None)
+    CRASH = ("capture on with no layers: the forward's unpack fails",
+             "turns capture on with no layers and the forward's unpack fails")
+    REFUSED = ("refused: exactly three ids are required", "refuses it (exactly three ids)")
+
+    @property
+    def failure(self) -> str | None:
+        return self.tag
 
 
 @dataclass(frozen=True)
