@@ -3,9 +3,9 @@
 One run builds, on one device, tpsim at TP=1 (`TPGroup(device=...)`, no process group) and
 transformers' `DeepseekV2ForCausalLM` (V3 for a V3 config; `attn_implementation` from `--hf-attention`,
 auto: "sdpa" where the model class supports it, else "flex_attention" (GPT-OSS on CUDA, its sinks included),
-else "eager" (GPT-OSS on the CPU), recorded in the JSON's settings; its default experts implementation) holding the same seeded weights: each Hugging Face checkpoint
-tensor is generated once by `tpsim.weights.seeded.init_tensor` and copied into both models (no
-checkpoint written). Then, per token count (one sequence each), it times:
+else "eager" (GPT-OSS on the CPU), recorded in the JSON's settings; its default experts implementation)
+holding the same seeded weights: each Hugging Face checkpoint tensor is generated once by
+`tpsim.weights.seeded.init_tensor` and copied into both models (no checkpoint written). Then, per token count (one sequence each), it times:
 
 - `tpsim+capture`: `model(ids, recorder=Recorder(positions))` + `recorder.concat()`, the sglang
   default capture positions (`tpsim.capture.resolve("sglang-ids", None, L).positions`), logits included;
@@ -140,7 +140,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="CUDA: also time tpsim+capture replayed as a CUDA graph up to this many tokens (default 512)")
     ap.add_argument("--hf-attention", default="auto", choices=["auto", *(name for name, _ in HF_ATTENTION)],
                     help="transformers' attn_implementation; auto: sdpa where its model class supports it, else "
-                         "flex_attention, else eager (GPT-OSS: flex_attention on CUDA, its sinks included; eager on the CPU)")
+                         "flex_attention, else eager (GPT-OSS: flex_attention on CUDA, its sinks included; eager "
+                         "on the CPU)")
     ap.add_argument("--experts-implementation", default=None,
                     help="transformers' experts implementation (eager, grouped_mm, ...); default: its own")
     ap.add_argument("--mm-size", type=int, default=None, help="N of the N x N x N matmul ceiling (8192 CUDA, 1024 CPU)")
@@ -448,7 +449,8 @@ def print_tables(result: dict) -> None:
     mm = result.get("matmul")
     title = (f"forward: {result['config']['name']} (L={result['config']['num_hidden_layers']}), {s['dtype']} on "
              f"{result['environment'].get('gpu') or 'CPU'}, TP=1; capture {result['capture']['positions_text']}; "
-             f"transformers attn={s.get('attn_implementation') or '-'}, experts={s.get('experts_implementation') or '-'}, output_hidden_states, "
+             f"transformers attn={s.get('attn_implementation') or '-'}, "
+             f"experts={s.get('experts_implementation') or '-'}, output_hidden_states, "
              f"use_cache=False; median of {s['repeats']} (ABBA)")
     cols = ["tokens", "variant", "ms median", "min-max", "tok/s", "vs transformers", "capture ovh", "TFLOP/s",
             "% of mm", "peak GB", "+act GB"]
@@ -553,8 +555,7 @@ def main(argv=None) -> int:
                    "hidden_size": cfg.hidden_size, "model_type": cfg.model_type, "fields": cfg.to_dict()},
         "settings": {"device": str(device), "dtype": dtype, "tokens": tokens, "repeats": args.repeats,
                      "warmup": args.warmup, "seed": args.seed, "tp": 1, "batch": 1,
-                     "transformers": not args.skip_transformers,
-                     "attn_implementation": None if args.skip_transformers else attention,
+                     "transformers": not args.skip_transformers, "attn_implementation": attention,
                      "experts_implementation": None, "use_cache": False, "timer": "cuda events" if cuda else
                      "time.perf_counter", "order": "ABBA: rounds alternate the variant order"},
         "capture": {"convention": "sglang-ids", "ids": res.internal, "positions": [str(p) for p in res.positions],

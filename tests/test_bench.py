@@ -239,7 +239,8 @@ def test_forward_script_times_gpt_oss_against_transformers_eager(tmp_path):
     assert data["settings"]["attn_implementation"] == "eager" and "transformers_error" not in data
     (row,) = data["rows"]
     assert row["variants"]["transformers"]["error"] is None
-    assert row["check"]["capture_rel_err_vs_transformers"] <= TOL and row["check"]["logits_rel_err_vs_transformers"] <= TOL
+    check = row["check"]
+    assert check["capture_rel_err_vs_transformers"] <= TOL and check["logits_rel_err_vs_transformers"] <= TOL
 
 
 # --- formulas ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ conventions (tpsim.profiles.conventions) replay here too; their strictness is th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
 from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
