@@ -21,7 +21,7 @@ from clirun import ROOT, cli_env, run_cli
 from tpsim.profiles import fingerprints, registry
 from tpsim.profiles.fingerprints import (ABSENT, Key, Status, Table, builtin_table, classify, classify_line,
                                          fingerprint, line_releases, read_release, release_named)
-from tpsim.profiles.profile import Source
+from tpsim.profiles.cited import Source
 
 
 @functools.lru_cache(maxsize=None)

@@ -55,7 +55,7 @@ def test_a_change_known_only_by_merge_date_is_in_a_release_only_if_merged_before
     """Planted: an unlisted version rounded up to the next release's date, so a change merged after the
     release it follows counted as in it. An unlisted version is the code of the release before it."""
     from datetime import timedelta
-    from tpsim.profiles.profile import Change
+    from tpsim.profiles.cited import Change
     from tpsim.profiles.registry import RELEASES, _when
     day = RELEASES["sglang"]["0.5.14"]  # 0.5.14.1 lies between 0.5.14 and 0.5.15 (two weeks later)
     merged = day + timedelta(days=gap) if after else day - timedelta(days=gap)

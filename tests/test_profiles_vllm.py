@@ -21,7 +21,8 @@ from tpsim.parallel.pipeline import Split, stages
 from tpsim.profiles import trainers, vllm
 from tpsim.profiles.draft import read_ids
 from tpsim.profiles.fingerprints import Status, classify_line
-from tpsim.profiles.profile import Behaviour, Cited, Gather, Order, Site
+from tpsim.profiles.cited import Cited
+from tpsim.profiles.profile import Behaviour, Gather, Order, Site
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 

@@ -9,7 +9,8 @@ import textwrap
 from tpsim.cli.options import emit_json
 from tpsim.profiles import fingerprints, registry
 from tpsim.profiles.fingerprints import Classified, Status
-from tpsim.profiles.profile import Behaviour, Profile, Source, describe, differences
+from tpsim.profiles.cited import Source
+from tpsim.profiles.profile import Behaviour, Profile, describe, differences
 from tpsim.base.ui import say, table
 
 

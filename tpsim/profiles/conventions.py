@@ -29,8 +29,9 @@ from enum import Enum
 from tpsim.base.errors import UsageError
 from tpsim.capture.positions import Position, PositionKind
 from tpsim.profiles.inverse import ids_for_positions
-from tpsim.profiles.profile import (NO_CONFIG, Behaviour, Cited, Defaults, Duplicates, EmbedId, Numbering, Order,
-                                    OutOfRange, Profile, Site, Source, Versions)
+from tpsim.profiles.cited import Cited, Source, Versions
+from tpsim.profiles.profile import (NO_CONFIG, Behaviour, Defaults, Duplicates, EmbedId, Numbering, Order, OutOfRange,
+                                    Profile, Site)
 from tpsim.profiles.replay import Fate, Replay, Slot, captured_range, replay
 from tpsim.profiles.resolution import Resolution, resolution
 

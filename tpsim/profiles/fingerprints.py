@@ -20,7 +20,8 @@ from pathlib import Path
 
 from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.profiles import registry
-from tpsim.profiles.profile import Line, Profile, Source
+from tpsim.profiles.cited import Source
+from tpsim.profiles.profile import Line, Profile
 
 TABLE_PATH = BUILTIN_CONFIGS / "fingerprints.tsv"
 HEADER = ("repo", "path", "symbol", "release", "hash")

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 from tpsim.base.errors import UsageError
 from tpsim.profiles import sglang
-from tpsim.profiles.profile import Change, Cited, Versions
+from tpsim.profiles.cited import Change, Cited, Versions
 from tpsim.profiles.registry import ALIASES, when
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ from dataclasses import replace
 from tpsim.base.errors import UsageError
 from tpsim.profiles import registry
 from tpsim.profiles.loaders import AuxCount, EmbedUse, Fate, Loader, LoaderLine, ServedLoader, Use
-from tpsim.profiles.profile import Change, Cited, Source
+from tpsim.profiles.cited import Change, Cited, Source
 
 SG, VL = "sgl-project/sglang", "vllm-project/vllm"
 SG_FILE = "python/sglang/srt/models/llama_eagle3.py"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from tpsim.profiles.profile import Change, Cited
+from tpsim.profiles.cited import Change, Cited
 
 
 class Fate(Enum):

@@ -9,7 +9,7 @@ from datetime import date
 from tpsim.profiles import sglang
 from tpsim.profiles.history import Held, History
 from tpsim.profiles.pd import PdTransfer, Widths
-from tpsim.profiles.profile import Change, Cited, Versions
+from tpsim.profiles.cited import Change, Cited, Versions
 
 OLDEST_READ = "0.5.1"  # the oldest wheel whose hand-off was read
 FIXED_IN = "0.5.6"  # the first release read that has both PRs (their first releases are unknown)

@@ -13,7 +13,7 @@ from enum import Enum
 
 from tpsim.profiles import sglang
 from tpsim.profiles.history import Held, History
-from tpsim.profiles.profile import Change, Cited
+from tpsim.profiles.cited import Change, Cited
 
 RADIX_FILE = "mem_cache/radix_cache.py"
 

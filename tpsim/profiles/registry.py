@@ -15,7 +15,8 @@ from datetime import date
 from tpsim.base.errors import UsageError
 from tpsim.config.families import BY_MODEL_TYPE
 from tpsim.profiles import sglang, trainers, vllm
-from tpsim.profiles.profile import Change, Cited, EmbedId, Line, Patch, Profile
+from tpsim.profiles.cited import Change, Cited
+from tpsim.profiles.profile import EmbedId, Line, Patch, Profile
 
 LINES: tuple[Line, ...] = (*sglang.LINES, *vllm.LINES, *trainers.LINES)
 RELEASES: dict[str, dict[str, date]] = {"sglang": sglang.RELEASES, "vllm": vllm.RELEASES,

@@ -16,7 +16,7 @@ from enum import Enum
 
 from tpsim.profiles import sglang
 from tpsim.profiles.history import History
-from tpsim.profiles.profile import Change, Cited
+from tpsim.profiles.cited import Change, Cited
 
 PROCESSOR = "managers/scheduler_components/batch_result_processor.py"
 DECODE = "BatchResultProcessor.process_batch_result_decode"

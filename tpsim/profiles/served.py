@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpsim.modes import ArFusion, DpAttention, EpOutput, ExpertParallel, Mode, Strategy, TensorParallel
-from tpsim.profiles.profile import Cited, Gather, Profile, Served, Site
+from tpsim.profiles.cited import Cited
+from tpsim.profiles.profile import Gather, Profile, Served, Site
 
 
 @dataclass(frozen=True)

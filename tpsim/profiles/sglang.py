@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import date
 
-from tpsim.profiles.profile import (NESTED, OFF_FLAG, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
-                                    Duplicates, EmbedId, Empty, FusionAuto, Gather, GraphIds, Handoff, Line, Numbering,
-                                    Order, OutOfRange, Site, Source, TboCapture, releases)
+from tpsim.profiles.cited import Change, Cited, Source, releases
+from tpsim.profiles.profile import (NESTED, OFF_FLAG, Behaviour, ConfigKey, ConfigRead, Defaults, Duplicates, EmbedId,
+                                    Empty, FusionAuto, Gather, GraphIds, Handoff, Line, Numbering, Order, OutOfRange,
+                                    Site, TboCapture)
 
 REPO = "sgl-project/sglang"
 RELEASES = releases(

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import date
 
-from tpsim.profiles.profile import (HARD_CODED, NESTED, NO_CONFIG, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
-                                    Duplicates, EmbedId, Empty, Line, Numbering, Order, OutOfRange, Site, Source,
-                                    releases)
+from tpsim.profiles.cited import Change, Cited, Source, releases
+from tpsim.profiles.profile import (HARD_CODED, NESTED, NO_CONFIG, Behaviour, ConfigKey, ConfigRead, Defaults,
+                                    Duplicates, EmbedId, Empty, Line, Numbering, Order, OutOfRange, Site)
 
 SPECFORGE = "sgl-project/SpecForge"
 # the PyPI releases (no git tags): their archives' file dates; 0.2.0 pins sglang==0.5.14, and every file cited below

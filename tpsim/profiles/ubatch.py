@@ -13,7 +13,7 @@ from enum import Enum
 
 from tpsim.profiles import vllm
 from tpsim.profiles.history import History
-from tpsim.profiles.profile import Change, Cited
+from tpsim.profiles.cited import Change, Cited
 
 WRAPPER = "vllm/v1/worker/gpu_ubatch_wrapper.py"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, Change, Cited, ConfigKey, ConfigRead, Defaults,
-                                    Duplicates, EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange,
-                                    Site, Source, Wiring, releases)
+from tpsim.profiles.cited import Change, Cited, Source, releases
+from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, ConfigKey, ConfigRead, Defaults, Duplicates,
+                                    EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange, Site, Wiring)
 from tpsim.profiles.replay import UNPACK_TEXT
 
 REPO = "vllm-project/vllm"
