@@ -315,12 +315,14 @@ def test_forward_script_writes_json(tmp_path, capsys):
         assert f"{r['variants']['tpsim+capture']['median_ms']:.2f}" in shown
 
 
-def test_forward_script_bad_input(capsys):
+def test_forward_script_bad_input(capsys, tmp_path):
     fw = script("forward")
-    assert fw.main(["--device", "cpu", "--tokens", "8,x"]) == 2
-    assert fw.main(["--device", "cpu", "--model", "no-such-model"]) == 2
-    assert fw.main(["--device", "cpu", "--override", "nonsense=1"]) == 2
-    assert fw.main(["--device", "cpu", "--model", "configs/tiny-gpt-oss.yaml", "--hf-attention", "sdpa"]) == 2
+    out = ["--out", str(tmp_path / "forward.json")]
+    assert fw.main(["--device", "cpu", "--tokens", "8,x", *out]) == 2
+    assert fw.main(["--device", "cpu", "--model", "no-such-model", *out]) == 2
+    assert fw.main(["--device", "cpu", "--override", "nonsense=1", *out]) == 2
+    assert fw.main(["--device", "cpu", "--model", "configs/tiny-gpt-oss.yaml", "--hf-attention", "sdpa", *out]) == 2
+    assert not any(tmp_path.iterdir())  # nothing written
     err = capsys.readouterr().err
     assert err.count("forward: error:") == 4 and len(err.strip().splitlines()) == 4
     assert "GptOssForCausalLM does not support attn_implementation='sdpa' on cpu" in err
