@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from clirun import run_cli
 from strategies import forward_cases
 from test_properties import TINY
+from tpsim.app.report import Fails, graph_findings
 from tpsim.capture import Position, PositionKind
 from tpsim.config.loader import config_from_dict
 from tpsim.profiles.profile import GraphIds
 from tpsim.profiles.registry import lookup
 from tpsim.profiles.replay import replay
 from tpsim.run.graph_jobs import graph_job
-from tpsim.run.graphs import CudaGraphs, failures
+from tpsim.run.graphs import CudaGraphs
 from tpsim.run.spec import ModelSource, RunSpec
 
 TOL = 1e-5
@@ -59,12 +60,14 @@ def test_a_graph_captures_the_set_frozen_at_start_up(rank_pool, c):
         assert c.identical
         if c.graphed == configured:
             assert c.rel_err is not None and c.rel_err <= TOL
-        broken = failures(c, order, TOL)
+        broken = graph_findings(c, order, TOL)
         assert bool(broken) == (c.graphed != configured)
         if broken and order is GraphIds.NONE:
-            assert "captured nothing" in broken[0] and "before the capture set was set" in broken[0]
+            assert broken[0].kind is Fails.GRAPHS_CAPTURE_NOTHING
+            assert "captured nothing" in broken[0].text and "before the capture set was set" in broken[0].text
         elif broken:
-            assert "the default ids' positions" in broken[0] and "mixed within one server" in broken[0]
+            assert broken[0].kind is Fails.GRAPHS_CAPTURE_DEFAULTS
+            assert "the default ids' positions" in broken[0].text and "mixed within one server" in broken[0].text
 
 
 def test_check_cuda_graph_follows_the_profile_and_names_the_order():

@@ -102,7 +102,10 @@ def literal_compares(names: list[str], skip: set[str]) -> list[str]:
     return found
 
 
-def test_strategies_and_modes_are_compared_as_types_not_strings():
+def test_strategies_modes_and_collectives_are_compared_as_types_not_strings():
     from tpsim.modes import KINDS, Strategy
+    from tpsim.parallel.ops import Op
     assert literal_compares([s.value for s in Strategy], {"tpsim/modes/strategy.py"}) == []
     assert literal_compares([k.name for k in KINDS], {"tpsim/modes/base.py"}) == []
+    # Op is a StrEnum: `op == "all_reduce"` would hold silently, so the names and short forms are checked here
+    assert literal_compares([o.value for o in Op] + [o.short for o in Op], {"tpsim/parallel/ops.py"}) == []

@@ -14,8 +14,8 @@ from tpsim.capture.pipeline import stage_of
 from tpsim.modes import expected_collectives
 from tpsim.parallel.ops import Op
 from tpsim.parallel.placement import S0
+from tpsim.profiles.profile import GraphIds
 from tpsim.run.graphs import GraphCheck
-from tpsim.run.graphs import failures as graph_failures
 from tpsim.run.jobs import NEAR_TIE
 from tpsim.run.pipeline import stage_collectives
 from tpsim.run.results import RankCheck, SlotVerdict
@@ -41,6 +41,8 @@ class Fails(Enum):
     REAL_FLIP = "a routing flip across a wide margin"
     UNREACHED = "a slot never reaches the draft (pipeline parallel)"
     STAGE = "a pipeline stage's collectives or ranks"
+    GRAPHS_CAPTURE_NOTHING = "CUDA-graphed batches capture nothing"
+    GRAPHS_CAPTURE_DEFAULTS = "CUDA-graphed batches capture the engine's default ids"
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,22 @@ class StageRow:
     expected: dict[Op, int]
 
 
+class Verdict:
+    """A row of `check`'s verdict: its typed `findings`, printed and written as their lines (`failures`)."""
+
+    findings: list[Failure]
+
+    @property
+    def failures(self) -> list[str]:
+        return [str(f) for f in self.findings]
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
 @dataclass
-class CheckRow:
+class CheckRow(Verdict):
     """One TP degree: what its ranks captured, how it compares, and why it fails (if it does)."""
 
     tp: int
@@ -84,35 +100,56 @@ class CheckRow:
     expected_collectives: dict[Op, int]
     all_reduce_bytes: int
     verdicts: list[SlotVerdict] | None
-    ok: bool
     findings: list[Failure]
     stage_collectives: list[StageRow] | None = None  # PP: per stage
 
-    @property
-    def failures(self) -> list[str]:
-        """The findings as the lines check prints."""
-        return [str(f) for f in self.findings]
-
     def to_dict(self) -> dict:
-        """`tpsim check --json`'s row: the findings as their lines, under `failures`."""
-        return {("failures" if k == "findings" else k): (self.failures if k == "findings" else v)
-                for k, v in asdict(self).items()}
+        """`tpsim check --json`'s row: `ok`, then the findings as their lines under `failures`."""
+        out = {}
+        for k, v in asdict(self).items():
+            if k == "findings":
+                out.update(ok=self.ok, failures=self.failures)
+            else:
+                out[k] = v
+        return out
 
 
 @dataclass(frozen=True)
-class GraphRow:
+class GraphRow(Verdict):
     """`--cuda-graph` at one degree: what the graphed and the eager batch captured, and what is wrong."""
 
     check: GraphCheck
-    failures: list[str]
+    findings: list[Failure]
 
-    @property
-    def ok(self) -> bool:
-        return not self.failures
+    def to_dict(self) -> dict:
+        return {"check": asdict(self.check), "failures": self.failures}
+
+
+def graph_findings(c: GraphCheck, order: GraphIds, tol: float) -> list[Failure]:
+    """What is wrong with one degree's graphed batch under start-up `order` (empty: nothing)."""
+    batch = f"CUDA graph: the graphed batch of {c.graphed_tokens} tokens"
+    eager = f"the eager batch of {c.eager_tokens} tokens captures {', '.join(c.eager) or 'nothing'}"
+    src = "sglang PR #22836"
+    if c.graphed == c.configured:
+        out = []
+        if not c.identical:
+            out.append(Failure(Fails.RANKS_DIFFER, f"{batch}: ranks differ from their group's rank 0"))
+        if c.rel_err is not None and not c.rel_err <= tol:
+            out.append(Failure(Fails.ERROR, f"{batch}: relative error {c.rel_err:.3e} against TP=1 exceeds {tol:.0e}"))
+        return out
+    if order is GraphIds.NONE:
+        return [Failure(Fails.GRAPHS_CAPTURE_NOTHING,
+                        f"{batch} captured nothing (0 of {len(c.configured)} slots): the graphs were captured before "
+                        f"the capture set was set, so graphed batches run without capture, while {eager} ({src}: zero "
+                        "acceptance); set the capture set before capturing the graphs")]
+    return [Failure(Fails.GRAPHS_CAPTURE_DEFAULTS,
+                    f"{batch} captured {', '.join(c.graphed) or 'nothing'}, the default ids' positions, where {eager}, "
+                    f"the configured ones: mixed within one server ({src}: the graph runner's workaround set the "
+                    "capture set with no ids before capturing); set the configured ids before capturing the graphs")]
 
 
 def graph_rows(spec: RunSpec, checks: list[GraphCheck]) -> list[GraphRow]:
-    return [GraphRow(c, graph_failures(c, spec.graphs.ids, spec.tolerance))
+    return [GraphRow(c, graph_findings(c, spec.graphs.ids, spec.tolerance))
             for c in sorted(checks, key=lambda c: c.tp)]
 
 
@@ -144,7 +181,7 @@ class CheckReport:
                                                    "keys": s.prefix_hit.keys.name.lower(),
                                                    "stale_draft_kv": s.prefix_hit.stale},
                 "checkpoint_fingerprint": s.source.fingerprint, "notes": list(s.source.notes),
-                "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [asdict(g) for g in self.graphs]}}
+                "cuda_graph": s.graphs and {**s.graphs.to_dict(), "rows": [g.to_dict() for g in self.graphs]}}
 
 
 def model_collectives(collectives) -> dict[Op, int]:
@@ -248,7 +285,7 @@ def _row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         rel_err=rel, logits_rel_err=lrel, all_reduces=counts[0] if len(counts) == 1 else counts,
         expected_all_reduces=expected.get(Op.ALL_REDUCE, 0), collectives=traced[0] if traced else {},
         expected_collectives=expected, all_reduce_bytes=mine[0].all_reduce_bytes if mine else 0,
-        verdicts=next((r.verdicts for r in mine if r.verdicts), None), ok=not failures, findings=failures)
+        verdicts=next((r.verdicts for r in mine if r.verdicts), None), findings=failures)
 
 
 def _worst(errs) -> float | None:
@@ -361,7 +398,7 @@ def pp_row(spec: RunSpec, tp: int, mine: list[RankCheck]) -> CheckRow:
         expected_all_reduces=per_stage[-1].expected.get(Op.ALL_REDUCE, 0),
         collectives=per_stage[-1].collectives, expected_collectives=per_stage[-1].expected,
         all_reduce_bytes=head.all_reduce_bytes if head else 0,
-        verdicts=next((r.verdicts for r in last if r.verdicts), None), ok=not failures, findings=failures,
+        verdicts=next((r.verdicts for r in last if r.verdicts), None), findings=failures,
         stage_collectives=per_stage)
 
 

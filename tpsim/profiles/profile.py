@@ -76,6 +76,14 @@ class Fated(Tagged):
         return self.tag
 
 
+class Replayed(Tagged):
+    """A behaviour of the capture that one of tpsim's capture strategies replays: the tag is that Strategy."""
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.tag
+
+
 class EmbedId(Fated):
     """What an id that lands before layer 0 (the embedding output) does."""
 
@@ -112,14 +120,6 @@ class Duplicates(Fated):
     CAPTURED_TWICE = ("captured twice", Fate.CAPTURED)
     REFUSED = ("refused with an error", Fate.REFUSED)
     FAILS = ("captured once, and the forward fails: the packer counts fewer captures than ids", Fate.FAILS)
-
-
-class Replayed(Tagged):
-    """A behaviour of the capture that one of tpsim's capture strategies replays: the tag is that Strategy."""
-
-    @property
-    def strategy(self) -> Strategy:
-        return self.tag
 
 
 class Site(Replayed):

@@ -69,23 +69,3 @@ class GraphCheck:
     rel_err: float | None  # graphed vs TP=1 (None: the positions differ, nothing to compare)
     identical: bool        # the graphed capture is bitwise the same on every rank of the group
 
-
-def failures(c: GraphCheck, order: GraphIds, tol: float) -> list[str]:
-    """What is wrong with one degree's graphed batch under start-up `order`, in words (empty: nothing)."""
-    batch = f"CUDA graph: the graphed batch of {c.graphed_tokens} tokens"
-    eager = f"the eager batch of {c.eager_tokens} tokens captures {', '.join(c.eager) or 'nothing'}"
-    src = "sglang PR #22836"
-    if c.graphed == c.configured:
-        out = []
-        if not c.identical:
-            out.append(f"{batch}: ranks differ from their group's rank 0")
-        if c.rel_err is not None and not c.rel_err <= tol:
-            out.append(f"{batch}: relative error {c.rel_err:.3e} against TP=1 exceeds {tol:.0e}")
-        return out
-    if order is GraphIds.NONE:
-        return [f"{batch} captured nothing (0 of {len(c.configured)} slots): the graphs were captured before the "
-                f"capture set was set, so graphed batches run without capture, while {eager} ({src}: zero "
-                "acceptance); set the capture set before capturing the graphs"]
-    return [f"{batch} captured {', '.join(c.graphed) or 'nothing'}, the default ids' positions, where {eager}, the "
-            f"configured ones: mixed within one server ({src}: the graph runner's workaround set the capture set "
-            "with no ids before capturing); set the configured ids before capturing the graphs"]
