@@ -15,7 +15,7 @@ from clirun import assert_one_line_error, run_cli
 from tpsim.capture import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.draft import read_ids
-from tpsim.profiles.findings import findings
+from tpsim.profiles.findings import replay_findings
 from tpsim.profiles.profile import EmbedId, Gpu, Numbering, Order, Served
 from tpsim.profiles.registry import all_profiles, lookup
 from tpsim.profiles.replay import Fate, replay
@@ -76,7 +76,7 @@ def test_replay_accounts_for_every_id(name, L, ids):
     ignored = any(s.fate is Fate.IGNORED for s in rep.slots)
     assert not ignored or (not rep.positions and all(s.fate is Fate.IGNORED for s in rep.slots))
     assert (rep.failure is not None) == (failing or ignored and bool(p.behaviour.wiring.error))
-    found = findings(rep, 64)
+    found = [str(f) for f in replay_findings(rep, 64)]
     for s in rep.dropped:
         assert any(f"slot {s.index}: id {s.id} " in f for f in found)
     merged = any(s.fate is Fate.MERGED for s in rep.slots)  # the capture narrower than the draft's fc: a finding
@@ -162,15 +162,15 @@ def test_engine_failures_name_the_engine_error(spec, model, ids, text):
 
 
 def test_crash_fix_names_the_version_that_captures_the_embedding():
-    (f,) = findings(replay(lookup("sglang@0.5.12", "deepseek_v3"), [-1, 29, 57], 61), 7168)
+    (f,) = map(str, replay_findings(replay(lookup("sglang@0.5.12", "deepseek_v3"), [-1, 29, 57], 61), 7168))
     assert "sglang@0.5.14:deepseek_v3 or later" in f
     assert lookup("sglang@0.5.14", "deepseek_v3").behaviour.embed.value is EmbedId.CAPTURED
 
 
 def test_dropped_fix_names_the_id_that_works_or_the_version():
-    (f,) = findings(replay(lookup("vllm@0.24.0", "deepseek_v3"), [2, 30, 61], 61), 7168)
+    (f,) = map(str, replay_findings(replay(lookup("vllm@0.24.0", "deepseek_v3"), [2, 30, 61], 61), 7168))
     assert "slot 2: id 61" in f and "2 x 7168 = 14336" in f and "vllm@0.25.0:deepseek_v3 reaches it (id 61)" in f
-    (f,) = findings(replay(lookup("sglang@0.5.16", "gpt_oss"), [24, 30, 36], 36), 2880)
+    (f,) = map(str, replay_findings(replay(lookup("sglang@0.5.16", "gpt_oss"), [24, 30, 36], 36), 2880))
     assert "sglang@0.5.17:gpt_oss reaches it" in f
 
 

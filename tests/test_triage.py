@@ -84,6 +84,19 @@ def test_triage_under_pp_is_the_engines_start_up_refusal(tmp_path):
     assert "Pipeline parallelism currently only supports EAGLE (non-multi-layer)" in f["cause"]
 
 
+def test_triage_reports_the_stage_local_numbering_check_replayed(tmp_path):
+    """vLLM's llama.py up to 0.29.0 numbers the last stage's layers from 0: check's replay under --pp finds each
+    moved slot (typed, kind `pipeline`), and triage reports those findings with the cited file and a replayed fix."""
+    code, rep = triage_json(tmp_path, {"eagle_aux_hidden_state_layer_ids": [2, 4, 6]}, "--server",
+                            "vllm@0.25.0:llama", "--model", "tiny-llama", "--pp", "2")
+    moved = [f for f in rep["findings"] if f["kind"] == "pipeline"]
+    assert code == 1 and [f["cause"].split(" is tested")[0] for f in moved] == [
+        f"pipeline parallel: out({i})" for i in (1, 3, 5)], rep["findings"]
+    for f in moved:
+        assert f["sources"] == ["vllm-project/vllm vllm/model_executor/models/llama.py @v0.18.0"] and f["fix_replayed"]
+        assert "which numbers its layers from 0" in f["cause"] and "fix:" not in f["cause"]
+
+
 def test_deepep_capture_is_token_local_before_0_5_7(tmp_path):
     code, rep = triage_json(tmp_path, NESTED_135, "--server", "sglang@0.5.6", "--tp", "2",
                             "--moe-a2a-backend", "deepep")

@@ -22,7 +22,7 @@ from tpsim.config.loader import ModelConfig
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.draft import read_ids
-from tpsim.profiles.findings import findings
+from tpsim.profiles.findings import Finding, Kind, replay_findings
 from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.history import model_file_server
 from tpsim.profiles.prefix import prefix_hit
@@ -104,7 +104,7 @@ class RunRequest:
             mode.check(src.cfg, t, len(tokens))
         refused = pp_refusal(self.pipeline, self.ids.server, src.cfg)
         if refused is not None and res is not None:  # the engine stops at start-up: nothing runs
-            res.findings, res.failed = [str(refused)], True
+            res.findings, res.failed = [refused], True
         pipe = pipeline_for(self.pipeline, self.ids.server, src.cfg, list(self.tps), mode)
         if res is not None:
             pp_replay(pipe, self.ids.server, res, src.cfg)
@@ -172,7 +172,8 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
             raise UsageError("--layers and --draft-config both give the ids; give one of them")
         got = read_ids(profile, read_draft_config(ids.draft_config).raw)
         if got.failure:
-            return Resolution(profile.name, L, None, [], "internal_ids", [], notes, [got.failure], True, stale)
+            off = Finding(Kind.CAPTURE_OFF, got.failure, [str(profile.behaviour.config.source)], None)
+            return Resolution(profile.name, L, None, [], "internal_ids", [], notes, [off], True, stale)
         layers = got.ids
         notes.append(f"{ids.draft_config}: falls back to the default: {got.fallback}" if got.fallback else
                      f"{ids.draft_config}: ids {layers} from {got.where}" if layers is not None else
@@ -182,7 +183,7 @@ def resolution_for(ids: Ids, cfg: ModelConfig, tbo: bool = False) -> Resolution:
     if tbo:
         notes += tbo_failure(rep, cfg.first_k_dense_replace)
     res.notes[:0] = notes
-    res.findings, res.failed = findings(rep, cfg.hidden_size), rep.crashed or rep.refused
+    res.findings, res.failed = replay_findings(rep, cfg.hidden_size), rep.crashed or rep.refused
     res.unverified = stale
     return res
 

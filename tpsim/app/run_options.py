@@ -13,6 +13,7 @@ from tpsim.config.loader import ModelConfig
 from tpsim.modes import Mode
 from tpsim.parallel.pipeline import SPLITS, Split, check_pp
 from tpsim.parallel.torchrun import under_torchrun
+from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.profile import GraphIds, Profile
 from tpsim.profiles.registry import all_profiles, later_profiles, lookup
 from tpsim.profiles.replay import replay
@@ -102,20 +103,9 @@ def startup_refusal(profile: Profile, pp: int, architecture: str) -> str | None:
 PP_FLAGS = {"sglang": "--pp-size", "vllm": "--pipeline-parallel-size"}  # each engine's own option
 
 
-@dataclass(frozen=True)
-class PpRefusal:
-    """An engine's refusal of --pp at start-up: what it raises (with the profile and version), its source, the fix."""
-
-    cause: str
-    source: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.cause}; fix: {self.fix}"
-
-
-def pp_refusal(ask: PipelineAsk, server: str | None, cfg: ModelConfig) -> PpRefusal | None:
-    """The engine's own refusal of this --pp at start-up (None: it serves it)."""
+def pp_refusal(ask: PipelineAsk, server: str | None, cfg: ModelConfig) -> Finding | None:
+    """The engine's own refusal of this --pp at start-up: what it raises (with the profile and version), its
+    source, the fix (None: it serves it)."""
     if ask.size == 1 or server is None:
         return None
     profile = lookup(server, cfg.model_type)
@@ -126,7 +116,7 @@ def pp_refusal(ask: PipelineAsk, server: str | None, cfg: ModelConfig) -> PpRefu
                      and q.behaviour.pp.value is not Handoff.REFUSED), None)
     flag = PP_FLAGS.get(profile.engine, "without pipeline parallelism")
     fix = f"serve it with {flag} 1" + (f", or with {launches.name}, which launches it" if launches else "")
-    return PpRefusal(f"pipeline parallel: {said}", str(profile.behaviour.pp.source), fix)
+    return Finding(Kind.ENGINE_REFUSES, f"pipeline parallel: {said}", [str(profile.behaviour.pp.source)], fix)
 
 
 def pp_replay(pipe: Pipeline | None, server: str | None, res: Resolution, cfg: ModelConfig) -> None:
@@ -145,11 +135,11 @@ def pp_replay(pipe: Pipeline | None, server: str | None, res: Resolution, cfg: M
             got.append(q)
         if q != p:
             now = f"captures {q}" if q is not None else "matches no layer of it (dropped)"
-            res.findings.append(
-                f"pipeline parallel: {p} is tested on the last stage (layers {last.start}..{last.end - 1}), which "
-                f"numbers its layers from 0, and {now}; the stages before it return early ({res.convention}: "
-                f"{cited.source}); fix: serve with --pp 1, or a version that numbers layers from start_layer "
-                "(vLLM 0.30.0)")
+            res.findings.append(Finding(
+                Kind.PIPELINE, f"pipeline parallel: {p} is tested on the last stage (layers {last.start}.."
+                f"{last.end - 1}), which numbers its layers from 0, and {now}; the stages before it return early "
+                f"({res.convention}: {cited.source})", [str(cited.source)],
+                "serve with --pp 1, or a version that numbers layers from start_layer (vLLM 0.30.0)"))
     res.positions = got
 
 

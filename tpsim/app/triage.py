@@ -137,7 +137,7 @@ def triage(inputs: Inputs) -> Triage | None:
             return None
     t = Triage(inputs, mode, report, got, rep, check, notes=notes)
     if refused is not None:
-        t.findings.append(Finding(Kind.ENGINE_REFUSES, refused.cause, [refused.source], refused.fix))
+        t.findings.append(refused)
         return t
     assess(t, inputs.target.real.hidden_size)
     return t
@@ -157,8 +157,7 @@ def assess(t: Triage, hidden: int) -> None:
     t.findings += _fallbacks(t)
     t.findings += _misaligned(t)
     t.findings += _served_mode(t)
-    t.findings += [Finding(Kind.PIPELINE, *_cause_fix(f, t.serve))
-                   for f in (t.check.resolution.findings if t.check is not None else []) if f.startswith("pipeline")]
+    t.findings += [f for f in (t.check.resolution.findings if t.check is not None else []) if f.kind is Kind.PIPELINE]
     t.findings += _graphs(t)
     t.notes += unread_notes(t.serve, t.served)
     t.findings += served_flag_findings(t, t.served, t.serve)
@@ -204,11 +203,6 @@ def _ids_changed(t: Triage) -> list[Finding]:
                     f"{', '.join(map(str, then))} (--train {trained.spelled}): the config's ids were changed after "
                     "training, and the server reads the changed ones", [str(trained.profile.behaviour.numbering.source)],
                     "write the ids the server needs for the trained positions")]
-
-
-def _cause_fix(finding: str, serve: Profile) -> tuple[str, list[str], str]:
-    cause, _, fix = finding.partition("; fix: ")
-    return cause, [str(serve.behaviour.pp.source)], fix
 
 
 def _fallbacks(t: Triage) -> list[Finding]:

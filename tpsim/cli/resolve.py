@@ -7,7 +7,7 @@ from tpsim.profiles.conventions import Convention, ids_for, named_ids, resolve
 from tpsim.cli.options import emit_json, layer_ids, positive_int
 from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
 from tpsim.base.errors import UsageError
-from tpsim.profiles.findings import findings
+from tpsim.profiles.findings import replay_findings
 from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.registry import serving
 from tpsim.profiles.replay import replay
@@ -52,7 +52,7 @@ def resolve_server(args, L: int, model_type: str, hidden: int | None) -> int:
     Exit 0 when the capture has every slot, 1 when the engine drops, refuses or crashes."""
     profile = serving(args.server, model_type)
     rep = replay(profile, layer_ids(args), L)
-    found = findings(rep, hidden)
+    found = [str(f) for f in replay_findings(rep, hidden)]
     stale = unverified(args.server, model_type)
     if args.json:
         emit_json({"server": args.server, "profile": profile.name, "versions": profile.versions.text(),

@@ -41,21 +41,15 @@ class Finding:
     kind: Kind
     cause: str
     sources: list[str]
-    fix: str
+    fix: str | None  # None: none that the command printing it has replayed
     replayed: bool = False  # triage applied the fix, re-ran the same replay and saw the finding clear
 
     def __str__(self) -> str:
-        return f"{self.cause}; fix: {self.fix}"
+        return self.cause if self.fix is None else f"{self.cause}; fix: {self.fix}"
 
     def to_dict(self) -> dict:
         return {"kind": self.kind.name.lower().replace("_", "-"), "title": self.kind.value, "cause": self.cause,
                 "sources": self.sources, "fix": self.fix, "fix_replayed": self.replayed}
-
-
-def findings(rep: Replay, hidden: int | None = None) -> list[str]:
-    """What the engine's handling of these ids does to the draft, each with its fix (empty: none), as
-    `resolve` and `check` print and record them."""
-    return [str(f) for f in replay_findings(rep, hidden)]
 
 
 def replay_findings(rep: Replay, hidden: int | None = None) -> list[Finding]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpsim.capture.positions import Position
+from tpsim.profiles.findings import Finding
 from tpsim.profiles.fingerprints import Unverified
 from tpsim.profiles.replay import Replay
 
@@ -21,7 +22,7 @@ class Resolution:
     internal_name: str
     positions: list[Position]  # in concatenation order
     notes: list[str] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)  # what the engine's handling breaks (with --server)
+    findings: list[Finding] = field(default_factory=list)  # what the engine's handling breaks (with --server)
     failed: bool = False  # the engine crashes or refuses: nothing is captured
     unverified: Unverified | None = None  # a --server release where the cited code changed since it was read
 
@@ -32,7 +33,8 @@ class Resolution:
     def to_dict(self) -> dict:
         return {"convention": self.convention, "num_layers": self.num_layers, "ids": self.ids,
                 "used_default": self.ids is None, self.internal_name: self.internal,
-                "positions": [str(p) for p in self.positions], "notes": self.notes, "findings": self.findings,
+                "positions": [str(p) for p in self.positions], "notes": self.notes,
+                "findings": [str(f) for f in self.findings],
                 "failed": self.failed, "unverified": self.unverified and self.unverified.to_dict()}
 
 
