@@ -13,7 +13,6 @@ from clirun import assert_one_line_error, run_clis
 from test_properties import TINY
 from tpsim.app.disaggregation import finding
 from tpsim.config.loader import config_from_dict
-from tpsim.profiles import sglang
 from tpsim.profiles.conventions import Convention, resolve
 from tpsim.profiles.pd import PdTransfer, Widths
 from tpsim.profiles.pd_versions import PD, pd_version

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from clirun import assert_one_line_error, run_clis
 from tpsim.capture.pipeline import PP_CAPTURES, Handoff
-from tpsim.profiles import sglang
+from tpsim.profiles import sglang, sglang_server
 from tpsim.profiles.profile import Duplicates, FusionAuto, Gather, Gpu, OutOfRange, Served, Site, TboCapture
 from tpsim.profiles.registry import lookup, version_key
 from tpsim.profiles.replay import UNPACK_TEXT, Fate, replay
@@ -38,7 +38,7 @@ def every_source():
 
 @pytest.mark.parametrize("source", every_source(), ids=lambda s: f"{s.path.split('/')[-1]}@{s.ref}:{s.symbol}")
 def test_every_source_names_a_release_read_a_symbol_and_a_quote(source):
-    assert source.ref.startswith("v") and source.ref[1:] in sglang.READ, source
+    assert source.ref.startswith("v") and source.ref[1:] in sglang_server.READ, source
     assert re.fullmatch(r"[A-Za-z_][\w.]*", source.symbol) and len(source.quote.split()) >= 3, source
 
 
@@ -213,7 +213,7 @@ def test_the_in_layer_capture_of_the_gqa_files(model, release):
 
 
 def test_two_batch_overlap_is_in_every_release_read():
-    for release in sglang.READ:
+    for release in sglang_server.READ:
         tbo = lookup(f"sglang@{release}", "deepseek_v3").behaviour.tbo
         packer = version_key(release) >= version_key("0.5.17")
         assert tbo.value is (TboCapture.REGION_FAILS if packer else TboCapture.REGION_NOT_CAPTURED), release
@@ -236,7 +236,7 @@ KNOWN_FORM_CHANGES = {
 def test_every_quote_holds_in_every_release_of_its_interval(line):
     """A source read at one release stands for its interval: the quoted lines are in the same function in every
     release between the change that brought it and the next (checked where the wheels are unpacked)."""
-    read = sorted(sglang.READ, key=version_key)
+    read = sorted(sglang_server.READ, key=version_key)
     if _body(read[-1], "python/sglang/srt/layers/aux_hidden_states.py", "AuxHiddenStatePacker") is None:
         pytest.skip(f"no unpacked sglang wheels under {WHEELS} (TPSIM_SGLANG_SRC)")
     missing = set()

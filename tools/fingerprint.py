@@ -5,7 +5,7 @@ and write the table tpsim reads (configs/fingerprints.tsv; docs/profiles.md, "Ho
     python tools/fingerprint.py --cache DIR --package sglang --from 0.5.18 --to 0.5.23
     python tools/fingerprint.py --cache DIR --symbol python/sglang/srt/models/llama.py::LlamaModel.forward
 
-Which symbols: every profile Source with a `path` and a `symbol` (tpsim/profiles/sglang.py, vllm.py,
+Which symbols: every profile Source with a `path` and a `symbol` (tpsim/profiles/sglang.py + sglang_server.py, vllm.py,
 trainers.py) whose repository publishes releases on PyPI, plus `--symbol PATH::SYMBOL` and, with `--extra`,
 the EXTRA list below. Which releases: every release in the range of each line that cites the symbol
 (tpsim.profiles.fingerprints.line_releases), and the release each source was read at.

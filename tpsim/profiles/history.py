@@ -10,7 +10,7 @@ from datetime import date
 from typing import Generic, TypeVar
 
 from tpsim.base.errors import UsageError
-from tpsim.profiles import sglang
+from tpsim.profiles import sglang_server
 from tpsim.profiles.cited import Change, Cited, Versions
 from tpsim.profiles.registry import ALIASES, when
 
@@ -106,9 +106,9 @@ def model_file_server(server: str, what: str) -> tuple[str, str | None]:
     """The --server whose model file replays the capture, and a note when it is not `server`: an SGLang version
     before the model files' profiled range is captured as the oldest profiled release (`what`: the behaviour the
     version keeps as its own, e.g. "the PD hand-off")."""
-    name, first = ServerName.of(server), sglang.OLDEST.release
+    name, first = ServerName.of(server), sglang_server.OLDEST.release
     at = when(name.engine, name.version) if name.engine == "sglang" else None
-    if at is None or at.day is None or at.day >= sglang.RELEASES[first]:
+    if at is None or at.day is None or at.day >= sglang_server.RELEASES[first]:
         return server, None
     return (name.at(first),
             f"the capture is replayed as {name.engine}@{first}'s model file (tpsim read the model files from {first} "

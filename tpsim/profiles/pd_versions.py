@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 
-from tpsim.profiles import sglang
+from tpsim.profiles import sglang_server
 from tpsim.profiles.history import Held, History
 from tpsim.profiles.pd import PdTransfer, Widths
 from tpsim.profiles.cited import Change, Cited, Versions
@@ -23,7 +23,7 @@ PREFILL, SCHED = "disaggregation/prefill.py", "managers/scheduler.py"
 PD_PREFILL = "SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill"
 _SET_BUF = ("MetadataBuffers.set_buf copies it into `self.output_hidden_states[req.metadata_buffer_index]`, a row "
             "hidden_size wide, before the transfer: a tensor of another width fails that copy_ (inferred from the code)")
-PD_TARGET_AUX = Cited(PdTransfer.TARGET_AUX, sglang.src(
+PD_TARGET_AUX = Cited(PdTransfer.TARGET_AUX, sglang_server.src(
     PREFILL, "v0.5.1", PD_PREFILL,
     "req.hidden_states_tensor = ( logits_output.hidden_states[last_hidden_index].cpu().clone() )",
     "the target's logits_output hidden states of the last token, under EAGLE-3 the aux states concatenated (issue "
@@ -33,7 +33,7 @@ PD_TARGET_AUX = Cited(PdTransfer.TARGET_AUX, sglang.src(
     "shape error (issue #10059: 'It will cause shape error when use eagle3 with pd disaggregation'; the copy into "
     "the buffer fails: inferred from the code)")
 PD_9976 = Change(("#9976",), "PD disaggregation sends the draft's hidden state (spec_info), not logits_output's",
-                 date(2025, 9, 3), None, {"pd": Cited(PdTransfer.DRAFT_IN_TARGET_WIDTH, sglang.src(
+                 date(2025, 9, 3), None, {"pd": Cited(PdTransfer.DRAFT_IN_TARGET_WIDTH, sglang_server.src(
                      PREFILL, "v0.5.5", PD_PREFILL,
                      "req.hidden_states_tensor = ( batch.spec_info.hidden_states[i].cpu().clone() )",
                      "the draft's hidden state after its extend (PR #9976); the buffer is still the target's width: "
@@ -43,7 +43,7 @@ PD_9976 = Change(("#9976",), "PD disaggregation sends the draft's hidden state (
                      "#13590: Llama-3.3-70B with yuhuili/EAGLE3-LLaMA3.3-Instruct-70B crashed there; the error text "
                      "is not quoted: inferred from the code)")})
 PD_13590 = Change(("#13590",), "PD disaggregation buffers sized with the draft's hidden size", date(2025, 11, 19),
-                  None, {"pd": Cited(PdTransfer.DRAFT, sglang.src(
+                  None, {"pd": Cited(PdTransfer.DRAFT, sglang_server.src(
                       SCHED, "v0.5.6", "Scheduler.init_disaggregation",
                       "hidden_size=( model_config.hidden_size if self.spec_algorithm.is_eagle() else 16 # minimal "
                       "padding size for RDMA ),",
@@ -52,7 +52,7 @@ PD_13590 = Change(("#13590",), "PD disaggregation buffers sized with the draft's
                       "and draft model have the same hidden state size'); prefill.py still sends "
                       "batch.spec_info.hidden_states[i]; read at 0.5.6, later releases not re-read here"))})
 PD = History("sglang", "the PD-disaggregation hand-off", "pd", PD_TARGET_AUX, (PD_9976, PD_13590), OLDEST_READ,
-             sglang.RELEASES)
+             sglang_server.RELEASES)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from tpsim.profiles import sglang
+from tpsim.profiles import sglang_server
 from tpsim.profiles.history import Held, History
 from tpsim.profiles.cited import Change, Cited
 
@@ -28,12 +28,12 @@ class RadixKeys(Enum):
         return shared if self is RadixKeys.TOKENS else shared - 1
 
 
-TOKEN_KEYS = Cited(RadixKeys.TOKENS, sglang.src(
+TOKEN_KEYS = Cited(RadixKeys.TOKENS, sglang_server.src(
     RADIX_FILE, "v0.5.2", "RadixCache.match_prefix", "def match_prefix(self, key: List[int], **kwargs) -> MatchResult:",
     "the key is the request's token ids whatever the speculative algorithm: the matched prefix's KV (the target's and "
     "the draft's, one index per token) is reused whole; 0.5.2 has no EAGLE case in the file"))
 BIGRAM_KEYS = Change(("#10846",), "Fix eagle radix cache: EAGLE keys the radix tree by token pairs", None, "0.5.3", {
-    "radix": Cited(RadixKeys.BIGRAMS, sglang.src(
+    "radix": Cited(RadixKeys.BIGRAMS, sglang_server.src(
         RADIX_FILE, "v0.5.3", "RadixCache.cache_unfinished_req",
         "# The actual kv len for EAGLE is len(token_ids), since EAGLE uses bigram key actual_kv_len = all_token_len - "
         "1 if self.is_eagle else all_token_len",
@@ -42,7 +42,7 @@ BIGRAM_KEYS = Change(("#10846",), "Fix eagle radix cache: EAGLE keys the radix t
         "2.26 with it, 2.39 with the fix (Llama-3.1-8B-Instruct, lmsys/sglang-EAGLE3-LLaMA3.1-Instruct-8B, MT-bench); "
         "first in 0.5.3, absent from 0.5.2; later releases not re-read"))})
 RADIX = History("sglang", "the radix cache's keys under EAGLE", "radix", TOKEN_KEYS, (BIGRAM_KEYS,), "0.5.2",
-                sglang.RELEASES)
+                sglang_server.RELEASES)
 NOT_REPLAYED = ("the draft's own KV for cached positions under spec V2, never written on a prefix hit -> NaN (sglang "
                 "issue #19796; PR #19897, which zero-fills it, closed unmerged; the fix's release not found): not "
                 "replayed")

@@ -14,12 +14,12 @@ from datetime import date
 
 from tpsim.base.errors import UsageError
 from tpsim.config.families import BY_MODEL_TYPE
-from tpsim.profiles import sglang, trainers, vllm
+from tpsim.profiles import sglang, sglang_server, trainers, vllm
 from tpsim.profiles.cited import Change, Cited
 from tpsim.profiles.profile import EmbedId, Line, Patch, Profile
 
 LINES: tuple[Line, ...] = (*sglang.LINES, *vllm.LINES, *trainers.LINES)
-RELEASES: dict[str, dict[str, date]] = {"sglang": sglang.RELEASES, "vllm": vllm.RELEASES,
+RELEASES: dict[str, dict[str, date]] = {"sglang": sglang_server.RELEASES, "vllm": vllm.RELEASES,
                                         "specforge": trainers.RELEASES}
 ENGINES = tuple(dict.fromkeys(line.engine for line in LINES))
 TRAINERS = tuple(dict.fromkeys(line.engine for line in trainers.LINES))  # --train only: they serve nothing

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from tpsim.profiles import sglang
+from tpsim.profiles import sglang_server
 from tpsim.profiles.history import History
 from tpsim.profiles.cited import Change, Cited
 
@@ -37,7 +37,7 @@ class Returned(Enum):
         return out
 
 
-ONE_ROW = Cited(Returned.ONE_PER_ROUND, sglang.src(
+ONE_ROW = Cited(Returned.ONE_PER_ROUND, sglang_server.src(
     PROCESSOR, "v0.5.13", DECODE,
     "if req.return_hidden_states and logits_output.hidden_states is not None: req.hidden_states.append( "
     "logits_output.hidden_states[i].cpu().clone().tolist() )",
@@ -45,11 +45,11 @@ ONE_ROW = Cited(Returned.ONE_PER_ROUND, sglang.src(
     "silently returns fewer per-token hidden states than completion_tokens under all speculative decoding paths'); "
     "older releases not read"))
 ACCEPTED_ROWS = Change(("#28496",), "Fix return_hidden_states under spec V2", None, "0.5.14", {
-    "returned": Cited(Returned.ACCEPTED, sglang.src(
+    "returned": Cited(Returned.ACCEPTED, sglang_server.src(
         PROCESSOR, "v0.5.14", DECODE,
         "stride = result.speculative_num_draft_tokens accept_len = len(next_token_id) start = i * stride "
         "req.hidden_states.extend( logits_output.hidden_states[start : start + accept_len]",
         "PR #28496 ('[Spec] Fix return_hidden_states under spec V2 (issue #26163)'): first in 0.5.14, absent from "
         "0.5.13; 0.5.14's processor has no spec-V1 branch; later releases not re-read"))})
 RETURNED = History("sglang", "return_hidden_states under speculative decoding", "returned", ONE_ROW,
-                   (ACCEPTED_ROWS,), "0.5.13", sglang.RELEASES)
+                   (ACCEPTED_ROWS,), "0.5.13", sglang_server.RELEASES)

@@ -8,8 +8,6 @@ reads the nested eagle_config key, runner v2 (`gpu/spec_decode/eagle/eagle3_util
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from tpsim.profiles.cited import Change, Cited, Source, releases
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, ConfigKey, ConfigRead, Defaults, Duplicates,
                                     EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange, Site, Wiring)
