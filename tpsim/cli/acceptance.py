@@ -27,6 +27,7 @@ from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.fingerprints import unverified
 from tpsim.profiles.history import model_file_server
 from tpsim.profiles.returned import RETURNED
+from tpsim.profiles.vllm import assumed
 
 
 def cmd_acceptance(args) -> int:
@@ -80,6 +81,7 @@ def check_returned(args, sequences: int) -> None:
 
 def to_dict(r: AcceptanceReport, args, origin: str) -> dict:
     return {"kept": r.kept, "draft": args.draft, "server": r.inputs.served.server, "serve_profile": r.inputs.serve.name,
+            "assumed": assumed(r.inputs.serve),
             "train": r.inputs.trained.name, "model": r.inputs.target.name, "tp": r.inputs.served.tp, "steps": r.k,
             "prompts": origin, "sequences": len(r.sequences),
             "answer_tokens": sum(s.answer for s in r.sequences),
@@ -106,6 +108,8 @@ def print_report(r: AcceptanceReport, args, origin: str) -> None:
     t = r.inputs.target
     say(f"tpsim acceptance: draft {args.draft} on {t.name} ({t.real.num_hidden_layers} layers, hidden_size "
         f"{t.real.hidden_size}), trained by {r.inputs.trained.name}, served by {r.inputs.served.server} at TP {r.inputs.served.tp}")
+    if (a := assumed(r.inputs.serve)) is not None:
+        say(f"assumed: {a}")
     say(f"prompts: {origin}: {len(r.sequences)} sequences, {sum(s.answer for s in r.sequences)} answer tokens; "
         f"greedy chain drafting, k = {r.k} draft tokens per verify round")
     say(f"served mode: {r.captures.mode.mode.name}, capture strategy {r.captures.mode.strategy} "

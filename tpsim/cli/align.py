@@ -25,6 +25,7 @@ from tpsim.app.ranks import is_reporting_process
 from tpsim.profiles.draft import write_ids_hint
 from tpsim.profiles.profile import Profile
 from tpsim.profiles.fingerprints import unverified
+from tpsim.profiles.vllm import assumed
 from tpsim.profiles.registry import lookup, serving
 from tpsim.offline.sides import align_profiles, side_from_config
 from tpsim.run.spec import ModelSource
@@ -110,9 +111,12 @@ def cmd_align(args) -> int:
     if report.fix is not None and report.fix.ids is not None:
         report.fix.text += f" ({fix_hint(report, serve_p)})"
     stale = None if serve_p is None else unverified(args.server, model_type(args, src))
+    runner = None if serve_p is None else assumed(serve_p)
     if args.json:
-        emit_json({**report.to_dict(), "unverified": stale and stale.to_dict()})
+        emit_json({**report.to_dict(), "assumed": runner, "unverified": stale and stale.to_dict()})
     else:
+        if runner is not None:
+            say(f"assumed: {runner}")
         print_report(report, args)
         if stale:
             say(stale.line)

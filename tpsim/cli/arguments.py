@@ -115,6 +115,31 @@ def draft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", action="append", metavar="PROFILE",
                    help="say what this engine version's EAGLE-3 draft loader does with the draft: ENGINE[@VERSION], "
                         "e.g. sglang@0.5.12 or vllm (repeatable or comma-separated; default: the layout alone)")
+    p.add_argument("--tp", help="with --server: the TP degree the engine serves the draft at (default 1)")
+    add_json(p)
+
+
+def observe(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine-python", metavar="PYTHON",
+                   help="the Python of a venv with vLLM installed (default: $TPSIM_ENGINE_PYTHON, else "
+                        ".venv-engine/bin/python, which `make engine` builds with vLLM's CPU build)")
+    p.add_argument("--draft", required=True, metavar="DIR",
+                   help="the draft: its directory (config.json and *.safetensors) or a built-in draft by name")
+    p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
+                   help="what trained the draft, as for acceptance (default specforge)")
+    add_tp(p, "TP degree the engine serves at, default 1")
+    p.add_argument("--model", help="the target: a built-in, a config or a checkpoint directory (a built-in without a "
+                                   "checkpoint is exported once, float32, for the engine to load)")
+    p.add_argument("--steps", default="3", help="draft tokens proposed per verify round, k (default 3)")
+    p.add_argument("--prompts", metavar="FILE", help="prompts, as for acceptance (default: the target's built-in "
+                                                     "prompts, else 8 seeded random prompts)")
+    p.add_argument("--new-tokens", default="48", help="answer length for prompts answered here (default 48)")
+    p.add_argument("--sequences", metavar="N", help="use the first N sequences only (default: all)")
+    p.add_argument("--capture-only", action="store_true",
+                   help="compare the captured slots and the start-up only: one prompt, 4 tokens, no acceptance")
+    p.add_argument("--engine-timeout", default="1800", metavar="S",
+                   help="seconds the engine may take in all (default 1800)")
+    add_execution_options(p)
     add_json(p)
 
 
@@ -248,5 +273,5 @@ def profiles(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-OPTIONS = {"triage": triage, "acceptance": acceptance, "draft": draft, "check": check, "capture": capture, "export": export, "explain": explain,
+OPTIONS = {"triage": triage, "acceptance": acceptance, "observe": observe, "draft": draft, "check": check, "capture": capture, "export": export, "explain": explain,
            "align": align, "diagnose": diagnose, "scenario": scenario, "verify": verify, "resolve": resolve, "profiles": profiles}

@@ -21,7 +21,7 @@ start here:
 
 exit codes: 0 every property holds; 1 a property failed; 2 bad input; 3 a rank failed or stalled;
 4 an output could not be written (the previous file, if any, is untouched); 130 interrupted"""
-ORDER = ("triage", "acceptance", "draft", "check", "capture", "export", "explain", "align", "diagnose", "scenario", "verify", "resolve",
+ORDER = ("triage", "acceptance", "observe", "draft", "check", "capture", "export", "explain", "align", "diagnose", "scenario", "verify", "resolve",
          "profiles")  # the order of --help
 
 

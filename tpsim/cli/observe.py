@@ -1,0 +1,173 @@
+"""`tpsim observe`: run the installed vLLM (tpsim.engine.runner) and print beside it what tpsim's replay of that
+version says (tpsim.app.observe): the model runner, each captured slot identified as a tpsim position, the
+acceptance counts, a start-up refusal.
+
+Exit 0 the engine and tpsim agree, 1 they disagree, 2 bad input, 3 a rank failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from tpsim.app.acceptance import Prompts, measure
+from tpsim.app.draft_served import served_findings
+from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, reference
+from tpsim.app.preflight import check_timeout
+from tpsim.app.target import Target, target_for
+from tpsim.app.triage import Inputs, captures
+from tpsim.base.errors import UsageError
+from tpsim.base.ui import say, table
+from tpsim.cli.options import emit_json, positive_int
+from tpsim.cli.run_args import one_tp, request_from
+from tpsim.cli.served import draft_dir, prompts_from, trained_from
+from tpsim.draft.checkpoint import read
+from tpsim.draft.findings import DraftDefect
+from tpsim.engine.runner import Launch, Observed, engine_version, run
+from tpsim.offline.align import read_draft_config
+from tpsim.profiles.loader_lines import lookup as loader_lookup
+from tpsim.profiles.profile import Served
+from tpsim.profiles.registry import for_target
+from tpsim.profiles.vllm import assumed, runner
+from tpsim.weights.export import export_checkpoint, hf_config
+from tpsim.weights.gguf_builtin import cache_root
+
+DEFAULT_ENGINE = ".venv-engine/bin/python"  # `make engine`
+
+
+def cmd_observe(args) -> int:
+    check_timeout(args.timeout)
+    python = args.engine_python or os.environ.get("TPSIM_ENGINE_PYTHON") or DEFAULT_ENGINE
+    dist, version = engine_version(python)
+    server = f"{dist}@{version}"
+    k, tp = positive_int(args.steps, "--steps"), 1 if args.tp is None else one_tp(args)
+    limit = None if args.sequences is None else positive_int(args.sequences, "--sequences")
+    engine_timeout = positive_int(args.engine_timeout, "--engine-timeout")
+    path = draft_dir(args.draft)
+    ckpt, config = read(path), read_draft_config(str(path))
+    target = on_disk(target_for(config, args.model, args.override or [], tp), args.seed, config, tp)
+    args.model = str(target.source.checkpoint)
+    serve = for_target(server, target.real.model_type)
+    inputs = Inputs(trained_from(args.train, target.real.model_type, target.real.num_hidden_layers), serve,
+                    Served(tp=tp, server=server), config, request_from(args, sorted({1, tp})), target)
+    prompts = limited(prompts_from(args, target), 1 if args.capture_only else limit)
+    caps = captures(inputs)
+    refusal = [f for f in served_findings(ckpt, [], [loader_lookup(server)], None, tp)
+               if f.defect is DraftDefect.LOADER_REFUSES]
+    first = prompts.sequences[0] if prompts.sequences else None
+    launch = Launch(target.source.checkpoint, path, *engine_prompts(prompts, args.capture_only), tp=tp, k=k)
+    observed = run(python, [launch], engine_timeout)[0]
+    failure = caps.config.failure if caps.config.off else caps.replay.failure
+    o = Observation(server, observed, runner(serve.behaviour.config), refusal, failure)
+    if observed.refused is None and observed.aux:
+        prompt = first.tokens[:first.prompt] if first else tuple(prompts.to_answer[0])
+        ref = reference(inputs, tp, prompt)
+        o.slots = identify(observed.aux[0][0], ref, MATCH[args.dtype if args.dtype in MATCH else "float32"],
+                           list(caps.replay.positions))
+        o.ranks_identical = all(bool((r[0] == observed.aux[0][0]).all()) for r in observed.aux)
+    if observed.refused is None and not args.capture_only:
+        o.report = measure(inputs, ckpt, k, prompts)
+    compare(o, caps)
+    emit_json(to_dict(o, inputs)) if args.json else print_observation(o, inputs, args)
+    return 0 if o.agrees else 1
+
+
+def on_disk(target: Target, seed: int, config, tp: int) -> Target:
+    """The target as a checkpoint directory the engine can load: a seeded built-in is exported once (float32)
+    into tpsim's cache, and both sides then read that file."""
+    if target.standin is not None:
+        raise UsageError(f"--model {target.name} is too big to run here; observe runs the engine and tpsim on the "
+                         "same checkpoint: give one that runs here (e.g. --model smollm2-135m)")
+    if target.source.checkpoint is not None:
+        return target
+    hf = hf_config(target.source.cfg, "float32", seed)
+    key = hashlib.sha256(json.dumps(hf, sort_keys=True).encode()).hexdigest()[:16]
+    out = cache_root() / "engine-targets" / f"{Path(target.name).stem}-{key}"
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        export_checkpoint(target.source.cfg, seed, out, "float32", 1 << 31)
+    return target_for(config, str(out), [], tp)
+
+
+def limited(prompts: Prompts, n: int | None) -> Prompts:
+    if n is None:
+        return prompts
+    return Prompts(prompts.sequences[:n], prompts.to_answer[:max(0, n - len(prompts.sequences))], prompts.new_tokens,
+                   prompts.stop, prompts.origin + f" (first {n})")
+
+
+def engine_prompts(prompts: Prompts, capture_only: bool) -> tuple[tuple, tuple]:
+    """The prompts as the engine gets them, and how many tokens it generates after each (each answer's length)."""
+    given = [(s.tokens[:s.prompt], s.answer) for s in prompts.sequences]
+    given += [(tuple(p), prompts.new_tokens) for p in prompts.to_answer]
+    if capture_only:
+        given = [(given[0][0], 4)]
+    return tuple(p for p, _ in given), tuple(n for _, n in given)
+
+
+def _observed_al(o: Observed) -> str:
+    c = o.counts
+    if c is None or not c.drafts:
+        return "-"
+    return f"{c.length:.3f} ({c.drafts} drafts; per position {' / '.join(f'{x:.3f}' for x in c.rates)})"
+
+
+def _predicted_al(o: Observation) -> str:
+    a = None if o.report is None else o.report.served.acceptance
+    if a is None:
+        return "-" if o.report is None else f"never fed: {o.report.served.fed.failure}"
+    return f"{a.length:.3f} ({a.rounds} rounds; per position {' / '.join(f'{x:.3f}' for x in a.per_position)})"
+
+
+def print_observation(o: Observation, inputs: Inputs, args) -> None:
+    v = o.observed
+    say(f"tpsim observe: {o.server} (observed: the engine ran) beside tpsim's replay {inputs.serve.name}; draft "
+        f"{args.draft} on {inputs.target.name} at TP {inputs.served.tp}")
+    say(f"assumed: {assumed(inputs.serve)}")
+    for line in v.log:
+        say(f"engine log: {line}")
+    rows = [("start-up", f"refused: {v.refused}" if v.refused else f"started (load {v.load_s:.0f} s)",
+             f"refused: {o.refusal[0].cause}" if o.refusal else "starts")]
+    if v.refused is None:
+        rows.append(("model runner", v.runner or "-", o.runner))
+        rows.append(("ids read", ", ".join(map(str, v.capture_ids or ())) or "-", caps_ids(inputs)))
+        for s in o.slots:
+            rows.append((f"slot {s.index}", f"{s.position or 'none'} (rel err {s.error:.1e} vs {s.nearest})",
+                         str(s.predicted or "-")))
+        if o.predicted_failure and not o.slots:
+            rows.append(("slots", "none", f"none: {o.predicted_failure}"))
+        if o.report is not None:
+            rows.append(("AL (served)", _observed_al(v), _predicted_al(o)))
+    table(["", "engine (observed)", "tpsim (replay)"], rows)
+    if o.report is not None and o.report.served.acceptance is not None:
+        say(f"AL agreement: within {al_tolerance(o.report):.3f} (2 standard errors of tpsim's AL, at least 0.02: vLLM "
+            "drafts up to max_tokens, tpsim stops k positions before each answer's end)")
+    for d in o.disagreements:
+        say(f"DISAGREES: {d}")
+    say("VERDICT: the engine and tpsim agree" if o.agrees else
+        f"VERDICT: {len(o.disagreements)} disagreement{'s' * (len(o.disagreements) > 1)}: a profile or replay to fix")
+
+
+def caps_ids(inputs: Inputs) -> str:
+    got = captures(inputs).config
+    return "capture off" if got.off else ", ".join(map(str, got.ids or ())) or "the default"
+
+
+def to_dict(o: Observation, inputs: Inputs) -> dict:
+    v, a = o.observed, None if o.report is None else o.report.served.acceptance
+    c = v.counts
+    return {"agrees": o.agrees, "disagreements": o.disagreements, "server": o.server, "replay": inputs.serve.name,
+            "assumed": assumed(inputs.serve), "tp": inputs.served.tp,
+            "observed": {"version": v.version, "refused": v.refused, "runner": v.runner,
+                         "capture_ids": v.capture_ids, "log": list(v.log), "ranks_identical": o.ranks_identical,
+                         "slots": [{"slot": s.index, "position": s.position and str(s.position),
+                                    "nearest": str(s.nearest), "relative_error": s.error} for s in o.slots],
+                         "acceptance": None if c is None else {"length": c.length, "drafts": c.drafts,
+                                                               "accepted": c.accepted,
+                                                               "per_position": list(c.per_position)}},
+            "predicted": {"refused": [f.cause for f in o.refusal], "runner": o.runner, "failure": o.predicted_failure,
+                          "slots": [s.predicted and str(s.predicted) for s in o.slots],
+                          "acceptance": None if a is None else {"length": a.length, "rounds": a.rounds,
+                                                                "per_position": list(a.per_position)}}}
