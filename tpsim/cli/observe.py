@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tpsim.app.acceptance import Prompts, measure
@@ -17,14 +18,14 @@ from tpsim.app.draft_served import served_findings
 from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, reference
 from tpsim.app.preflight import check_timeout
 from tpsim.app.target import Target, target_for
-from tpsim.app.triage import Inputs, captures
+from tpsim.app.triage import Captures, Inputs, captures
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say, table
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.run_args import one_tp, request_from
 from tpsim.cli.served import draft_dir, prompts_from, trained_from
-from tpsim.draft.checkpoint import read
-from tpsim.draft.findings import DraftDefect
+from tpsim.draft.checkpoint import DraftCheckpoint, read
+from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.engine.runner import Launch, Observed, engine_version, run
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.loader_lines import lookup as loader_lookup
@@ -37,14 +38,39 @@ from tpsim.weights.gguf_builtin import cache_root
 DEFAULT_ENGINE = ".venv-engine/bin/python"  # `make engine`
 
 
+@dataclass(frozen=True)
+class Planned:
+    """One engine launch and what tpsim predicts for it."""
+
+    inputs: Inputs
+    caps: Captures
+    refusal: list[DraftFinding]
+    launch: Launch
+    prompts: Prompts
+    checkpoint: DraftCheckpoint
+    server: str
+    capture_only: bool
+    dtype: str
+
+
 def cmd_observe(args) -> int:
     check_timeout(args.timeout)
-    python = args.engine_python or os.environ.get("TPSIM_ENGINE_PYTHON") or DEFAULT_ENGINE
-    dist, version = engine_version(python)
-    server = f"{dist}@{version}"
+    python = engine_python(args.engine_python)
+    p = plan(args, engine_version(python))
+    o = judge(p, run(python, [p.launch], positive_int(args.engine_timeout, "--engine-timeout"))[0])
+    emit_json(to_dict(o, p.inputs)) if args.json else print_observation(o, p.inputs, args)
+    return 0 if o.agrees else 1
+
+
+def engine_python(given: str | None) -> str:
+    return given or os.environ.get("TPSIM_ENGINE_PYTHON") or DEFAULT_ENGINE
+
+
+def plan(args, engine: tuple[str, str]) -> Planned:
+    """The launch `args` ask for and tpsim's replay of it on the engine `engine` (distribution, version)."""
+    server = f"{engine[0]}@{engine[1]}"
     k, tp = positive_int(args.steps, "--steps"), 1 if args.tp is None else one_tp(args)
     limit = None if args.sequences is None else positive_int(args.sequences, "--sequences")
-    engine_timeout = positive_int(args.engine_timeout, "--engine-timeout")
     path = draft_dir(args.draft)
     ckpt, config = read(path), read_draft_config(str(path))
     target = on_disk(target_for(config, args.model, args.override or [], tp), args.seed, config, tp)
@@ -53,25 +79,26 @@ def cmd_observe(args) -> int:
     inputs = Inputs(trained_from(args.train, target.real.model_type, target.real.num_hidden_layers), serve,
                     Served(tp=tp, server=server), config, request_from(args, sorted({1, tp})), target)
     prompts = limited(prompts_from(args, target), 1 if args.capture_only else limit)
-    caps = captures(inputs)
     refusal = [f for f in served_findings(ckpt, [], [loader_lookup(server)], None, tp)
                if f.defect is DraftDefect.LOADER_REFUSES]
-    first = prompts.sequences[0] if prompts.sequences else None
-    launch = Launch(target.source.checkpoint, path, *engine_prompts(prompts, args.capture_only), tp=tp, k=k)
-    observed = run(python, [launch], engine_timeout)[0]
+    launch = Launch(target.source.checkpoint, path, *engine_prompts(prompts, args.capture_only), tp=tp, k=k,
+                    max_model_len=min(2048, target.real.max_position_embeddings))
+    return Planned(inputs, captures(inputs), refusal, launch, prompts, ckpt, server, args.capture_only, args.dtype)
+
+
+def judge(p: Planned, observed: Observed) -> Observation:
+    """What the engine did beside tpsim's replay: the slots identified, the acceptance measured, compared."""
+    caps, inputs = p.caps, p.inputs
     failure = caps.config.failure if caps.config.off else caps.replay.failure
-    o = Observation(server, observed, runner(serve.behaviour.config), refusal, failure)
-    if observed.refused is None and observed.aux:
-        prompt = first.tokens[:first.prompt] if first else tuple(prompts.to_answer[0])
-        ref = reference(inputs, tp, prompt)
-        o.slots = identify(observed.aux[0][0], ref, MATCH[args.dtype if args.dtype in MATCH else "float32"],
-                           list(caps.replay.positions))
+    o = Observation(p.server, observed, runner(inputs.serve.behaviour.config), p.refusal, failure)
+    if observed.refused is None and observed.aux and observed.aux[0]:
+        ref = reference(inputs, p.launch.tp, p.launch.prompts[0])
+        o.slots = identify(observed.aux[0][0], ref, MATCH.get(p.dtype, MATCH["float32"]), list(caps.replay.positions))
         o.ranks_identical = all(bool((r[0] == observed.aux[0][0]).all()) for r in observed.aux)
-    if observed.refused is None and not args.capture_only:
-        o.report = measure(inputs, ckpt, k, prompts)
+    if observed.refused is None and not p.capture_only:
+        o.report = measure(inputs, p.checkpoint, p.launch.k, p.prompts)
     compare(o, caps)
-    emit_json(to_dict(o, inputs)) if args.json else print_observation(o, inputs, args)
-    return 0 if o.agrees else 1
+    return o
 
 
 def on_disk(target: Target, seed: int, config, tp: int) -> Target:
