@@ -82,7 +82,8 @@ def plan(args, engine: tuple[str, str]) -> Planned:
     refusal = [f for f in served_findings(ckpt, [], [loader_lookup(server)], None, tp)
                if f.defect is DraftDefect.LOADER_REFUSES]
     launch = Launch(target.source.checkpoint, path, *engine_prompts(prompts, args.capture_only), tp=tp, k=k,
-                    max_model_len=min(2048, target.real.max_position_embeddings))
+                    max_model_len=min(2048, target.real.max_position_embeddings),
+                    dtype="float32" if args.dtype == "auto" else args.dtype)
     return Planned(inputs, captures(inputs), refusal, launch, prompts, ckpt, server, args.capture_only, args.dtype)
 
 
