@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from clirun import ROOT, cli_env, run_cli
 from tpsim.cli.main import build_parser, run_command
-from tpsim.cli.options import DEFAULT_TP, TP_RULE
+from tpsim.cli.options import DEFAULT_TP, SERVED_TP_RULE, TP_RULE
 from tpsim.base.errors import UsageError
 
 PARSER = build_parser()
@@ -69,7 +69,7 @@ def test_the_seed_case_typed_the_natural_way(capsys):
 
 REQUIRED = {"capture": ["--out", "x"], "export": ["--out", "x"], "triage": ["--draft-config", "x"],
             "diagnose": ["f", "--reference", "r"], "verify": ["f"], "draft": ["d"],
-            "acceptance": ["--draft", "d"]}
+            "acceptance": ["--draft", "d"], "observe": ["--draft", "d"]}
 LONG = sorted((cmd, opt) for cmd, p in COMMANDS.items() for opt in p._option_string_actions if opt.startswith("--"))
 
 
@@ -109,7 +109,8 @@ def test_one_tp_default_rule_stated_in_every_help():
         if action is None:
             continue
         assert action.default is None, cmd  # decided by the rule, not per command
-        assert (TP_RULE in action.help) if cmd != "check" else ("default 1,2,4,8" in action.help), cmd
+        rule = ("default 1,2,4,8",) if cmd == "check" else (TP_RULE, SERVED_TP_RULE)
+        assert any(r in action.help for r in rule), cmd
 
 
 @pytest.mark.parametrize("cmd", ["capture", "explain", "triage"])

@@ -19,7 +19,7 @@ from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.outputs import check_output
-from tpsim.cli.run_args import one_tp, request_from
+from tpsim.cli.run_args import request_from, served_tp
 from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.draft.checkpoint import read
 from tpsim.offline.align import read_draft_config
@@ -39,8 +39,7 @@ def cmd_acceptance(args) -> int:
     given = args.server  # an SGLang version before the model files read: its capture is the oldest read one's
     args.server, replayed_as = model_file_server(given, "the radix cache")
     k = positive_int(args.steps, "--steps")
-    tp = 1 if args.tp is None and not under_torchrun() else one_tp(args)  # the served TP; 1 unless said
-    check_divides_world(tp)
+    tp = served_tp(args)
     path = draft_dir(args.draft)
     ckpt = read(path)
     config = read_draft_config(str(path))

@@ -9,7 +9,7 @@ import argparse
 from tpsim.cli.choices import GPUS
 from tpsim.cli.graph_options import add_graph_options
 from tpsim.cli.options import (CONVENTION_METAVAR, DTYPES, add_execution_options, add_json, add_mode_options,
-                               add_model_option, add_override, add_run_options, add_server_option, add_tp,
+                               add_model_option, add_override, add_run_options, add_served_tp, add_server_option, add_tp,
                                convention_option, dtype_name, seed_value)
 from tpsim.cli.outputs import add_force
 from tpsim.cli.parser import add_command
@@ -83,7 +83,7 @@ def acceptance(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
                    help="what trained the draft, as for triage (default specforge: the draft config read by "
                         "SpecForge's current code), e.g. specforge-ids:1,14,26")
-    add_tp(p, "TP degree served, default 1")
+    add_served_tp(p)
     p.add_argument("--model", help="the target: a built-in, a config or a checkpoint directory (default: the built-in "
                                    "the draft's hidden_size and vocab_size name)")
     p.add_argument("--steps", default="3", help="draft tokens proposed per verify round, k (default 3, as vLLM's "
@@ -115,7 +115,7 @@ def draft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", action="append", metavar="PROFILE",
                    help="say what this engine version's EAGLE-3 draft loader does with the draft: ENGINE[@VERSION], "
                         "e.g. sglang@0.5.12 or vllm (repeatable or comma-separated; default: the layout alone)")
-    p.add_argument("--tp", help="with --server: the TP degree the engine serves the draft at (default 1)")
+    add_served_tp(p, "with --server: the TP degree the engine serves the draft at")
     add_json(p)
 
 
@@ -127,7 +127,7 @@ def observe(p: argparse.ArgumentParser) -> None:
                    help="the draft: its directory (config.json and *.safetensors) or a built-in draft by name")
     p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
                    help="what trained the draft, as for acceptance (default specforge)")
-    add_tp(p, "TP degree the engine serves at, default 1")
+    add_served_tp(p)
     p.add_argument("--model", help="the target: a built-in, a config or a checkpoint directory (a built-in without a "
                                    "checkpoint is exported once, float32, for the engine to load)")
     p.add_argument("--steps", default="3", help="draft tokens proposed per verify round, k (default 3)")

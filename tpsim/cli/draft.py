@@ -13,6 +13,7 @@ from tpsim.base.ui import say
 from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.parser import refuse_without
+from tpsim.cli.run_args import served_tp
 from tpsim.draft.checkpoint import inspect, read
 from tpsim.profiles.loader_lines import lookup
 from tpsim.profiles.vllm import loader_assumed
@@ -22,7 +23,7 @@ from tpsim.run.spec import ModelSource
 def cmd_draft(args) -> int:
     servers = [lookup(t.strip()) for given in args.server or [] for t in given.split(",") if t.strip()]
     refuse_without(args, "--server", bool(servers), {"tp": "--tp"})
-    tp = positive_int(args.tp or "1", "--tp")
+    tp = served_tp(args)
     source = None if args.model is None else ModelSource.load(args.model, [], [])
     target = None if source is None else source.cfg.hidden_size
     ckpt = read(args.path)

@@ -22,7 +22,7 @@ from tpsim.app.triage import Captures, Inputs, captures
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say, table
 from tpsim.cli.options import emit_json, positive_int
-from tpsim.cli.run_args import one_tp, request_from
+from tpsim.cli.run_args import request_from, served_tp
 from tpsim.cli.served import draft_dir, prompts_from, trained_from
 from tpsim.draft.checkpoint import DraftCheckpoint, read
 from tpsim.draft.findings import DraftDefect, DraftFinding
@@ -69,7 +69,7 @@ def engine_python(given: str | None) -> str:
 def plan(args, engine: tuple[str, str]) -> Planned:
     """The launch `args` ask for and tpsim's replay of it on the engine `engine` (distribution, version)."""
     server = f"{engine[0]}@{engine[1]}"
-    k, tp = positive_int(args.steps, "--steps"), 1 if args.tp is None else one_tp(args)
+    k, tp = positive_int(args.steps, "--steps"), served_tp(args)
     limit = None if args.sequences is None else positive_int(args.sequences, "--sequences")
     path = draft_dir(args.draft)
     ckpt, config = read(path), read_draft_config(str(path))

@@ -15,6 +15,7 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "f32"
 LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "-1,2,30", "--tokens": "1,2,3"}
 DEFAULT_TP = 2  # a run at one degree: the smallest that shards anything
 TP_RULE = "default 2, the smallest degree that shards; under torchrun the world size"
+SERVED_TP_RULE = "default 1, as an engine serves unless told; under torchrun the world size"
 
 
 # --- option values -------------------------------------------------------------------------
@@ -181,3 +182,7 @@ def layer_ids(args) -> list[int] | None:
 
 def add_tp(p: argparse.ArgumentParser, what: str = "TP degree") -> None:
     p.add_argument("--tp", help=f"{what} ({TP_RULE})")
+
+
+def add_served_tp(p: argparse.ArgumentParser, what: str = "TP degree the engine serves at") -> None:
+    p.add_argument("--tp", help=f"{what} ({SERVED_TP_RULE})")

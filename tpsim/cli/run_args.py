@@ -54,6 +54,11 @@ def one_tp(args) -> int:
     return tp
 
 
+def served_tp(args) -> int:
+    """--tp of a command about a served deployment: 1 (an engine's own default), or the torchrun world."""
+    return 1 if args.tp is None and not under_torchrun() else one_tp(args)
+
+
 def tp_degrees(args) -> list[int]:
     """--tp as a sorted list of degrees (default 1,2,4,8; under torchrun every divisor of the world)."""
     if args.tp is None:
