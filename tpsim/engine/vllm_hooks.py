@@ -11,17 +11,20 @@ def capture_ids(model):
     return None if ids is None else [int(i) for i in ids]
 
 
-def hook(model):
+def hook(model, ids=None):
     """Wrap the target's forward so the first forward after each `take` (a request's prefill) keeps its aux
-    states: under EAGLE-3 the forward returns `(hidden, aux)`, aux a list of [T, H] tensors."""
+    states: under EAGLE-3 the forward returns `(hidden, aux)`, aux a list of [T, H] tensors. `ids` (a launch
+    without a draft): set them on the target's own capture loop, and hand its runner the hidden states alone."""
     store = []
     orig = model.forward
+    if ids is not None:
+        model.set_aux_hidden_state_layers(tuple(ids))
 
     def forward(*args, **kwargs):
         out = orig(*args, **kwargs)
         if not store and isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (list, tuple)):
             store.append([t.detach().float().cpu().clone() for t in out[1]])
-        return out
+        return out[0] if ids is not None and isinstance(out, tuple) else out
 
     model.forward = forward
     model._tpsim_store = store

@@ -29,19 +29,20 @@ def counters(llm) -> dict:
 
 def launch(req: dict):
     from vllm import LLM
-    spec = {"method": "eagle3", "model": req["draft"], "num_speculative_tokens": req["k"]}
     extra = {"attention_backend": req["attention_backend"]} if req.get("attention_backend") else {}
+    if req["draft"] is not None:
+        extra["speculative_config"] = {"method": "eagle3", "model": req["draft"], "num_speculative_tokens": req["k"]}
+    if req["custom_ops"]:
+        extra["compilation_config"] = {"custom_ops": req["custom_ops"]}
     return LLM(model=req["target"], skip_tokenizer_init=True, dtype=req["dtype"], seed=0,
                tensor_parallel_size=req["tp"], enforce_eager=True, max_model_len=req["max_model_len"],
-               disable_log_stats=False, max_num_seqs=1, enable_prefix_caching=req["prefix_caching"],
-               speculative_config=spec, **extra)
+               disable_log_stats=False, max_num_seqs=1, enable_prefix_caching=req["prefix_caching"], **extra)
 
 
 def generate(llm, req: dict, out: Path) -> list[dict]:
     import numpy as np
     from vllm import SamplingParams
     import vllm_hooks
-    llm.apply_model(vllm_hooks.hook)
     rows = []
     for s, (prompt, n) in enumerate(zip(req["prompts"], req["max_tokens"])):
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
@@ -65,14 +66,22 @@ def observe(req: dict, out: Path) -> None:
         return
     result["load_s"] = time.perf_counter() - t0
     result["runner"] = "v2" if llm.llm_engine.vllm_config.use_v2_model_runner else "v1"
+    import functools
     import vllm_hooks
+    llm.apply_model(functools.partial(vllm_hooks.hook, ids=req["aux_ids"]))
     result["capture_ids"] = llm.apply_model(vllm_hooks.capture_ids)
     t1 = time.perf_counter()
-    result["sequences"] = generate(llm, req, out)
+    try:
+        result["sequences"] = generate(llm, req, out)
+        result["counters"] = counters(llm)
+    except Exception as e:  # noqa: BLE001 -- a failure while serving is an observation too; the next launch goes on
+        result.update(failed=f"{type(e).__name__}: {e}", sequences=[], counters={})
     result["generate_s"] = time.perf_counter() - t1
-    result["counters"] = counters(llm)
     (out / "result.json").write_text(json.dumps(result))
-    llm.llm_engine.engine_core.shutdown()
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 -- an engine core that failed may be gone already
+        pass
 
 
 def main(argv: list[str]) -> int:

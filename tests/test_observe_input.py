@@ -1,0 +1,45 @@
+"""`tpsim observe`'s bad input: one line naming the problem and the fix, exit 2, nothing launched. These run without
+the engine (each is refused before it would start)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hypothesis import example, given, settings, strategies as st
+
+from clirun import assert_one_line_error, run_cli
+from tpsim.base.errors import UsageError
+from tpsim.cli.observe import custom_ops
+
+DRAFT = "smollm2-135m-eagle3"
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--engine-python", "/nonexistent/python"], ("no such interpreter", "make engine")),
+    (["--engine-python", sys.executable], ("no vLLM installed there", "make engine")),
+    (["--custom-ops", "rotary_embedding"], ("--custom-ops 'rotary_embedding'", "-rotary_embedding")),
+    (["--engine-timeout", "0"], ("--engine-timeout",)),
+    (["--engine-timeout", "soon"], ("--engine-timeout",)),
+], ids=["no-interpreter", "no-vllm", "custom-op-without-sign", "timeout-zero", "timeout-word"])
+def test_bad_input_is_one_line_before_the_engine_starts(argv, expect, tmp_path):
+    r = run_cli("observe", "--draft", DRAFT, *argv, cwd=tmp_path)
+    assert_one_line_error(r, expect)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_draft_is_named(tmp_path):
+    assert_one_line_error(run_cli("observe", "--draft", str(tmp_path / "nope"), cwd=tmp_path), ("nope",))
+
+
+@given(name=st.from_regex(r"[a-z][a-z_]{0,19}", fullmatch=True),
+       sign=st.sampled_from(["+", "-", "", "*"]))
+@example(name="rotary_embedding", sign="")
+@settings(max_examples=50)
+def test_custom_ops_take_a_sign_or_refuse_in_one_line(name, sign):
+    op = sign + name
+    if sign in "+-" and sign:
+        assert custom_ops(f"{op}, {op}") == (op, op)
+    else:
+        with pytest.raises(UsageError, match="--custom-ops"):
+            custom_ops(op)
