@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -108,16 +109,27 @@ def test_the_readme_story_runs_from_the_wheel(installed):
     assert "which training never captured" in r.stdout and "fix replayed: the finding clears" in r.stdout
 
 
-def test_observe_runs_from_the_wheel_against_the_engine_venv(installed):
+def test_the_engine_examples_run_from_the_wheel_against_the_engine_venv(installed):
     """Issue 50's done-when: `tpsim observe` from a wheel installed outside the repository, the engine its own venv
-    (`make engine`); the shipped draft's nested ids read by runner v1, as tpsim predicts."""
+    (`make engine`): each runnable docs example that runs the engine, as written, ending as its marker says (the
+    shipped draft's nested ids read by runner v1, as tpsim predicts)."""
+    from test_docs import SHELL, commands, needs_engine, parse_marker
     engine = ROOT / ".venv-engine" / "bin" / "python"
     if not engine.exists():
         if os.environ.get("CI"):
             raise AssertionError(f"no engine at {engine}: CI runs `make engine` before `make test`")
         pytest.skip(f"no engine at {engine} (`make engine` builds it)")
     tpsim, elsewhere = installed
-    r = sh([tpsim, "observe", "--model", "smollm2-135m", "--draft", "smollm2-135m-eagle3", "--capture-only",
-            "--engine-python", engine], elsewhere, timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert re.search(r"slot 0\s+out\(0\) ", r.stdout) and "VERDICT: the engine and tpsim agree" in r.stdout, r.stdout
+    blocks = [(doc, line, marker, commands(block)) for doc, line, marker, block in SHELL if needs_engine(commands(block))]
+    assert blocks, "no docs example runs tpsim observe"
+    for doc, line, marker, cmds in blocks:
+        exit_code, expect = parse_marker(marker)
+        for i, cmd in enumerate(cmds):
+            argv = shlex.split(cmd)
+            assert argv[0] == "tpsim", cmd
+            r = sh([tpsim, *argv[1:], *(["--engine-python", engine] if argv[1] == "observe" else [])], elsewhere,
+                   timeout=900)
+            want = exit_code if i == len(cmds) - 1 else 0
+            assert r.returncode == want, f"{doc.name}:{line}: {cmd}\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+        assert expect in r.stdout, f"{doc.name}:{line}: {cmd}\n{r.stdout}"
+        assert re.search(r"slot 0\s+out\(0\) ", r.stdout), r.stdout  # runner v1: the nested 1 read as written

@@ -148,3 +148,18 @@ def test_capture_turned_off(tmp_path):
 ])
 def test_bad_input_is_one_line(argv, words):
     assert_one_line_error(run_cli(*argv), words)
+
+
+def test_a_lucky_default_is_a_warning_with_its_safeguard_and_a_clean_verdict_says_what_was_not_checked():
+    """Issue 52, item 3: ids at a key vLLM never reads, whose default happens to capture the same positions: a
+    WARNING naming the change that makes it hold on purpose; 'nothing found' then lists what triage did not check
+    and the command that does."""
+    r = run_cli("triage", "--draft-config", "configs/scenarios/align-default-fallback-coincidence.json", "--server",
+                "vllm@0.30.0", "--model", "deepseek-v3", "--tp", "2")
+    assert r.returncode == 0, r
+    warning = next(line for line in r.stdout.splitlines() if line.startswith("WARNING: "))
+    assert "works by coincidence" in warning and 'safeguard: write "eagle_aux_hidden_state_layer_ids": [2, 30, 58]' \
+        in warning
+    assert "VERDICT: nothing found" in r.stdout
+    unchecked = r.stdout.split("not checked: ", 1)[1]
+    assert "tpsim draft DIR --server vllm@0.30.0" in unchecked and "--measure" in unchecked and "tpsim observe" in unchecked

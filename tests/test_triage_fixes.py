@@ -63,3 +63,32 @@ def test_every_printed_fix_clears_its_finding_and_opens_none(tmp_path_factory, i
         _, after = triage(applied(raw, f["fix"], change), tmp, change["server"] or server, flags)
         now = {g["kind"] for g in after["findings"]}
         assert f["kind"] not in now and now <= kinds, (f, after["findings"])
+
+
+@settings(max_examples=6, deadline=None)
+@given(ids=st.lists(st.integers(-1, 8), min_size=3, max_size=3), nested=st.booleans(),
+       off=st.booleans(), server=st.sampled_from(SERVERS), tp=st.sampled_from(["2", "8"]),
+       train=st.sampled_from([None, "specforge-ids:1,3,5", "specforge-ids:2,4,6"]))
+@example(ids=[-1, 3, 5], nested=True, off=False, server="sglang@0.5.12:deepseek_v3", tp="8",
+         train="specforge-ids:1,3,5")  # the README's story on the tiny target: a crash, an edit, the served mode
+@example(ids=[2, 4, 6], nested=True, off=False, server="sglang@0.5.14", tp="2", train="specforge-ids:1,3,5")
+@example(ids=[1, 3, 5], nested=True, off=True, server="vllm@0.25.0", tp="2", train=None)
+def test_a_printed_plan_applied_as_a_user_would_gives_exit_0(tmp_path_factory, ids, nested, off, server, tp, train):
+    """Issue 52: triage's PLAN, every change at once as the user applies it, is replayed as a whole: where it says
+    it clears everything, triage on the changed config and engine exits 0; where not, exactly what it says remains."""
+    tmp = tmp_path_factory.mktemp("plan")
+    raw = {"eagle_config": {KEY: ids}} if nested else {KEY: ids}
+    if off:
+        raw.setdefault("eagle_config", {})["use_aux_hidden_state"] = False
+    flags = ["--tp", tp, *(["--train", train] if train else [])]
+    code, rep = triage(raw, tmp, server, flags)
+    plan = rep["plan"]
+    if code == 0 or plan is None:
+        assert code == 0 or not any(f["fix_replayed"] for f in rep["findings"]), rep["findings"]
+        return
+    change = plan["change"]
+    after_code, after = triage(applied(raw, plan["text"], change), tmp, change["server"] or server, flags)
+    if plan["clears"]:
+        assert after_code == 0, (plan, after["findings"])
+    else:
+        assert sorted(f["kind"] for f in after["findings"]) == sorted(plan["remaining"]), (plan, after["findings"])

@@ -93,6 +93,23 @@ def test_the_readme_story_edited_ids_on_deepseek_v3_at_tp8():
     assert by["ids-changed"]["fix_replayed"] and by["ids-changed"]["change"]["ids"] == [1, 29, 57]
     assert json.dumps(ids_fix)[1:-1] in by["ids-changed"]["fix"]
     assert by["served-mode"]["fix_replayed"] and by["served-mode"]["change"]["server"] == "sglang@0.5.14:deepseek_v3"
+    # issue 52: one plan, replayed as a whole: 0.5.14 with the trained ids kept
+    assert rep["plan"]["clears"] and rep["plan"]["change"]["server"] == "sglang@0.5.14:deepseek_v3"
+    assert rep["plan"]["change"]["ids"] == [1, 29, 57] and "the ids training used, restored" in rep["plan"]["text"]
+    assert by["engine-fails"]["left_by_fix_alone"] >= 1  # a partial fix: the served mode still breaks it
+
+
+def test_the_readme_storys_old_fix_applied_is_no_longer_a_false_finding(tmp_path):
+    """Issue 52, item 1: applying the README's finding-4 fix as it used to read (0.5.14, ids [2, 30, 58]) makes the
+    capture hold; ids-changed judged by the positions the server captures is then a note, not a finding."""
+    raw = json.loads((BUILTIN_CONFIGS / "drafts" / "deepseek-v3-edited-ids.json").read_text())
+    raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    r = run_cli("triage", "--draft-config", str(path), "--server", "sglang@0.5.14", "--tp", "8", "--train",
+                "specforge-ids:1,29,57")
+    assert r.returncode == 0, r.stdout
+    assert "VERDICT: nothing found" in r.stdout and "captures the trained positions from them" in r.stdout
 
 
 @pytest.mark.parametrize("layers,words", [

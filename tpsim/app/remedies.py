@@ -66,15 +66,16 @@ def _write(raw: dict, profile: Profile, ids: list[int]) -> None:
     at[key.path[-1]] = [j - key.shift for j in ids]
 
 
-def replay_fixes(t: Triage) -> None:
+def replay_fixes(t: Triage, tried: dict[str, Triage] | None = None) -> None:
     """Each finding's fix applied and replayed; the finding keeps it only when it clears and opens nothing
-    new (`Finding.replayed`), else its fix says what the replay showed."""
+    new (`Finding.replayed`), else its fix says what the replay showed. `tried`: the replays by change, shared
+    with `plan`."""
     if under_torchrun():  # a replay runs the check again: every rank would have to follow rank 0's findings
         t.findings = [dataclasses.replace(f, fix=f"{f.fix} (not replayed under torchrun: run triage without "
                                                   "torchrun to replay it)") for f in t.findings]
         return
     kinds = {f.kind for f in t.findings}
-    tried: dict[str, Triage] = {}
+    tried = {} if tried is None else tried
     out = []
     for f in t.findings:
         said = []
@@ -90,6 +91,7 @@ def replay_fixes(t: Triage) -> None:
             else:
                 out.append(dataclasses.replace(f, fix=remedy.text, replayed=True))
                 t.fixes[len(out) - 1] = remedy
+                t.left[len(out) - 1] = len(after.findings)
                 break
         else:
             out.append(dataclasses.replace(f, fix="none that tpsim replayed clears it" +
@@ -104,7 +106,9 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
         meant = replay(t.train, t.config.ignored, L)
         return _some(_ids(t, t.serve, meant.positions, t.config.ignored, "what the config's ids name"))
     if f.kind in IDS_KINDS:
-        out = _some(_ids(t, t.serve, _wanted(t)))
+        trained = _trained_ids(t)
+        restore = _ids(t, t.serve, _wanted(t), trained, "the ids training used, restored") if trained else None
+        out = _some(restore if restore is not None and list(restore.ids) == trained else _ids(t, t.serve, _wanted(t)))
         if f.kind is Kind.ENGINE_FAILS and t.replay.crashed:  # a version that captures the embedding
             out += [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.embed.value
                                                    is EmbedId.CAPTURED)]
@@ -158,12 +162,87 @@ def _ids(t: Triage, serve: Profile, want, prefer: list[int] | None = None,
 
 def _upgrade(t: Triage, later: Profile) -> Remedy:
     """Serve with `later`, and write the ids it needs where the config's ids would capture other tensors there."""
-    text = f"serve with {later.name.split(':')[0]} or later" + \
-        (f" ({later.versions.since.label})" if later.versions.since.prs else "")
+    text = _serve_text(later)
     want, L = _wanted(t), t.replay.num_layers
     now = replay(later, read_ids(later, t.inputs.draft.raw).ids, L)
     ids = None if want is None or (now.failure is None and now.positions == want) or \
-        not later.behaviour.config.value.keys else ids_capturing(later, want, L)
+        not later.behaviour.config.value.keys else ids_capturing(later, want, L, prefer=_trained_ids(t))
     if ids is None:
         return Remedy(text, server=later)
     return Remedy(f"{text}, and {write_ids_hint(later, ids)}", tuple(ids), server=later)
+
+
+def _trained_ids(t: Triage) -> list[int] | None:
+    return None if t.inputs.trained.ids is None else list(t.inputs.trained.ids)
+
+
+def _serve_text(later: Profile) -> str:
+    return f"serve with {later.name.split(':')[0]} or later" + \
+        (f" ({later.versions.since.label})" if later.versions.since.prs else "")
+
+
+# --- the plan: every change together, replayed as a whole ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """The changes that clear every finding together (`remaining`: what the replay of all of them still finds;
+    empty: nothing), the fewest that tpsim found."""
+
+    change: Remedy
+    remaining: tuple[Finding, ...]
+
+    @property
+    def clears(self) -> bool:
+        return not self.remaining
+
+    def to_dict(self) -> dict:
+        return {"text": self.change.text, "change": self.change.to_dict(), "clears": self.clears,
+                "remaining": [f.to_dict()["kind"] for f in self.remaining]}
+
+
+def plan(t: Triage, tried: dict[str, Triage] | None = None) -> Plan | None:
+    """Every finding's change merged into one (the engine version the latest of them needs, the ids that version
+    needs for what training captured, every switch), applied to the inputs at once and triaged again; where the
+    merge leaves findings, each version the fixes name is tried as the base. The candidate with the fewest
+    findings left, then the fewest changes, wins. None: nothing found, or no change to make."""
+    if not t.findings or under_torchrun():
+        return None
+    tried = {} if tried is None else tried
+    pool = [r for i, f in enumerate(t.findings) for r in ([t.fixes[i]] if i in t.fixes else remedies_for(t, f)[:1])]
+    named = {r.server.name for r in pool if r.server is not None}
+    servers = [q for q in later_profiles(t.serve) if q.name in named]  # oldest first: the least disruptive upgrade
+    best = None
+    for server in [None, *servers]:
+        change = _merged(t, pool, server)
+        if change is None:
+            continue
+        if change.text not in tried:
+            tried[change.text] = triage(change.apply(t.inputs))
+        after = tried[change.text]
+        found = Plan(change, tuple(after.findings))
+        if best is None or len(found.remaining) < len(best.remaining):
+            best = found
+        if found.clears:
+            break
+    return best
+
+
+def _merged(t: Triage, pool: list[Remedy], server: Profile | None) -> Remedy | None:
+    """One change: `server` (None: the one served), its ids for what training captured, every switch in `pool`."""
+    serve, L, want = server or t.serve, t.replay.num_layers, _wanted(t)
+    ids = None
+    if want is not None and serve.behaviour.config.value.keys and any(r.ids is not None for r in pool):
+        now = replay(serve, read_ids(serve, t.inputs.draft.raw).ids, L)
+        if now.failure is not None or now.positions != want or t.config.off:
+            ids = ids_capturing(serve, want, L, prefer=_trained_ids(t))
+    on, pp, radix = (any(getattr(r, k) for r in pool) for k in ("capture_on", "pp_off", "radix_off"))
+    parts = [_serve_text(server)] if server is not None else []
+    parts += ["remove use_aux_hidden_state: false from eagle_config"] if on else []
+    if ids is not None:
+        restored = ", the ids training used, restored" if ids == _trained_ids(t) else ""
+        parts.append(f"{write_ids_hint(serve, ids)} (captures {', '.join(map(str, want))}{restored})")
+    parts += [f"serve without pipeline parallelism ({PP_FLAGS.get(serve.engine, '--pp')} 1)"] if pp else []
+    parts += ["serve with --disable-radix-cache"] if radix and server is None else []
+    if not parts:
+        return None
+    return Remedy(", and ".join(parts), None if ids is None else tuple(ids), server, on, pp, radix and server is None)

@@ -66,6 +66,8 @@ class Triage:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fixes: dict = field(default_factory=dict)  # finding index -> the replayed change (tpsim.app.remedies.Remedy)
+    left: dict = field(default_factory=dict)  # finding index -> the findings its fix alone leaves (a partial fix)
+    warnings: list[str] = field(default_factory=list)  # works, by luck: each with the change that makes it hold
 
     @property
     def ok(self) -> bool:
@@ -194,6 +196,11 @@ def _ids_changed(t: Triage) -> list[Finding]:
     then = [p for p in t.align.train.positions if p is not None]
     if now.failure is None and now.positions == then:
         return []
+    if not t.config.off and t.replay.failure is None and list(t.replay.positions) == then:
+        t.notes.append(f"the draft config's ids {written} are not the ids training used ({list(trained.ids)}), but "
+                       f"{t.serve.name} captures the trained positions from them ({', '.join(map(str, then))}): "
+                       "served as trained")
+        return []
     reads = f"read in {trained.convention.value} numbering: {_pos(now)}" if now.failure is None else \
         f"which {trained.convention.value} numbering cannot read: {now.failure.split(' (')[0]}"
     key = "eagle_config.eagle_aux_hidden_state_layer_ids" if draft.nested is not None else \
@@ -212,7 +219,10 @@ def _fallbacks(t: Triage) -> list[Finding]:
         return []
     meant = replay(t.train, ignored, t.replay.num_layers)  # what those ids capture read as the trainer reads them
     if meant.failure or meant.positions == t.replay.positions:
-        t.notes.append(f"{got.fallback}; its default captures what those ids would, so this works by coincidence")
+        safeguard = _fix_ids(t, meant, ignored) if not meant.failure else None
+        t.warnings.append(f"{got.fallback}; its default captures what those ids would, so this works by coincidence"
+                          " (another engine version or layer count breaks it)" +
+                          (f"; safeguard: {safeguard}" if safeguard else ""))
         return []
     return [Finding(Kind.KEY_FALLBACK,
                     f"{got.fallback}: it captures its default {_pos(t.replay)} where the config's ids, read as "

@@ -22,7 +22,7 @@ from tpsim.cli.served import draft_dir, engines_from, prompts_from
 from tpsim.base.errors import UsageError
 from tpsim.profiles.fingerprints import unverified
 from tpsim.app.preflight import check_divides_world, check_timeout
-from tpsim.app.remedies import replay_fixes
+from tpsim.app.remedies import Plan, plan, replay_fixes
 from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs, Triage, triage
 from tpsim.base.ui import say
@@ -60,7 +60,9 @@ def cmd_triage(args) -> int:
     if t is None:  # a torchrun rank other than 0
         return 0
     t.notes[:0] = [replayed_as] if replayed_as else []
-    replay_fixes(t)
+    tried: dict = {}
+    replay_fixes(t, tried)
+    best = plan(t, tried)
     checkpoint = [] if ckpt is None else served_findings(
         ckpt, inspect(ckpt, cfg.hidden_size), [lookup(args.server.partition("+")[0])],
         target_embedding(target.source) if target.standin is None else None, served.tp)
@@ -69,9 +71,10 @@ def cmd_triage(args) -> int:
         return 0
     stale = unverified(args.server, cfg.model_type)
     if args.json:
-        emit_json({**to_dict(t, args, checkpoint, measured), "unverified": stale and stale.to_dict()})
+        emit_json({**to_dict(t, args, checkpoint, measured), "plan": best and best.to_dict(),
+                   "unverified": stale and stale.to_dict()})
     else:
-        print_triage(t, args, checkpoint, measured)
+        print_triage(t, args, checkpoint, measured, best)
         if stale:
             say(stale.line)
     return 0 if t.ok and not checkpoint else 1
@@ -88,7 +91,8 @@ def to_dict(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMea
             "tp": t.served.tp, "gpu": t.served.gpu.value, "model": args.model, "num_layers": t.replay.num_layers,
             "served_mode": {"mode": t.mode.mode.to_dict(), "capture_strategy": t.mode.strategy.value, "why": t.mode.why},
             "align": t.align.to_dict(), "check": None if t.check is None else t.check.to_dict(),
-            "findings": [{**f.to_dict(), "change": t.fixes[i].to_dict() if i in t.fixes else None,
+            "warnings": t.warnings, "findings": [{**f.to_dict(), "change": t.fixes[i].to_dict() if i in t.fixes else None,
+                          "left_by_fix_alone": t.left.get(i),
                           "measured_with_fix": measured.fixed[i].to_dict() if measured and i in measured.fixed else None}
                          for i, f in enumerate(t.findings)], "notes": t.notes,
             "draft_findings": [f.to_dict() for f in checkpoint],
@@ -102,7 +106,8 @@ def _al(m: Measured, why: bool = False) -> str:
     return f"{m.acceptance.length:.2f}"
 
 
-def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None) -> None:
+def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None,
+                 best: Plan | None) -> None:
     s, target = t.served, t.inputs.target
     say(f"tpsim triage: {args.draft_config} served by {s.server} at TP={s.tp} on {s.gpu.value}, trained by "
         f"{t.inputs.trained.name}; target {target.name} ({t.replay.num_layers} layers, hidden_size "
@@ -127,12 +132,34 @@ def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: Tria
     for i, f in enumerate(t.findings, 1):
         say_finding(i, f.kind.value, f.cause, f.sources, f.fix)
         if f.replayed:
-            say("  fix replayed: the finding clears, and no other appears")
+            left = t.left.get(i - 1, 0)
+            say("  fix replayed: the finding clears, and no other appears" +
+                (f"; alone it leaves {left} other{'s' * (left > 1)}: partial (the PLAN below does all)" if left else ""))
         if measured is not None and i - 1 in measured.fixed:
             say(f"  measured: AL {_al(measured.trained)} as trained, {_al(measured.served)} as served, "
                 f"{_al(measured.fixed[i - 1])} with the fix")
     for j, f in enumerate(checkpoint, len(t.findings) + 1):
         say_finding(j, f"draft checkpoint: {f.title}", f.cause, [f.source], f.fix)
+    if best is not None:
+        left = "nothing found" if best.clears else \
+            f"{len(best.remaining)} remain: {'; '.join(f.kind.value for f in best.remaining)}"
+        say(f"PLAN, every change together{'' if best.clears else ' (the best tpsim found)'}: {best.change.text}")
+        say(f"  plan replayed as a whole: {left}")
+    for w in t.warnings:
+        say(f"WARNING: {w}")
     n = len(t.findings) + len(checkpoint)
     say()
     say("VERDICT: nothing found" if n == 0 else f"VERDICT: {n} finding{'s' * (n > 1)}")
+    if n == 0:
+        say(f"not checked: {unchecked(t, args)}")
+
+
+def unchecked(t: Triage, args) -> str:
+    """What a clean triage did not look at, and the command that does."""
+    draft = f"the draft's weights (embed_tokens, d2t, fc, the vocabulary over TP): tpsim draft DIR --server " \
+            f"{t.served.server} --model {args.model} --tp {t.served.tp}, or triage --draft DIR" \
+        if args.draft is None else ""
+    al = "" if args.measure else "the acceptance it costs: triage --draft DIR --measure, where the target runs here"
+    engine = f"the engine itself: tpsim observe (vLLM runs here)" if t.serve.engine == "vllm" else \
+        "the engine itself (SGLang does not run on a CPU: its behaviour is read from its released code)"
+    return "; ".join(x for x in (draft, al, engine) if x)
