@@ -125,3 +125,24 @@ def test_a_radix_cache_keyed_by_tokens_feeds_a_stale_draft_kv(env):
     for extra in (("--server", "sglang@0.5.3"), ("--server", "sglang@0.5.2", "--disable-radix-cache")):
         code, new = acceptance(env, *extra, *prompts)
         assert code == 0 and new["served"]["radix_cache"] is None, new["served"]
+
+
+def test_acceptance_and_triage_agree_on_a_draft_whose_ids_vllm_never_reads(env, tmp_path):
+    """Issue 52, item 6: the shipped draft with its nested ids edited to [2, 15, 27], served by vLLM 0.32.0 on a GPU
+    (runner v2 never reads the nested key: its default lands on out(1), out(14), out(26)). Read as SpecForge reads
+    the config, training captured out(2), out(15), out(27): triage finds the key fallback, and acceptance, whose AL
+    the default happens to keep, says the same finding and exits as triage does."""
+    from test_draft_checkpoint import write
+    from safetensors.torch import load_file
+    src = BUILTIN / "drafts" / "smollm2-135m-eagle3"
+    raw = json.loads((src / "config.json").read_text())
+    raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 15, 27]
+    edited = write(tmp_path / "edited", raw, load_file(str(src / "model.safetensors")))
+    a = run_cli("acceptance", "--model", "smollm2-135m", "--draft", str(edited), "--server", "vllm@0.32.0", "--json",
+                env=env)
+    t = run_cli("triage", "--model", "smollm2-135m", "--draft-config", str(edited / "config.json"), "--server",
+                "vllm@0.32.0", "--tp", "1", "--json", env=env)
+    acc, tri = json.loads(a.stdout), json.loads(t.stdout)
+    assert a.returncode == t.returncode == 1, (acc["config_findings"], tri["findings"])
+    assert [f["kind"] for f in acc["config_findings"]] == ["key-fallback"]
+    assert "key-fallback" in [f["kind"] for f in tri["findings"]]

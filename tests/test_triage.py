@@ -52,6 +52,9 @@ def test_docs_example_finds_the_served_mode_bug_and_the_key_fallback():
     assert out.count("fix replayed: the finding clears, and no other appears") == 2
     assert "source: sgl-project/sglang python/sglang/srt/server_args.py @v0.5.10" in out  # 0.5.12 runs 0.5.10's rule
     assert "VERDICT: 2 findings" in out
+    steps = {line.split(": ")[1] for line in r.stderr.splitlines() if line.startswith("tpsim: ")}
+    assert "triage" in steps and any(s.startswith("replaying the fix for finding 2 of 2") for s in steps), steps
+    assert "plan replayed as a whole: nothing found" in out  # the same change as finding 2's fix: replayed once
 
 
 def test_the_fixed_version_and_the_fixed_config_find_nothing(tmp_path):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tpsim.app.run_options import PP_FLAGS, PipelineAsk
 from tpsim.app.triage import Inputs, Triage, served_flag_findings, triage
+from tpsim.base.ui import step
 from tpsim.offline.align import KEY, DraftConfig
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.draft import read_ids, write_ids_hint
@@ -34,6 +35,7 @@ class Remedy:
     capture_on: bool = False  # eagle_config.use_aux_hidden_state: false removed
     pp_off: bool = False
     radix_off: bool = False  # SGLang's --disable-radix-cache
+    captures: tuple | None = None  # the positions `ids` are for (what training captured, or what the ids name)
 
     def to_dict(self) -> dict:
         return {"text": self.text, "ids": self.ids and list(self.ids), "server": self.server and self.server.name,
@@ -81,7 +83,8 @@ def replay_fixes(t: Triage, tried: dict[str, Triage] | None = None) -> None:
         said = []
         for remedy in remedies_for(t, f):
             if remedy.text not in tried:
-                tried[remedy.text] = triage(remedy.apply(t.inputs))
+                with step(f"replaying the fix for finding {len(out) + 1} of {len(t.findings)} ({f.kind.value})"):
+                    tried[remedy.text] = triage(remedy.apply(t.inputs))
             after = tried[remedy.text]
             new = sorted({g.kind.value for g in after.findings} - {k.value for k in kinds})
             if any(g.kind is f.kind for g in after.findings):
@@ -157,7 +160,8 @@ def _ids(t: Triage, serve: Profile, want, prefer: list[int] | None = None,
     ids = ids_capturing(serve, want, t.replay.num_layers, prefer=prefer)
     if ids is None:
         return None
-    return Remedy(f"{write_ids_hint(serve, ids)} (captures {', '.join(map(str, want))}, {what})", tuple(ids))
+    return Remedy(f"{write_ids_hint(serve, ids)} (captures {', '.join(map(str, want))}, {what})", tuple(ids),
+                  captures=tuple(want))
 
 
 def _upgrade(t: Triage, later: Profile) -> Remedy:
@@ -169,7 +173,7 @@ def _upgrade(t: Triage, later: Profile) -> Remedy:
         not later.behaviour.config.value.keys else ids_capturing(later, want, L, prefer=_trained_ids(t))
     if ids is None:
         return Remedy(text, server=later)
-    return Remedy(f"{text}, and {write_ids_hint(later, ids)}", tuple(ids), server=later)
+    return Remedy(f"{text}, and {write_ids_hint(later, ids)}", tuple(ids), server=later, captures=tuple(want))
 
 
 def _trained_ids(t: Triage) -> list[int] | None:
@@ -217,7 +221,8 @@ def plan(t: Triage, tried: dict[str, Triage] | None = None) -> Plan | None:
         if change is None:
             continue
         if change.text not in tried:
-            tried[change.text] = triage(change.apply(t.inputs))
+            with step("replaying the plan, every change together"):
+                tried[change.text] = triage(change.apply(t.inputs))
         after = tried[change.text]
         found = Plan(change, tuple(after.findings))
         if best is None or len(found.remaining) < len(best.remaining):
@@ -229,12 +234,13 @@ def plan(t: Triage, tried: dict[str, Triage] | None = None) -> Plan | None:
 
 def _merged(t: Triage, pool: list[Remedy], server: Profile | None) -> Remedy | None:
     """One change: `server` (None: the one served), its ids for what training captured, every switch in `pool`."""
-    serve, L, want = server or t.serve, t.replay.num_layers, _wanted(t)
+    serve, L = server or t.serve, t.replay.num_layers
+    want = next((list(r.captures) for r in pool if r.captures), None) or _wanted(t)
     ids = None
     if want is not None and serve.behaviour.config.value.keys and any(r.ids is not None for r in pool):
         now = replay(serve, read_ids(serve, t.inputs.draft.raw).ids, L)
         if now.failure is not None or now.positions != want or t.config.off:
-            ids = ids_capturing(serve, want, L, prefer=_trained_ids(t))
+            ids = ids_capturing(serve, want, L, prefer=_trained_ids(t) or t.config.ignored)
     on, pp, radix = (any(getattr(r, k) for r in pool) for k in ("capture_on", "pp_off", "radix_off"))
     parts = [_serve_text(server)] if server is not None else []
     parts += ["remove use_aux_hidden_state: false from eagle_config"] if on else []

@@ -185,6 +185,15 @@ def _with_patch(t: Triage, f: Finding) -> Finding:
                                         "which training never captured")
 
 
+def config_reading(inputs: Inputs, caps: Captures) -> Triage:
+    """What triage says of how the draft config's ids are read (ids changed, a key the server never reads), without
+    running check: its findings, notes and warnings (acceptance prints them beside the AL)."""
+    t = Triage(inputs, caps.mode, caps.align, caps.config, caps.replay, None)
+    if not caps.config.off:
+        t.findings += _ids_changed(t) + _fallbacks(t)
+    return t
+
+
 def _ids_changed(t: Triage) -> list[Finding]:
     """Training's ids, as the user gives them, against the ids the draft config holds now."""
     trained, draft = t.inputs.trained, t.inputs.draft
@@ -218,6 +227,9 @@ def _fallbacks(t: Triage) -> list[Finding]:
     if got.fallback is None:
         return []
     meant = replay(t.train, ignored, t.replay.num_layers)  # what those ids capture read as the trainer reads them
+    if t.inputs.trained.ids is not None and t.replay.failure is None and \
+            list(t.replay.positions) == [p for p in t.align.train.positions if p is not None]:
+        meant = t.replay  # training's ids given: the default lands on them, whatever the ignored ids say
     if meant.failure or meant.positions == t.replay.positions:
         safeguard = _fix_ids(t, meant, ignored) if not meant.failure else None
         t.warnings.append(f"{got.fallback}; its default captures what those ids would, so this works by coincidence"

@@ -32,8 +32,21 @@ def reopen() -> None:
     stdout, stderr = _consoles()
 
 
+_STEPS: list[str] = []  # what the progress lines are for, outermost first (`step`)
+
+
+@contextmanager
+def step(name: str):
+    """Name the step the progress lines inside belong to ("replaying fix 2 of 4"): each line says it."""
+    _STEPS.append(name)
+    try:
+        yield
+    finally:
+        _STEPS.pop()
+
+
 class ProgressLine:
-    """A live status line on a terminal; plain `tpsim: ...` lines on stderr otherwise."""
+    """A live status line on a terminal; plain `tpsim: ...` lines on stderr otherwise, each naming its step."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -42,6 +55,7 @@ class ProgressLine:
     def __call__(self, msg: str) -> None:
         if not self.enabled:
             return
+        msg = ": ".join([*_STEPS, msg])
         if stderr.is_terminal:
             if self._status is None:
                 self._status = stderr.status(msg)

@@ -14,13 +14,13 @@ from tpsim.app.acceptance import AcceptanceReport, Measured, measure
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.app.returned import returned_paths, write_returned
 from tpsim.app.target import target_for
-from tpsim.app.triage import Inputs
+from tpsim.app.triage import Inputs, config_reading
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.outputs import check_output
 from tpsim.cli.run_args import request_from, served_tp
-from tpsim.cli.served import draft_dir, engines_from, prompts_from
+from tpsim.cli.served import assumptions, draft_dir, engines_from, prompts_from
 from tpsim.draft.checkpoint import read
 from tpsim.offline.align import read_draft_config
 from tpsim.parallel.torchrun import under_torchrun
@@ -68,7 +68,7 @@ def cmd_acceptance(args) -> int:
         line = (f"wrote {len(written)} files, {written[0].name} .. {written[-1].name}: the hidden states "
                 f"{returned.server} returns ({returned.value.value}; tpsim diagnose FILE --reference ... reads one)")
         print(line, file=sys.stderr) if args.json else say(line)
-    return 0 if report.kept else 1
+    return 0 if report.kept and not config_reading(report.inputs, report.captures).findings else 1
 
 
 def check_returned(args, sequences: int) -> None:
@@ -79,8 +79,10 @@ def check_returned(args, sequences: int) -> None:
 
 
 def to_dict(r: AcceptanceReport, args, origin: str) -> dict:
+    reading = config_reading(r.inputs, r.captures)
     return {"kept": r.kept, "draft": args.draft, "server": r.inputs.served.server, "serve_profile": r.inputs.serve.name,
             "assumed": assumed(r.inputs.serve),
+            "assumptions": assumptions(r.inputs.serve, args.server, args.train, r.inputs.target.real.model_type),
             "train": r.inputs.trained.name, "model": r.inputs.target.name, "tp": r.inputs.served.tp, "steps": r.k,
             "prompts": origin, "sequences": len(r.sequences),
             "answer_tokens": sum(s.answer for s in r.sequences),
@@ -90,7 +92,8 @@ def to_dict(r: AcceptanceReport, args, origin: str) -> dict:
             "paired": None if r.paired is None else {"difference": round(r.paired[0], 4),
                                                       "stderr": round(r.paired[1], 4),
                                                       "positions": sum(len(x) for x in r.trained.acceptance.rows)},
-            "notes": r.notes}
+            "notes": r.notes + reading.notes, "warnings": reading.warnings,
+            "config_findings": [f.to_dict() for f in reading.findings]}
 
 
 def _line(m: Measured) -> str:
@@ -107,14 +110,19 @@ def print_report(r: AcceptanceReport, args, origin: str) -> None:
     t = r.inputs.target
     say(f"tpsim acceptance: draft {args.draft} on {t.name} ({t.real.num_hidden_layers} layers, hidden_size "
         f"{t.real.hidden_size}), trained by {r.inputs.trained.name}, served by {r.inputs.served.server} at TP {r.inputs.served.tp}")
-    if (a := assumed(r.inputs.serve)) is not None:
+    for a in assumptions(r.inputs.serve, args.server, args.train, t.real.model_type):
         say(f"assumed: {a}")
     say(f"prompts: {origin}: {len(r.sequences)} sequences, {sum(s.answer for s in r.sequences)} answer tokens; "
         f"greedy chain drafting, k = {r.k} draft tokens per verify round")
     say(f"served mode: {r.captures.mode.mode.name}, capture strategy {r.captures.mode.strategy} "
         f"({'; '.join(r.captures.mode.why)})")
-    for n in r.notes:
+    reading = config_reading(r.inputs, r.captures)
+    for n in r.notes + reading.notes:
         say(f"note: {n}")
+    for w in reading.warnings:
+        say(f"WARNING: {w}")
+    for f in reading.findings:
+        say(f"config: {f.kind.value}: {f.cause} (tpsim triage replays its fix)")
     say(_line(r.trained))
     say(_line(r.served))
     if r.paired is None:
@@ -124,7 +132,11 @@ def print_report(r: AcceptanceReport, args, origin: str) -> None:
     n = sum(len(x) for x in r.trained.acceptance.rows)
     say(f"paired over the same {n} answer positions: served - trained = {mean:+.3f} tokens accepted per round "
         f"(standard error {se:.3f} over the {len(r.sequences)} sequences)")
-    if r.kept:
+    if r.kept and reading.findings:
+        say(f"VERDICT: the served capture keeps the acceptance measured (AL {r.difference:+.2f}), but the server reads "
+            f"the config's ids otherwise than training did ({len(reading.findings)} config finding"
+            f"{'s' * (len(reading.findings) > 1)} above): tpsim triage with the same flags names the fix")
+    elif r.kept:
         say(f"VERDICT: the served capture keeps the trained acceptance (AL {r.difference:+.2f})")
     else:
         say(f"VERDICT: the served capture costs {-mean:.3f} tokens per verify round, {-mean / se:.0f} standard errors "

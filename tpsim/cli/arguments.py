@@ -107,8 +107,9 @@ def acceptance(p: argparse.ArgumentParser) -> None:
 
 
 def draft(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="DIR|config.json", help="the draft: its directory (config.json and *.safetensors, "
-                                                           "SpecForge's layout) or its config.json")
+    p.add_argument("path", metavar="DIR|config.json|NAME", help="the draft: its directory (config.json and "
+                                                                "*.safetensors, SpecForge's layout), its config.json, "
+                                                                "or a built-in draft by name (smollm2-135m-eagle3)")
     p.add_argument("--model", help="the target (a built-in, a config or a checkpoint directory): fc's input width is "
                                    "checked against its hidden_size (default: the draft config's target_hidden_size, "
                                    "else its hidden_size); with --server, embed_tokens is compared with its embedding")

@@ -14,6 +14,7 @@ from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.parser import refuse_without
 from tpsim.cli.run_args import served_tp
+from tpsim.cli.served import draft_dir
 from tpsim.draft.checkpoint import inspect, read
 from tpsim.profiles.loader_lines import lookup
 from tpsim.profiles.vllm import loader_assumed
@@ -26,7 +27,7 @@ def cmd_draft(args) -> int:
     tp = served_tp(args)
     source = None if args.model is None else ModelSource.load(args.model, [], [])
     target = None if source is None else source.cfg.hidden_size
-    ckpt = read(args.path)
+    ckpt = read(draft_dir(args.path))
     found = inspect(ckpt, target)
     if servers:
         found = served_findings(ckpt, found, servers, None if source is None else target_embedding(source), tp)

@@ -15,7 +15,9 @@ from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.config.model import ModelConfig
 from tpsim.profiles.conventions import default_ids, parse_convention_ids, refuse_convention_as_profile
 from tpsim.profiles.profile import Gpu, Profile, Served
+from tpsim.profiles.fingerprints import taken_as
 from tpsim.profiles.registry import for_target, lookup
+from tpsim.profiles.vllm import assumed
 
 IDS = re.compile(r"default|-?\d+(\s*,\s*-?\d+)*")  # --train NAME:IDS, not ENGINE:MODEL
 
@@ -38,6 +40,14 @@ def engines_from(args, cfg: ModelConfig, tp: int, given: str | None = None) -> t
                     getattr(args, "disaggregation_mode", "null") != "null", getattr(args, "enable_dbo", False),
                     given or args.server)
     return serve, trained, served
+
+
+def assumptions(serve: Profile, server: str, train: str, model_type: str) -> list[str]:
+    """Every choice tpsim made for the user about where and what: the runner (vLLM), the version taken for an
+    engine named without one, a release replayed as a profile whose code was never read (UNVERIFIED)."""
+    runner = assumed(serve)
+    taken = [taken_as("--server", server, model_type), taken_as("--train", train, model_type)]
+    return [a for a in (runner, *taken) if a is not None]
 
 
 def trained_from(text: str, model_type: str, L: int) -> Trained:

@@ -18,14 +18,14 @@ from tpsim.app.draft_served import served_findings, target_embedding
 from tpsim.profiles.loader_lines import lookup
 from tpsim.cli.run_args import one_tp, request_from
 from tpsim.profiles.vllm import assumed
-from tpsim.cli.served import draft_dir, engines_from, prompts_from
+from tpsim.cli.served import assumptions, draft_dir, engines_from, prompts_from
 from tpsim.base.errors import UsageError
 from tpsim.profiles.fingerprints import unverified
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.app.remedies import Plan, plan, replay_fixes
 from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs, Triage, triage
-from tpsim.base.ui import say
+from tpsim.base.ui import say, step
 from tpsim.profiles.history import model_file_server
 
 
@@ -56,7 +56,8 @@ def cmd_triage(args) -> int:
     serve_p, trained, served = engines_from(args, cfg, tp, given)
     prompts = prompts_from(args, target) if args.measure else None
     k = positive_int(args.steps, "--steps")
-    t = triage(Inputs(trained, serve_p, served, draft, request_from(args, tps), target))
+    with step(f"triage: check at TP {', '.join(map(str, tps))}"):
+        t = triage(Inputs(trained, serve_p, served, draft, request_from(args, tps), target))
     if t is None:  # a torchrun rank other than 0
         return 0
     t.notes[:0] = [replayed_as] if replayed_as else []
@@ -83,6 +84,7 @@ def cmd_triage(args) -> int:
 def to_dict(t: Triage, args, checkpoint: list[DraftFinding], measured: TriageMeasure | None) -> dict:
     target = t.inputs.target
     return {"ok": t.ok and not checkpoint, "server": t.served.server, "serve_profile": t.serve.name, "assumed": assumed(t.serve),
+            "assumptions": assumptions(t.serve, args.server, args.train, target.real.model_type),
             "train": t.inputs.trained.name,
             "train_ids": t.inputs.trained.ids and list(t.inputs.trained.ids),
             "target": {"model": target.name, "chosen": target.chosen, "hidden_size": target.real.hidden_size,
@@ -113,7 +115,7 @@ def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: Tria
         f"{t.inputs.trained.name}; target {target.name} ({t.replay.num_layers} layers, hidden_size "
         f"{target.real.hidden_size}{': ' + target.chosen if target.chosen else ''})")
     say(f"{s.server} runs the code of profile {t.serve.name} ({t.serve.versions.text()})")
-    if (a := assumed(t.serve)) is not None:
+    for a in assumptions(t.serve, args.server, args.train, target.real.model_type):
         say(f"assumed: {a}")
     if target.standin is not None:
         say(target.standin.line(target.name, s.tp))

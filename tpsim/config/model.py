@@ -193,8 +193,11 @@ class ModelConfig:
         dims.append(("padded vocab_size", self.padded_vocab_size))
         for name, value in dims:
             if value % tp:
-                raise UsageError(f"--tp {tp} does not divide {name}={value}; "
-                                 f"pick a --tp that divides it")
+                kv, upto = self.kv_heads, min(max(tp, 8), 64)  # a fuzzed --tp 10**18 must not loop for ever
+                fits = [t for t in range(1, upto + 1) if all(v % t == 0 for _, v in dims)
+                        and (self.mla or kv % t == 0 or t % kv == 0)]
+                raise UsageError(f"--tp {tp} does not divide {name}={value}; pick a --tp that divides it"
+                                 f"{' (up to ' + str(upto) + ': ' + ', '.join(map(str, fits)) + ')' if fits else ''}")
         kv = self.kv_heads
         if not self.mla and kv % tp and tp % kv:  # KV heads split (kv % tp == 0) or replicated (tp % kv == 0)
             raise UsageError(f"--tp {tp} neither divides nor is a multiple of num_key_value_heads={kv}; "

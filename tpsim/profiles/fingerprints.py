@@ -338,3 +338,24 @@ def unverified(server: str, model_type: str, table: Table | None = None) -> Unve
     found = at_release(profile, release, builtin_table() if table is None else table)
     bad = tuple(v for v in found.verdicts if v.status in (Status.CHANGED, Status.ABSENT))
     return Unverified(profile.engine, version or "latest", release, bad) if bad else None
+
+
+def taken_as(flag: str, text: str, model_type: str, table: Table | None = None) -> str | None:
+    """What `flag text` (--server or --train, ENGINE[@VERSION]) was taken as, where tpsim chose: no version (the
+    newest release it knows of), or a release whose cited code tpsim neither read nor fingerprinted (UNVERIFIED);
+    None when the version given is one tpsim read or fingerprinted."""
+    base = text.strip().partition("+")[0].partition(":")[0]
+    engine, _, version = base.partition("@")
+    if engine not in registry.ENGINES and engine != registry.CPU_BUILD:
+        return None  # a convention (specforge-ids:1,29,57): the ids as given
+    profile = registry.lookup(text, model_type)
+    newest = registry.CPU_PUBLISHED if engine == registry.CPU_BUILD else None
+    release = release_named(profile.engine, version or newest or "")
+    parts = [] if version else [f"{flag} {text} names no version: taken as {engine}@{release or 'latest'}, the "
+                                f"newest tpsim knows of (profile {profile.name}); name the release you run"]
+    if release is not None and at_release(profile, release, builtin_table() if table is None else table).status \
+            is Status.UNKNOWN:
+        parts.append(f"UNVERIFIED: {flag} {engine}@{release}: the code that release ships was neither read nor "
+                     f"fingerprinted (tpsim profiles: unknown {release}); replayed as {profile.name}, the profile "
+                     "whose interval holds it")
+    return "; ".join(parts) or None
