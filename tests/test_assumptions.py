@@ -85,3 +85,24 @@ def test_a_tp_that_does_not_split_lists_the_degrees_that_do(tp, name):
         return  # the KV-head rule, not a split dimension: its own message
     listed = [int(x) for x in line.rsplit(": ", 1)[1].rstrip(")").split(", ")]
     assert listed == [t for t in range(1, min(max(tp, 8), 64) + 1) if ok(t)], line
+
+
+DROPPED_ZERO = [r for r in registry.RELEASES["vllm"] if r.split(".")[1].endswith("0") and r.split(".")[1] != "0"
+                and r.split(".")[2] == "0" and registry.version_key(r) >= registry.version_key("0.18.0")]
+
+
+def test_a_release_typed_without_its_zero_is_suggested():
+    """Issue 52, item 8: every profiled vLLM release X.Y0.0 typed as X.Y.0 gets a did-you-mean naming it."""
+    from tpsim.profiles.registry import typo_of
+    assert DROPPED_ZERO  # 0.20.0, 0.30.0
+    for release in DROPPED_ZERO:
+        major, minor, patch = release.split(".")
+        assert typo_of(f"{major}.{minor[:-1]}.{patch}", list(registry.RELEASES["vllm"])) == [release]
+
+
+def test_pips_spelling_is_corrected_in_one_line():
+    from clirun import assert_one_line_error
+    r = run_cli("align", "--server", "vllm==0.30.0", "--draft-config", "ids-at-top-level", "--num-layers", "8")
+    assert_one_line_error(r, ("write ENGINE@VERSION, e.g. vllm@0.30.0",))
+    r = run_cli("align", "--server", "vllm@0.3.0", "--draft-config", "ids-at-top-level", "--num-layers", "8")
+    assert_one_line_error(r, ("did you mean vllm@0.30.0?",))

