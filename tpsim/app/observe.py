@@ -15,7 +15,7 @@ from tpsim.capture import Position
 from tpsim.capture.positions import PositionKind
 from tpsim.config.model import ModelConfig
 from tpsim.engine.runner import Observed
-from tpsim.modes import Strategy, TensorParallel
+from tpsim.modes import ArFusion, Strategy, TensorParallel
 from tpsim.profiles.profile import Platform
 
 MATCH = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}  # ‖engine − tpsim‖ / ‖tpsim‖ to call it that position
@@ -100,6 +100,32 @@ def reference(inputs: Inputs, tp: int, prompt: tuple[int, ...]) -> dict[Position
         return None
     flat = got[0].capture.float()
     return {p: flat[:, i * H:(i + 1) * H] for i, p in enumerate(every)}
+
+
+@dataclass(frozen=True)
+class PartialOf:
+    """Rank 0's summand at a boundary, before its all-reduce (Partial(sum)): what a capture taken before a deferred
+    all-reduce holds."""
+
+    position: Position
+
+    def __str__(self) -> str:
+        return f"Partial(sum) of {self.position}"
+
+
+def partial_reference(inputs: Inputs, tp: int, prompt: tuple[int, ...]) -> dict:
+    """Rank 0's Partial(sum) between layers (SGLang's all-reduce fusion leaves each rank its summand there), keyed
+    by PartialOf; empty at TP 1 or on a torchrun rank other than 0."""
+    L, H = inputs.target.source.cfg.num_hidden_layers, inputs.target.source.cfg.hidden_size
+    if tp < 2:
+        return {}
+    every = [Position(PositionKind.OUT, i) for i in range(L - 1)]  # the last layer's all-reduce is never deferred
+    spec, _ = inputs.request.spec(inputs.target.source, every, (ArFusion(), Strategy.MODEL_LEVEL))
+    got = sequence_captures(spec, tp, [Sequence(prompt, len(prompt))])
+    if got is None:
+        return {}
+    flat = got[0].capture.float()
+    return {PartialOf(p): flat[:, i * H:(i + 1) * H] for i, p in enumerate(every)}
 
 
 def identify(states: torch.Tensor, ref: dict[Position, torch.Tensor], tol: float,

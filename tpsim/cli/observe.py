@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tpsim.app.acceptance import Prompts, measure, served_fed
 from tpsim.app.draft_served import served_findings
-from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, known_defect, platform_refusals, reference
+from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, known_defect, partial_reference, platform_refusals, reference
 from tpsim.app.preflight import check_timeout
 from tpsim.app.target import Target, target_for
 from tpsim.app.triage import Captures, Inputs, captures
@@ -120,8 +120,11 @@ def judge(p: Planned, observed: Observed) -> Observation:
                     known=known_defect(inputs.serve.platform, inputs.target.source.cfg, p.launch.custom_ops),
                     unprofiled=p.unprofiled)
     if observed.refused is None and observed.aux and observed.aux[0]:
-        ref = reference(inputs, p.launch.tp, p.launch.prompts[0])
-        o.slots = identify(observed.aux[0][0], ref, MATCH.get(p.dtype, MATCH["float32"]), list(caps.replay.positions))
+        ref, tol = reference(inputs, p.launch.tp, p.launch.prompts[0]), MATCH.get(p.dtype, MATCH["float32"])
+        o.slots = identify(observed.aux[0][0], ref, tol, list(caps.replay.positions))
+        if any(s.position is None for s in o.slots) and p.launch.tp > 1:  # a capture before a deferred all-reduce?
+            ref |= partial_reference(inputs, p.launch.tp, p.launch.prompts[0])
+            o.slots = identify(observed.aux[0][0], ref, tol, list(caps.replay.positions))
         o.ranks_identical = all(bool((r[0] == observed.aux[0][0]).all()) for r in observed.aux)
     if observed.refused is None and not p.capture_only:
         o.report = measure(inputs, p.checkpoint, p.launch.k, p.prompts)
