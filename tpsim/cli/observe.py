@@ -79,8 +79,7 @@ def plan(args, engine: tuple[str, str]) -> Planned:
     ckpt, config = read(path), read_draft_config(str(path))
     target = on_disk(target_for(config, args.model, args.override or [], tp), args.seed, config, tp)
     args.model = str(target.source.checkpoint)
-    serve, unprofiled = replayed_as(server, target.real.model_type)
-    server_as = serve.name.partition(":")[0] if unprofiled else server
+    serve, server_as, unprofiled = replayed_as(server, target.real.model_type)
     inputs = Inputs(trained_from(args.train, target.real.model_type, target.real.num_hidden_layers), serve,
                     Served(tp=tp, server=server_as), config, request_from(args, sorted({1, tp})), target)
     alone = args.target_only
@@ -98,16 +97,16 @@ def plan(args, engine: tuple[str, str]) -> Planned:
     return Planned(inputs, caps, refusal, launch, prompts, ckpt, server, capture_only, args.dtype, unprofiled)
 
 
-def replayed_as(server: str, model_type: str) -> tuple[Profile, str | None]:
-    """The profile tpsim replays beside the installed engine `server`; for a version tpsim has not profiled, the
-    newest one it has, and why (what the engine does is then an observation, not a prediction to check)."""
+def replayed_as(server: str, model_type: str) -> tuple[Profile, str, str | None]:
+    """The profile tpsim replays beside the installed engine `server`, the server it names; for a version tpsim has
+    not profiled, the newest one it has, and why (what the engine does is then an observation, not a prediction)."""
     try:
-        return for_target(server, model_type), None
+        return for_target(server, model_type), server, None
     except UsageError as e:
         dist = server.partition("@")[0]
         newest = f"{dist}@{'.'.join(map(str, CPU_NEWEST))}" if dist == CPU_BUILD else f"{dist}@latest"
         why = str(e).split(": ", 1)[-1].split(": give one", 1)[0]
-        return for_target(newest, model_type), f"{server} is not profiled ({why})"
+        return for_target(newest, model_type), newest, f"{server} is not profiled ({why})"
 
 
 def judge(p: Planned, observed: Observed) -> Observation:
