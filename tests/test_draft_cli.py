@@ -21,14 +21,14 @@ def drafted(tmp_path, config=CONFIG, change=None):
 
 def test_a_clean_draft_passes(tmp_path):
     r = run_cli("draft", str(drafted(tmp_path)))
-    assert r.returncode == 0 and r.stdout.strip().endswith("VERDICT: nothing found"), r
+    assert r.returncode == 0 and "\nVERDICT: nothing found\n" in r.stdout, r
 
 
 @pytest.mark.parametrize("plant,defect", [
     (lambda t: t.pop("embed_tokens.weight"), "embed-absent"),
     (lambda t: t.__setitem__("fc.weight", torch.zeros(16, 32)), "fc-width"),
     (lambda t: t["d2t"].__setitem__(0, 10_000), "vocab-map"),
-    (lambda t: t.__setitem__("extra.weight", torch.zeros(2)), "ignored-key"),
+    (lambda t: t.__setitem__("extra.weight", torch.zeros(2)), "loader-refuses-key"),  # vLLM's, in every release
 ])
 def test_each_planted_defect_is_a_finding(tmp_path, plant, defect):
     path = drafted(tmp_path, change=plant)
@@ -48,7 +48,6 @@ def test_the_target_names_fcs_width(tmp_path):
     (lambda p: p, "no draft config.json there"),
     (lambda p: (p.mkdir(), (p / "config.json").write_text("{nope"))[0] or p, "is not a JSON draft config"),
     (lambda p: (p.mkdir(), (p / "config.json").write_text('{"hidden_size": 8}'))[0] or p, "needs hidden_size"),
-    (lambda p: (p.mkdir(), (p / "config.json").write_text(json.dumps(CONFIG)))[0] or p, "no *.safetensors"),
     (lambda p: (p.mkdir(), (p / "config.json").write_text(json.dumps(CONFIG)),
                 (p / "model.safetensors").write_bytes(b"\\x00" * 20))[0] or p, "not a readable safetensors"),
 ])

@@ -42,7 +42,7 @@ def test_a_clean_draft_passes_for_every_profile(tmp_path):
     r, out = served(drafted(tmp_path), *SERVERS)
     assert r.returncode == 0 and out["findings"] == [] and len(out["servers"]) == len(SERVERS), r
     text = run_cli("draft", str(drafted(tmp_path, name="d2")), "--server", ",".join(SERVERS))
-    assert text.returncode == 0 and text.stdout.strip().endswith("VERDICT: nothing found"), text
+    assert text.returncode == 0 and "\nVERDICT: nothing found\n" in text.stdout, text
 
 
 def test_a_key_sglang_skips_and_vllm_refuses(tmp_path):
@@ -151,7 +151,8 @@ def test_a_bad_server_is_one_line(tmp_path, server, words):
 def test_a_five_state_draft_loads_where_fc_is_sized_from_the_config(tmp_path, server, code):
     config = {**CONFIG, "num_aux_hidden_states": 5, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4, 5]}}
     r, out = served(drafted(tmp_path, config), server)
-    assert r.returncode == code, r
+    fc = [f for f in out["findings"] if f["key"] == "fc.weight"]  # vLLM 0.34.0 reads no nested ids: ids-unread
+    assert len(fc) == code and r.returncode == int(bool(out["findings"])), r
     if code:
         f = out["findings"][0]
         assert f["defect"] == "loader-refuses-key" and f["key"] == "fc.weight", f

@@ -66,8 +66,10 @@ def judge(ckpt: DraftCheckpoint, s: ServedLoader, target_embed: torch.Tensor | N
 
 def _aux_count(ckpt: DraftCheckpoint, s: ServedLoader) -> list[DraftFinding]:
     """A draft trained on other than the count of aux states the loader builds fc for does not load."""
-    fc, cfg, count = ckpt.tensors.get("fc.weight"), ckpt.config, s.loader.aux_count
+    cfg, count = ckpt.config, s.loader.aux_count
     ht = cfg.target_hidden_size
+    fc = ckpt.tensors.get("fc.weight") if ckpt.weights else torch.empty(cfg.hidden_size, cfg.capture_width,
+                                                                         device="meta")  # as the config declares it
     if count is None or fc is None or fc.dim() != 2 or fc.shape[1] != cfg.num_aux * ht or not cfg.use_aux_hidden_state:
         return []  # an fc the config's own count does not explain is the layout's fc-width finding
     trained, built = cfg.num_aux, (3 if count.value is AuxCount.THREE else cfg.num_aux)
@@ -189,7 +191,7 @@ def same_embedding(draft: torch.Tensor, target: torch.Tensor) -> bool:
 def _embed(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | None) -> list[DraftFinding]:
     draft, use = ckpt.tensors.get("embed_tokens.weight"), s.loader.embed
     shape = (ckpt.config.vocab_size, ckpt.config.hidden_size)
-    if target is None or not use.value.keeps_own(tuple(target.shape) == shape):
+    if target is None or not ckpt.weights or not use.value.keeps_own(tuple(target.shape) == shape):
         return []  # the target's replaces whatever the draft has; no target: nothing to compare
     if draft is None:
         return [] if use.value is EmbedUse.OWN_IF_DISTINCT else [_uninitialised(s, shape, target)]
@@ -218,7 +220,7 @@ def unverified(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | No
     line = s.line
     relies = [(n.value, f"honours {n.value}") for n in Norm if _set(ckpt, n, None)[0]]
     draft = ckpt.tensors.get("embed_tokens.weight")
-    if draft is None:
+    if draft is None and ckpt.weights:
         relies.append(("embed_tokens.weight", "fetches the target's embed_tokens for a draft without one"))
     elif target is not None and not same_embedding(draft, target):
         relies.append(("embed_tokens.weight", "replaces this draft's embed_tokens (not the target's) with the "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,36 +35,44 @@ class DraftCheckpoint:
     config: DraftConfig
     tensors: dict[str, torch.Tensor]  # under SpecForge's names, whatever the layout on disk
     layout: Layout = Layout.SPECFORGE
+    raw: dict = field(default_factory=dict)  # config.json as written (the keys each engine reads ids from)
+    weights: bool = True  # False: config.json alone (`read(..., config_alone=True)`), no tensors to check
 
 
-def read(path: str | Path) -> DraftCheckpoint:
-    """`path`: the draft directory, or its config.json (UsageError, one line, on anything unreadable)."""
+def read(path: str | Path, config_alone: bool = False, needs: str = "") -> DraftCheckpoint:
+    """`path`: the draft directory, or its config.json (UsageError, one line, on anything unreadable).
+    `config_alone`: a config.json with no weights beside it is read as the config alone (`weights` False), else
+    refused; `needs`: what the caller does with the weights, for that refusal."""
     path = Path(path)
     folder = path.parent if path.is_file() else path
+    config_file = path if path.is_file() else folder / "config.json"  # a config under another name: the config alone
     fix = "give the draft's directory (config.json and *.safetensors) or its config.json"
-    if not (folder / "config.json").is_file():
+    if not config_file.is_file():
         raise UsageError(f"{path}: no draft config.json there; {fix}")
     try:
-        raw = json.loads((folder / "config.json").read_text())
+        raw = json.loads(config_file.read_text())
         config = DraftConfig.from_json(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"{folder / 'config.json'} is not a JSON draft config ({str(e).splitlines()[0][:80]}); {fix}") \
+        raise UsageError(f"{config_file} is not a JSON draft config ({str(e).splitlines()[0][:80]}); {fix}") \
             from None
     except (KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{folder / 'config.json'}: an EAGLE-3 draft config needs hidden_size, intermediate_size, "
+        raise UsageError(f"{config_file}: an EAGLE-3 draft config needs hidden_size, intermediate_size, "
                          f"num_attention_heads and vocab_size ({type(e).__name__}: {e}); {fix}") from None
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(folder.glob("*.safetensors")) if config_file.name == "config.json" else []
     layout = Layout.of(raw)
     if not files and (folder / EAGLE_BIN).is_file():
         files, layout = [folder / EAGLE_BIN], Layout.EAGLE
+    if not files and config_alone:
+        return DraftCheckpoint(folder, config, {}, layout, raw, weights=False)
     if not files:
-        raise UsageError(f"{folder}: no *.safetensors (or the EAGLE repository's {EAGLE_BIN}) beside config.json; {fix}")
+        raise UsageError(f"{folder}: no *.safetensors (or the EAGLE repository's {EAGLE_BIN}) beside config.json"
+                         f"{needs}; give the draft's directory with its weights (tpsim draft checks a config alone)")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         tensors.update(_tensors(f, fix))
     prefix = layout.layer_prefix
     tensors = {"midlayer." + k.removeprefix(prefix) if k.startswith(prefix) else k: v for k, v in tensors.items()}
-    return DraftCheckpoint(folder, config, tensors, layout)
+    return DraftCheckpoint(folder, config, tensors, layout, raw)
 
 
 def _tensors(f: Path, fix: str) -> dict[str, torch.Tensor]:
@@ -100,7 +108,24 @@ def inspect(path: str | Path | DraftCheckpoint, target_hidden: int | None = None
     """Every finding for the draft at `path` (or already `read`); `target_hidden`: the target's hidden size, when
     known (else the config's `target_hidden_size`, else its `hidden_size`)."""
     ckpt = path if isinstance(path, DraftCheckpoint) else read(path)
+    if not ckpt.weights:
+        return _declared_width(ckpt, target_hidden)
     return [*_fc_width(ckpt, target_hidden), *_vocab_map(ckpt), *_keys(ckpt)]
+
+
+def _declared_width(ckpt: DraftCheckpoint, target_hidden: int | None) -> list[DraftFinding]:
+    """A config alone: the fc width it declares (num_aux x target_hidden_size) against the target's."""
+    cfg = ckpt.config
+    if target_hidden is None or cfg.target_hidden_size == target_hidden:
+        return []
+    return [DraftFinding(
+        DraftDefect.FC_WIDTH,
+        f"config.json declares target_hidden_size {cfg.target_hidden_size} (fc takes {cfg.num_aux} x "
+        f"{cfg.target_hidden_size} = {cfg.capture_width} inputs) but the target's hidden size is {target_hidden}: "
+        f"the capture is {cfg.num_aux * target_hidden} wide",
+        f"{SPECFORGE} (fc = Linear(3*target_hidden_size, hidden_size)); research doc §2.3 step 2",
+        "serve the draft with the target it was trained for, or fix target_hidden_size in config.json",
+        "target_hidden_size")]
 
 
 def _fc_width(ckpt: DraftCheckpoint, target_hidden: int | None) -> list[DraftFinding]:

