@@ -31,7 +31,7 @@ COMMANDS = {
                       "--server", "sglang@0.5.12:deepseek_v3", "--tp", "8", "--json"],
     "triage-0.5.14": ["triage", "--draft-config", "configs/drafts/ids-at-top-level.json",
                       "--server", "sglang@0.5.14:deepseek_v3", "--tp", "2", "--json"],
-    "align": ["align", "--draft-config", "configs/scenarios/align-vllm-top-level-copy.json",
+    "align": ["align", "--draft-config", "configs/drafts/deepseek-v3-top-level-copy.json",
               "--server", "vllm:deepseek_v3", "--num-layers", "61", "--json"],
     "align-specforge": ["align", "--train", "specforge-ids:1,29,57", "--serve", "sglang-ids:-1,2,30",
                         "--num-layers", "61", "--json"],

