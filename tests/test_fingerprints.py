@@ -206,9 +206,13 @@ def test_the_unverified_line_names_each_symbol_once_with_the_newest_release_read
     u = fingerprints.Unverified("sglang", "latest", "0.5.20", (
         v("v0.5.17", Status.CHANGED), v("v0.5.6", Status.CHANGED), v("v0.5.23", Status.CHANGED, "DeepseekV2Model"),
         v("3e4a39ee", Status.ABSENT, "DeepseekV2Model.tbo")))
-    assert u.line == ("UNVERIFIED: sglang@0.5.20 (latest) has no deepseek_v2.DeepseekV2Model.tbo (read at 3e4a39ee); "
-                      "changed deepseek_v2.DeepseekV2Model.forward after 0.5.17, the release read; "
-                      "changed deepseek_v2.DeepseekV2Model before 0.5.23, the release read")
+    # issue 52 item 5: in a user's words (the behaviour, the file, how to check), no private symbol
+    assert u.line == (f"UNVERIFIED: sglang@0.5.20 (latest) runs code tpsim did not read for a cited behaviour: {PATH} "
+                      "no longer has the code read at 3e4a39ee; "
+                      f"a cited behaviour: {PATH} changed after 0.5.17, the release read; "
+                      f"a cited behaviour: {PATH} changed before 0.5.23, the release read "
+                      "(to check: read those files at 0.5.20, or name a release read)")
+    assert "DeepseekV2Model" not in u.line
     assert u.to_dict()["line"] == u.line and len(u.to_dict()["sources"]) == 4
 
 
@@ -263,7 +267,10 @@ def patched_cli(table: Path, *argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-UNVERIFIED = "UNVERIFIED: sglang@0.5.20 changed deepseek_v2.DeepseekV2Model.forward after 0.5.14, the release read"
+UNVERIFIED = ("UNVERIFIED: sglang@0.5.20 runs code tpsim did not read for what an embedding id captures and where in "
+              f"the layer the capture is taken and whether the capture is copied and how a token-scattered stream is "
+              f"gathered: {PATH} changed after 0.5.14, the release read (to check: read those files at 0.5.20, or "
+              "name a release read)")
 
 
 def test_a_replay_at_a_changed_release_says_unverified(changed_at_0520):

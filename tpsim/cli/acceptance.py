@@ -8,85 +8,56 @@ feeds the draft, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from tpsim.app.acceptance import AcceptanceReport, Measured, measure
-from tpsim.app.preflight import check_divides_world, check_timeout
-from tpsim.app.returned import returned_paths, write_returned
-from tpsim.app.target import target_for
-from tpsim.app.triage import Inputs, Triage, config_reading
+from tpsim.app.acceptance import AcceptanceReport, Measured
+from tpsim.app.acceptance_request import AcceptanceRequest, AcceptanceResult, run_acceptance
+from tpsim.app.triage import Triage
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json, positive_int
-from tpsim.cli.outputs import check_output
 from tpsim.cli.run_args import request_from, served_tp
-from tpsim.cli.served import assumptions, draft_dir, engines_from, prompts_from
-from tpsim.draft.checkpoint import read
-from tpsim.offline.align import read_draft_config
-from tpsim.parallel.torchrun import under_torchrun
-from tpsim.profiles.fingerprints import unverified
-from tpsim.profiles.history import model_file_server
-from tpsim.profiles.returned import RETURNED
+from tpsim.cli.served import engine_ask, prompts_ask
 from tpsim.profiles.vllm import assumed
 
 
-def cmd_acceptance(args) -> int:
+def request(args) -> AcceptanceRequest:
+    """argv as the typed request."""
     if args.server is None:
         raise UsageError("acceptance needs --server PROFILE, the engine as served, e.g. --server sglang@0.5.12 "
                          "(tpsim profiles lists them)")
-    check_timeout(args.timeout)
-    returned = None if args.returned_hidden_states is None else RETURNED.at(args.server)
-    given = args.server  # an SGLang version before the model files read: its capture is the oldest read one's
-    args.server, replayed_as = model_file_server(given, "the radix cache")
-    k = positive_int(args.steps, "--steps")
     tp = served_tp(args)
-    path = draft_dir(args.draft)
-    ckpt = read(path)
-    config = read_draft_config(str(path))
-    target = target_for(config, args.model, args.override or [], tp, args.device)
-    if target.standin is not None:
-        raise UsageError(f"--model {target.name} is too big to run here and a stand-in's answers say nothing about "
-                         "acceptance; give a target that runs here (e.g. --model smollm2-135m), or run on a GPU (--device cuda)")
-    args.model = target.name
-    serve, trained, served = engines_from(args, target.real, tp, given)
-    prompts = prompts_from(args, target)
-    check_returned(args, len(prompts.sequences) + len(prompts.to_answer))
-    report = measure(Inputs(trained, serve, served, config, request_from(args, sorted({1, tp})), target),
-                     ckpt, k, prompts)
-    if report is None:  # a torchrun rank other than 0
+    return AcceptanceRequest(args.server, engine_ask(args, tp, args.server), args.draft, args.model,
+                             tuple(args.override or ()), positive_int(args.steps, "--steps"), prompts_ask(args),
+                             args.returned_hidden_states, args.force, request_from(args, [tp]))
+
+
+def cmd_acceptance(args) -> int:
+    req = request(args)
+    r = run_acceptance(req)
+    if r is None:  # a torchrun rank other than 0
         return 0
-    report.notes[:0] = [replayed_as] if replayed_as else []
-    stale = unverified(args.server, target.real.model_type)
-    written = [] if returned is None else write_returned(report, returned, Path(args.returned_hidden_states))
-    reading = config_reading(report.inputs, report.captures)
     if args.json:
-        emit_json({**to_dict(report, reading, args, prompts.origin), "unverified": stale and stale.to_dict()})
+        emit_json({**to_dict(r, req), "unverified": r.stale and r.stale.to_dict()})
     elif args.summary:
-        print(f"tpsim acceptance: {verdict(report, reading)}")
+        print(f"tpsim acceptance: {verdict(r.report, r.reading)}")
     else:
-        print_report(report, reading, args, prompts.origin)
-        if stale:
-            say(stale.line)
-    if written:  # on stderr with --json or --summary, whose stdout is the report alone
-        line = (f"wrote {len(written)} files, {written[0].name} .. {written[-1].name}: the hidden states "
-                f"{returned.server} returns ({returned.value.value}; tpsim diagnose FILE --reference ... reads one)")
+        print_report(r, req)
+        if r.stale:
+            say(r.stale.line)
+    if r.written:  # on stderr with --json or --summary, whose stdout is the report alone
+        line = (f"wrote {len(r.written)} files, {r.written[0].name} .. {r.written[-1].name}: the hidden states "
+                f"{r.returned.server} returns ({r.returned.value.value}; tpsim diagnose FILE --reference ... reads one)")
         print(line, file=sys.stderr) if args.json or args.summary else say(line)
-    return 0 if report.kept and not reading.findings else 1
+    return 0 if r.ok else 1
 
 
-def check_returned(args, sequences: int) -> None:
-    """--returned-hidden-states: the files it writes, checked before anything runs."""
-    if args.returned_hidden_states is not None:
-        for path in returned_paths(Path(args.returned_hidden_states), sequences):
-            check_output(path, "--returned-hidden-states", "x.safetensors", args.force)
-
-
-def to_dict(r: AcceptanceReport, reading: Triage, args, origin: str) -> dict:
-    return {"kept": r.kept, "draft": args.draft, "server": r.inputs.served.server, "serve_profile": r.inputs.serve.name,
+def to_dict(result: AcceptanceResult, req: AcceptanceRequest) -> dict:
+    r, reading = result.report, result.reading
+    return {"kept": r.kept, "draft": req.draft, "server": r.inputs.served.server, "serve_profile": r.inputs.serve.name,
             "assumed": assumed(r.inputs.serve),
-            "assumptions": assumptions(r.inputs.serve, args.server, args.train, r.inputs.target.real.model_type),
+            "assumptions": req.engine.assumptions(r.inputs.serve, result.server, r.inputs.target.real.model_type),
             "train": r.inputs.trained.name, "model": r.inputs.target.name, "tp": r.inputs.served.tp, "steps": r.k,
-            "prompts": origin, "sequences": len(r.sequences),
+            "prompts": result.origin, "sequences": len(r.sequences),
             "answer_tokens": sum(s.answer for s in r.sequences),
             "trained": r.trained.to_dict(), "served": r.served.to_dict(),
             "difference": None if r.difference is None else round(r.difference, 4),
@@ -108,13 +79,13 @@ def _line(m: Measured) -> str:
            f"{m.fed.text}{split}"
 
 
-def print_report(r: AcceptanceReport, reading: Triage, args, origin: str) -> None:
-    t = r.inputs.target
-    say(f"tpsim acceptance: draft {args.draft} on {t.name} ({t.real.num_hidden_layers} layers, hidden_size "
+def print_report(result: AcceptanceResult, req: AcceptanceRequest) -> None:
+    r, reading, t = result.report, result.reading, result.report.inputs.target
+    say(f"tpsim acceptance: draft {req.draft} on {t.name} ({t.real.num_hidden_layers} layers, hidden_size "
         f"{t.real.hidden_size}), trained by {r.inputs.trained.name}, served by {r.inputs.served.server} at TP {r.inputs.served.tp}")
-    for a in assumptions(r.inputs.serve, args.server, args.train, t.real.model_type):
+    for a in req.engine.assumptions(r.inputs.serve, result.server, t.real.model_type):
         say(f"assumed: {a}")
-    say(f"prompts: {origin}: {len(r.sequences)} sequences, {sum(s.answer for s in r.sequences)} answer tokens; "
+    say(f"prompts: {result.origin}: {len(r.sequences)} sequences, {sum(s.answer for s in r.sequences)} answer tokens; "
         f"greedy chain drafting, k = {r.k} draft tokens per verify round")
     say(f"served mode: {r.captures.mode.mode.name}, capture strategy {r.captures.mode.strategy} "
         f"({'; '.join(r.captures.mode.why)})")

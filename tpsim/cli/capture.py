@@ -11,7 +11,7 @@ import torch
 from tpsim import __version__
 from tpsim.capture.points import check_points
 from tpsim.cli.run_args import load_source, one_tp, run_spec
-from tpsim.cli.outputs import check_output
+from tpsim.app.preflight import check_output
 from tpsim.base.errors import UsageError
 from tpsim.capture.files import rank_dump_path, rank_dumps_present, write_capture, write_rank_dumps
 from tpsim.parallel.placement import R, S0

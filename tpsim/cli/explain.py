@@ -19,7 +19,7 @@ from tpsim.capture.positions import Position
 from tpsim.app.ranks import on_ranks
 from tpsim.cli.diagram import Step, draw
 from tpsim.cli.options import emit_json, integer
-from tpsim.cli.outputs import check_output
+from tpsim.app.preflight import check_output
 from tpsim.cli.pp_options import stage_rows
 from tpsim.cli.run_args import load_source, one_tp, request_from
 from tpsim.config.loader import with_overrides

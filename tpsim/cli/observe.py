@@ -23,7 +23,8 @@ from tpsim.base.errors import UsageError
 from tpsim.base.ui import say, table
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.run_args import request_from, served_tp
-from tpsim.cli.served import draft_dir, prompts_from, trained_from
+from tpsim.app.asks import draft_path, trained_from
+from tpsim.cli.served import prompts_ask
 from tpsim.draft.checkpoint import DraftCheckpoint, read
 from tpsim.draft.findings import DraftDefect
 from tpsim.engine.runner import Launch, Observed, engine_version, run
@@ -58,7 +59,7 @@ def cmd_observe(args) -> int:
     check_timeout(args.timeout)
     limit = positive_int(args.engine_timeout, "--engine-timeout")
     custom_ops(args.custom_ops)
-    read_draft_config(str(draft_dir(args.draft)))
+    read_draft_config(str(draft_path(args.draft)))
     python = engine_python(args.engine_python)
     p = plan(args, engine_version(python))
     o = judge(p, run(python, [p.launch], limit)[0])
@@ -75,7 +76,7 @@ def plan(args, engine: tuple[str, str]) -> Planned:
     server = f"{engine[0]}@{engine[1]}"
     k, tp = positive_int(args.steps, "--steps"), served_tp(args)
     limit = None if args.sequences is None else positive_int(args.sequences, "--sequences")
-    path = draft_dir(args.draft)
+    path = draft_path(args.draft)
     ckpt, config = read(path), read_draft_config(str(path))
     target = on_disk(target_for(config, args.model, args.override or [], tp), args.seed, config, tp)
     args.model = str(target.source.checkpoint)
@@ -84,7 +85,7 @@ def plan(args, engine: tuple[str, str]) -> Planned:
                     Served(tp=tp, server=server_as), config, request_from(args, sorted({1, tp})), target)
     alone = args.target_only
     capture_only = args.capture_only or alone
-    prompts = limited(prompts_from(args, target), 1 if capture_only else limit)
+    prompts = limited(prompts_ask(args).prompts(target), 1 if capture_only else limit)
     refusal = [] if alone else [f.cause for f in served_findings(ckpt, [], [loader_lookup(server_as)], None, tp)
                                 if f.defect is DraftDefect.LOADER_REFUSES]
     refusal += platform_refusals(serve.platform, target.real, not alone, amx())

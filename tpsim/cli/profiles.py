@@ -108,6 +108,8 @@ def cmd_profiles(args) -> int:
         return 0
     say(f"{len(rows)} profiles; --server and --train take ENGINE[@VERSION][:MODEL], e.g. "
         "sglang@0.5.12:deepseek_v2; --sources prints every behaviour with its source")
+    for engine in ("sglang", "vllm"):
+        say(wrapped(f"{engine}: {registry.profiled(engine)}", 2))
     table(["profile", "releases", "models", "differs from the latest", "sources"],
           [[p.name, p.versions.span(), ", ".join(p.models) or "any",
             "(latest)" if p is latest else ", ".join(d.split(":")[0] for d in differences(p, latest)),

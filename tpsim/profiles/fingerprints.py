@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
@@ -21,7 +21,7 @@ from pathlib import Path
 from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.profiles import registry
 from tpsim.profiles.cited import Source
-from tpsim.profiles.profile import Line, Profile
+from tpsim.profiles.profile import Behaviour, Line, Profile
 
 TABLE_PATH = BUILTIN_CONFIGS / "fingerprints.tsv"
 HEADER = ("repo", "path", "symbol", "release", "hash")
@@ -291,21 +291,27 @@ class Unverified:
     version: str  # as the user gave it (`latest` included)
     release: str  # the release it stands for
     verdicts: tuple[Verdict, ...]  # CHANGED or ABSENT only
+    fields: dict = field(default_factory=dict, compare=False)  # source -> the behaviour fields that cite it
 
     @property
     def line(self) -> str:
+        """In a user's words: which behaviours rest on code that changed since the release read, the file, and how
+        to check (the private symbol stays in --json's sources)."""
         at = f"{self.engine}@{self.release}" + (f" ({self.version})" if plain(self.version) != self.release else "")
         newest: dict[tuple[Key, Status], Verdict] = {}  # per symbol, the newest release read says it
         for v in sorted(self.verdicts, key=lambda v: registry.version_key(v.read) if v.read else ()):
             newest[(v.key, v.status)] = v
         parts = []
         for v in newest.values():
+            what = " and ".join(Behaviour.SAID[f] for f in self.fields.get(v.source, ())) or "a cited behaviour"
             if v.status is Status.ABSENT:
-                parts.append(f"has no {v.key.short} (read at {v.read or v.source.ref})")
+                parts.append(f"{what}: {v.source.path} no longer has the code read at {v.read or v.source.ref}")
                 continue
             edge = "after" if registry.version_key(self.release) > registry.version_key(v.read) else "before"
-            parts.append(f"changed {v.key.short} {edge} {v.read}, the release read")
-        return f"UNVERIFIED: {at} " + "; ".join(parts)
+            parts.append(f"{what}: {v.source.path} changed {edge} {v.read}, the release read")
+        check = "tpsim observe runs it here and compares" if self.engine == "vllm" else \
+            f"read those files at {self.release}, or name a release read"
+        return f"UNVERIFIED: {at} runs code tpsim did not read for " + "; ".join(parts) + f" (to check: {check})"
 
     def to_dict(self) -> dict:
         return {"engine": self.engine, "version": self.version, "release": self.release, "line": self.line,
@@ -337,7 +343,12 @@ def unverified(server: str, model_type: str, table: Table | None = None) -> Unve
         return None
     found = at_release(profile, release, builtin_table() if table is None else table)
     bad = tuple(v for v in found.verdicts if v.status in (Status.CHANGED, Status.ABSENT))
-    return Unverified(profile.engine, version or "latest", release, bad) if bad else None
+    cites = {}
+    for f in Behaviour.FIELDS:
+        c = getattr(profile.behaviour, f)
+        if c is not None:
+            cites.setdefault(c.source, []).append(f)
+    return Unverified(profile.engine, version or "latest", release, bad, cites) if bad else None
 
 
 def taken_as(flag: str, text: str, model_type: str, table: Table | None = None) -> str | None:

@@ -303,6 +303,16 @@ class Behaviour:
 
     FIELDS = ("numbering", "defaults", "embed", "out_of_range", "order", "duplicates", "config", "site",
               "cloned", "last_boundary", "graphs", "fusion_auto", "scattered", "pp", "tbo", "cp", "wiring")
+    # each field in a user's words, for lines such as UNVERIFIED's
+    SAID = {"numbering": "how layer ids are numbered", "defaults": "the default layer ids",
+            "embed": "what an embedding id captures", "out_of_range": "what an id past the last layer does",
+            "order": "the order of the captured slots", "duplicates": "what a repeated id does",
+            "config": "which draft-config keys the ids are read from", "site": "where in the layer the capture is taken",
+            "cloned": "whether the capture is copied", "last_boundary": "whether the last layer's output is reachable",
+            "graphs": "the ids a CUDA graph is captured with", "fusion_auto": "when all-reduce fusion turns itself on",
+            "scattered": "how a token-scattered stream is gathered", "pp": "the capture under pipeline parallelism",
+            "tbo": "the capture under two-batch overlap", "cp": "the capture under context parallelism",
+            "wiring": "how the model file wires the capture into its forward"}
 
     @property
     def captures(self) -> bool:

@@ -152,6 +152,15 @@ def lookup(text: str, model_type: str) -> Profile:
     raise AssertionError("the oldest profile has no opening change")
 
 
+def profiled(engine: str) -> str:
+    """`0.5.6 to 0.5.23 (profiles from 0.5.6, 0.5.7, ...)`: the releases whose code some profile of `engine` holds
+    for, and where each profile opens (the README's table and `tpsim profiles` print this)."""
+    starts = {p.versions.since.release for line in LINES if line.engine == engine for p in line.profiles()
+              if p.versions.since is not None and p.versions.since.release}
+    ordered = sorted(starts, key=version_key)
+    return f"{ordered[0]} to {max(RELEASES[engine], key=version_key)} (profiles from {', '.join(ordered)})"
+
+
 def typo_of(version: str, releases: list[str]) -> list[str]:
     """The release `version` is one keystroke from: a dropped 0 (0.3.0 for 0.30.0) first, else the only one."""
     def one_edit(a: str, b: str) -> bool:
