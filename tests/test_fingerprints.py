@@ -208,7 +208,7 @@ def test_the_unverified_line_names_each_symbol_once_with_the_newest_release_read
         v("3e4a39ee", Status.ABSENT, "DeepseekV2Model.tbo")))
     # issue 52 item 5: in a user's words (the behaviour, the file, how to check), no private symbol
     assert u.line == (f"UNVERIFIED: sglang@0.5.20 (latest) runs code tpsim did not read for a cited behaviour: {PATH} "
-                      "no longer has the code read at 3e4a39ee; "
+                      "lacks the code read at 3e4a39ee; "
                       f"a cited behaviour: {PATH} changed after 0.5.17, the release read; "
                       f"a cited behaviour: {PATH} changed before 0.5.23, the release read "
                       "(to check: read those files at 0.5.20, or name a release read)")

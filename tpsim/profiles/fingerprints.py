@@ -305,7 +305,7 @@ class Unverified:
         for v in newest.values():
             what = " and ".join(Behaviour.SAID[f] for f in self.fields.get(v.source, ())) or "a cited behaviour"
             if v.status is Status.ABSENT:
-                parts.append(f"{what}: {v.source.path} no longer has the code read at {v.read or v.source.ref}")
+                parts.append(f"{what}: {v.source.path} lacks the code read at {v.read or v.source.ref}")
                 continue
             edge = "after" if registry.version_key(self.release) > registry.version_key(v.read) else "before"
             parts.append(f"{what}: {v.source.path} changed {edge} {v.read}, the release read")
