@@ -106,3 +106,15 @@ def test_pips_spelling_is_corrected_in_one_line():
     assert_one_line_error(r, ("write ENGINE@VERSION, e.g. vllm@0.30.0",))
     r = run_cli("align", "--server", "vllm@0.3.0", "--draft-config", "ids-at-top-level", "--num-layers", "8")
     assert_one_line_error(r, ("did you mean vllm@0.30.0?",))
+
+
+def test_align_on_a_bare_layer_count_says_which_model_file_it_replays(tmp_path):
+    """Issue 52, item 5: `align --num-layers 36` on a Qwen3 draft replayed DeepSeek's model file without a word."""
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 4096, "eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [1, 17, 32]}}))
+    r = run_cli("align", "--draft-config", str(tmp_path / "config.json"), "--server", "sglang@0.5.12",
+                "--num-layers", "36")
+    assert "assumed: the model file: deepseek_v2 (--num-layers names no model" in r.stdout, r
+    named = run_cli("align", "--draft-config", str(tmp_path / "config.json"), "--server", "sglang@0.5.12:qwen2",
+                    "--num-layers", "36")
+    assert "assumed: the model file" not in named.stdout and named.returncode == 0, named

@@ -74,10 +74,12 @@ class AlignResult:
     report: Report
     serve: Profile | None  # the serving profile, when the sides come from a draft config
     stale: Unverified | None
+    model_file: str | None = None  # what was assumed for the model file when nothing named it
 
     @property
-    def assumed(self) -> str | None:
-        return None if self.serve is None else assumed(self.serve)
+    def assumptions(self) -> list[str]:
+        runner = None if self.serve is None else assumed(self.serve)
+        return [a for a in (self.model_file, runner) if a is not None]
 
 
 def run_align(req: AlignRequest) -> AlignResult | None:
@@ -92,7 +94,11 @@ def run_align(req: AlignRequest) -> AlignResult | None:
             return None
     if report.fix is not None and report.fix.ids is not None:
         report.fix.text += f" ({fix_hint(report, serve_p)})"
-    return AlignResult(report, serve_p, None if serve_p is None else unverified(req.server, kind))
+    named = src is not None or serve_p is None or ":" in req.server.partition("+")[0]
+    chosen = None if named else (f"the model file: {serve_p.family} (--num-layers names no model; the default's); "
+                                 f"name it with --server {req.server.partition(':')[0]}:MODEL (e.g. :qwen2, :llama) "
+                                 "or give --model")
+    return AlignResult(report, serve_p, None if serve_p is None else unverified(req.server, kind), chosen)
 
 
 def sides(req: AlignRequest, L: int, kind: str) -> tuple[Report, Profile | None]:

@@ -36,10 +36,10 @@ def cmd_align(args) -> int:
     if r is None:  # a torchrun rank other than 0
         return 0
     if args.json:
-        emit_json({**r.report.to_dict(), "assumed": r.assumed, "unverified": r.stale and r.stale.to_dict()})
+        emit_json({**r.report.to_dict(), "assumed": r.assumptions, "unverified": r.stale and r.stale.to_dict()})
     else:
-        if r.assumed is not None:
-            say(f"assumed: {r.assumed}")
+        for a in r.assumptions:
+            say(f"assumed: {a}")
         print_report(r, req)
         if r.stale:
             say(r.stale.line)
