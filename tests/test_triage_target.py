@@ -12,7 +12,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from clirun import assert_one_line_error, run_cli
-from test_triage import readme_triage
 from tpsim.app.target import STAND_IN_ABOVE, target_for
 from tpsim.base.errors import UsageError
 from tpsim.config.loader import BUILTIN_CONFIGS, builtin_names, load_config
@@ -72,31 +71,6 @@ def test_a_width_mismatch_is_one_line_from_the_cli(tmp_path):
     path.write_text(json.dumps(V3_DRAFT))
     r = run_cli("triage", "--draft-config", str(path), "--server", "sglang@0.5.12", "--model", "tiny")
     assert_one_line_error(r, "name the draft's target with --model")
-
-
-def test_the_readme_story_edited_ids_on_deepseek_v3_at_tp8():
-    """Issue 35's question, the README's command as written: SGLang 0.5.12 at TP 8, a DeepSeek-V3 draft config with
-    ids [-1, 2, 30], trained on [1, 29, 57]: the crash (and, patched, the embedding slot never trained), the edit after
-    training, and fixes replayed on a stand-in of all 61 layers."""
-    argv = readme_triage()
-    assert argv[argv.index("--draft-config") + 1] == "deepseek-v3-edited-ids"  # a built-in: runs from a wheel too
-    r = run_cli(*argv, "--json")
-    assert r.returncode == 1, r
-    rep = json.loads(r.stdout)
-    by = {f["kind"]: f for f in rep["findings"]}
-    assert rep["target"]["model"] == "deepseek-v3" and rep["num_layers"] == 61
-    assert "hidden_states + residual and residual is still None" in by["engine-fails"]["cause"]
-    assert "patched, slot 0 feeds the draft the embedding output, which training never captured" in \
-        by["engine-fails"]["cause"]
-    assert "the config's ids were changed after training" in by["ids-changed"]["cause"]
-    ids_fix = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}}
-    assert by["ids-changed"]["fix_replayed"] and by["ids-changed"]["change"]["ids"] == [1, 29, 57]
-    assert json.dumps(ids_fix)[1:-1] in by["ids-changed"]["fix"]
-    assert by["served-mode"]["fix_replayed"] and by["served-mode"]["change"]["server"] == "sglang@0.5.14:deepseek_v3"
-    # issue 52: one plan, replayed as a whole: 0.5.14 with the trained ids kept
-    assert rep["plan"]["clears"] and rep["plan"]["change"]["server"] == "sglang@0.5.14:deepseek_v3"
-    assert rep["plan"]["change"]["ids"] == [1, 29, 57] and "the ids training used, restored" in rep["plan"]["text"]
-    assert by["engine-fails"]["left_by_fix_alone"] >= 1  # a partial fix: the served mode still breaks it
 
 
 def test_the_readme_storys_old_fix_applied_is_no_longer_a_false_finding(tmp_path):
