@@ -269,7 +269,8 @@ def stale_kv(inputs: Inputs, seqs: list[Sequence]) -> tuple[list, str]:
 
 def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -> tuple[torch.Tensor, str]:
     """The embedding `server`'s draft loader runs the draft on (tpsim.profiles.loaders: SGLang always the
-    target's; vLLM from 0.11.1 a draft's own when it differs), and what to call it."""
+    target's unless the config's widths differ; vLLM from 0.11.1 a draft's own when it differs), and what to call
+    it."""
     own = ckpt.tensors.get("embed_tokens.weight")
     if own is None or same_embedding(own.to(target.dtype), target):
         return target, "the target's"
@@ -279,7 +280,9 @@ def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -
         loader = None
     if loader is None:
         return target, f"the target's (whether {server} keeps the draft's own is UNVERIFIED)"
-    if not loader.embed.value.keeps_own(tuple(own.shape) == tuple(target.shape)):
+    cfg = ckpt.config
+    if not loader.embed.value.keeps_own(tuple(own.shape) == tuple(target.shape),
+                                        cfg.target_hidden_size != cfg.hidden_size):
         return target, "the target's"
     return own, f"the draft's own, not the target's ({server} keeps it: {loader.embed.source})"
 

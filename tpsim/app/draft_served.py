@@ -77,7 +77,8 @@ def _aux_count(ckpt: DraftCheckpoint, s: ServedLoader) -> list[DraftFinding]:
         return []
     later = next((c for c in s.line.changes if (a := c.changes.get("aux_count")) and a.value is AuxCount.FROM_CONFIG),
                  None)
-    fix = f"serve with {s.line.engine} {later.release} or later ({later.label}), which reads num_aux_hidden_states" \
+    fix = f"serve with {s.line.engine} {later.release} or later{f' ({later.label})' if later.label else ''}, which " \
+        "reads num_aux_hidden_states" \
         if later else "serve with an engine that reads num_aux_hidden_states"
     return [_finding(s, DraftDefect.LOADER_REFUSES, "fc.weight",
                      f"fc.weight takes {fc.shape[1]} = {trained} x {ht} inputs (a draft trained on {trained} aux hidden "
@@ -137,18 +138,23 @@ def _norms(ckpt: DraftCheckpoint, s: ServedLoader) -> list[DraftFinding]:
 
 def _ignored(ckpt: DraftCheckpoint, s: ServedLoader, norm: Norm, where: str, weights: list[str]) -> DraftFinding:
     use, nested = s.loader.use(norm), s.loader.nested_norm_before_fc
-    first = s.line.first(norm)
+    cfg = ckpt.config
+    nested_only = norm is Norm.NORM_BEFORE_FC and bool(cfg.nested_norm_before_fc) and not cfg.norm_before_fc
+    first = s.line.first(norm, nested_only)  # a release that honours it where this config sets it
     if use.value is Use.HONOURED:  # honoured, but read at the other place
         why = ("reads eagle_config.norm_before_fc (false here) before the top-level key" if nested.value else
                f"reads the top-level norm_before_fc only, and this config sets it at {where}")
-        fix = f"write \"norm_before_fc\": true at the top level too (or serve with a release that reads {where})"
+        reads = f"{s.line.engine} {first} or later" if first and nested_only else f"a release that reads {where}"
+        fix = f"write \"norm_before_fc\": true at the top level too (or serve with {reads})"
         sources = (nested.source, use.source)
     else:
-        why = f"does not honour {norm.value} (first honoured in {s.line.engine} {first})" if first else \
-            f"does not honour {norm.value} (no {s.line.engine} release read, up to {s.line.newest}, does)"
-        fix = (f"serve with {s.line.engine} {first} or later" if first else
-               f"serve with an engine that honours {norm.value}, or retrain the draft without it")
-        sources = (use.source,)
+        at = f" at {where}" if nested_only else ""
+        why = f"does not honour {norm.value} (first honoured{at} in {s.line.engine} {first})" if first else \
+            f"does not honour {norm.value}{at} (no {s.line.engine} release read, up to {s.line.newest}, does)"
+        fix = (f"serve with {s.line.engine} {first} or later" + (", or write \"norm_before_fc\": true at the top level "
+               f"too for {s.line.engine} {s.line.first(norm)} or later" if nested_only and s.line.first(norm) != first
+               else "") if first else f"serve with an engine that honours {norm.value}, or retrain the draft without it")
+        sources = (use.source, *((nested.source,) if nested_only else ()))
     fate = s.loader.idle_input_norm if norm is Norm.NORM_BEFORE_FC else s.loader.unknown
     held = f"; its tensors {', '.join(weights)} are {fate.value.value}" if weights else ""
     return _finding(s, DraftDefect.NORM_IGNORED, norm.value,
@@ -189,9 +195,10 @@ def same_embedding(draft: torch.Tensor, target: torch.Tensor) -> bool:
 
 
 def _embed(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | None) -> list[DraftFinding]:
-    draft, use = ckpt.tensors.get("embed_tokens.weight"), s.loader.embed
-    shape = (ckpt.config.vocab_size, ckpt.config.hidden_size)
-    if target is None or not ckpt.weights or not use.value.keeps_own(tuple(target.shape) == shape):
+    draft, use, cfg = ckpt.tensors.get("embed_tokens.weight"), s.loader.embed, ckpt.config
+    shape = (cfg.vocab_size, cfg.hidden_size)
+    widths = cfg.target_hidden_size != cfg.hidden_size
+    if target is None or not ckpt.weights or not use.value.keeps_own(tuple(target.shape) == shape, widths):
         return []  # the target's replaces whatever the draft has; no target: nothing to compare
     if draft is None:
         return [] if use.value is EmbedUse.OWN_IF_DISTINCT else [_uninitialised(s, shape, target)]
@@ -208,8 +215,10 @@ def _embed(ckpt: DraftCheckpoint, s: ServedLoader, target: torch.Tensor | None) 
 
 def _uninitialised(s: ServedLoader, shape: tuple[int, int], target: torch.Tensor) -> DraftFinding:
     use = s.loader.embed
+    why = "the draft config's target_hidden_size is not its hidden_size" if use.value is EmbedUse.TARGETS_UNLESS_WIDTHS \
+        else f"the target's {tuple(target.shape)} is not the draft's {shape}"
     return _finding(s, DraftDefect.EMBED_ABSENT, "embed_tokens.weight",
-                    f"no embed_tokens.weight, and the target's {tuple(target.shape)} is not the draft's {shape}: "
+                    f"no embed_tokens.weight, and {why}: "
                     f"{s.name} ({use.value.value}) runs the draft on an uninitialised embedding", (use.source,),
                     "give the draft an embed_tokens.weight of its own shape, or serve with a release that shares "
                     "the target's (vllm 0.11.1 and later share it whenever the draft has none)")

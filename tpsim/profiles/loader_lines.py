@@ -68,12 +68,16 @@ SG_31 = sg("v0.5.12", "LlamaModel.__init__", 'use_fc_norm = getattr(config, "fc_
            "fc_norm (one RMSNorm per aux chunk, fc_norm.N) and norm_output (the normed hidden fed back) first in "
            "0.5.12, absent from 0.5.11; the PR that added them was not pinned down; norm_before_fc still read nowhere "
            "(to 0.5.16)", reviewed=("v0.5.16", "v0.5.23"))
-SG_EMBED = sg("v0.5.6", "EAGLEWorker.__init__", "embed, head = self.target_worker.model_runner.model."
-              "get_embed_and_head() if self.speculative_algorithm.is_eagle3(): ... "
-              "self.draft_model_runner.model.set_embed(embed)",
-              "an EAGLE-3 draft is always given the target's embedding (its own embed_tokens.weight, if any, is "
-              "loaded and then replaced); 0.5.23: eagle_worker_v2.py EagleDraftWorker.init_lm_head, the same call",
-              path="python/sglang/srt/speculative/eagle_worker.py", reviewed=("v0.5.12", "v0.5.17", "v0.5.23"))
+SG_EMBED = sg("v0.5.6", "LlamaForCausalLM.set_embed", "def set_embed(self, embed): # NOTE: If draft hidden size != "
+              "target hidden size, the embed weight cannot be shared for EAGLE3 if ( hasattr(self.config, "
+              '"target_hidden_size") and self.config.target_hidden_size != self.config.hidden_size ): return del '
+              "self.model.embed_tokens.weight self.model.embed_tokens.weight = embed",
+              "the EAGLE-3 draft (LlamaForCausalLMEagle3 inherits this set_embed) is given the target's embedding by "
+              "the worker (eagle_worker.py EAGLEWorker.__init__: `self.draft_model_runner.model.set_embed(embed)`; "
+              "0.5.23: eagle_worker_common.py, the same call), except where its config's target_hidden_size is not "
+              "its hidden_size: then set_embed returns early and the draft runs on its own embed_tokens, "
+              "uninitialised when the checkpoint has none",
+              path="python/sglang/srt/models/llama.py", reviewed=("v0.5.23",))
 
 SG_THREE = sg("v0.5.11", "LlamaModel.__init__", "if hasattr(config, \"target_hidden_size\"): self.hidden_size_in = "
               "config.target_hidden_size ... self.fc = torch.nn.Linear( self.hidden_size_in * 3,",
@@ -90,7 +94,7 @@ SGLANG = LoaderLine(
     "sglang", SG_FILE, "0.5.6", "0.5.23", Cited(READS, SG_SKIPS),
     Loader(unknown=Cited(Fate.SKIPPED, SG_SKIPS), **_no_norm_keys(SG_NO_NORMS),
            norm_before_residual=Cited(Use.IGNORED, SG_RESIDUAL), idle_input_norm=Cited(Fate.SKIPPED, SG_SKIPS),
-           aux_off_fc=Cited(Fate.READ, SG_NO_NORMS), embed=Cited(EmbedUse.TARGETS, SG_EMBED),
+           aux_off_fc=Cited(Fate.READ, SG_NO_NORMS), embed=Cited(EmbedUse.TARGETS_UNLESS_WIDTHS, SG_EMBED),
            aux_count=Cited(AuxCount.THREE, SG_THREE)),
     (Change(("#24663",), "fc_norm and norm_output read; fc sized by num_aux_hidden_states", None, "0.5.12",
             {"fc_norm": Cited(Use.HONOURED, SG_31), "norm_output": Cited(Use.HONOURED, SG_31),
@@ -125,6 +129,17 @@ VL_AUX = vl("v0.12.0", "Eagle3LlamaForCausalLM.load_weights", 'if not self.model
             'skip_substrs.append("fc.")',
             "eagle_config.use_aux_hidden_state false: no fc is built and fc.* is skipped without an error; first in "
             "0.12.0, absent from 0.11.2 (where fc is always built and read)", reviewed=("v0.34.0",))
+VL_THREE = vl("v0.21.0", "LlamaModel.__init__", 'if hasattr(self.config, "target_hidden_size"): fc_input_size = '
+              "self.config.target_hidden_size * 3 else: fc_input_size = self.config.hidden_size * 3",
+              "fc is built for three aux states whatever the config says (0.11.0: torch.nn.Linear("
+              "self.config.target_hidden_size * 3, ...)): a draft whose fc.weight takes another count fails "
+              "ReplicatedLinear's weight loader and the server does not start", reviewed=("v0.11.0",))
+VL_AUX_COUNT = vl("v0.22.0", "LlamaModel.__init__", 'self.num_aux_hidden_states = getattr( self.config, '
+                  '"num_aux_hidden_states", None ) if self.num_aux_hidden_states is None: ... self.num_aux_hidden_states '
+                  "= len(layer_ids) if layer_ids else 3 ... self.fc_input_size = target_hidden_size * "
+                  "self.num_aux_hidden_states",
+                  "first in 0.22.0, absent from 0.21.0: fc takes target_hidden_size x num_aux_hidden_states (else the "
+                  "number of eagle_config's layer ids, else 3)")
 VL_EMBED_0 = vl("v0.11.0", "EagleProposer.load_model", "if eagle_shape == target_shape: logger.info( \"Assuming the "
                 "EAGLE head shares the same vocab embedding\" ...) del self.model.model.embed_tokens "
                 "self.model.model.embed_tokens = target_embed_tokens",
@@ -143,7 +158,8 @@ VLLM = LoaderLine(
     "vllm", VL_FILE, "0.11.0", "0.34.0", Cited(READS, VL_REFUSES),
     Loader(unknown=Cited(Fate.REFUSED, VL_REFUSES), **_no_norm_keys(VL_NO_NORMS),
            norm_before_residual=Cited(Use.HONOURED, VL_RESIDUAL), idle_input_norm=Cited(Fate.REFUSED, VL_REFUSES),
-           aux_off_fc=Cited(Fate.READ, VL_AUX), embed=Cited(EmbedUse.TARGETS_IF_SAME_SHAPE, VL_EMBED_0)),
+           aux_off_fc=Cited(Fate.READ, VL_AUX), embed=Cited(EmbedUse.TARGETS_IF_SAME_SHAPE, VL_EMBED_0),
+           aux_count=Cited(AuxCount.THREE, VL_THREE)),
     (Change(("#28549",), "a draft's own distinct embed_tokens kept", None, "0.11.1",
             {"embed": Cited(EmbedUse.OWN_IF_DISTINCT, VL_28549)}),
      Change((), "fc skipped when use_aux_hidden_state is false", None, "0.12.0",
@@ -153,7 +169,9 @@ VLLM = LoaderLine(
              "nested_norm_before_fc": Cited(False, VL_36545)}),
      Change(("#42764", "#42143"), "fc_norm, norm_output; eagle_config.norm_before_fc", None, "0.22.0",
             {"fc_norm": Cited(Use.HONOURED, VL_42764), "norm_output": Cited(Use.HONOURED, VL_42764),
-             "nested_norm_before_fc": Cited(True, VL_42764)})))
+             "nested_norm_before_fc": Cited(True, VL_42764)}),
+     Change((), "fc sized from num_aux_hidden_states", None, "0.22.0",
+            {"aux_count": Cited(AuxCount.FROM_CONFIG, VL_AUX_COUNT)})))
 
 LINES = {"sglang": SGLANG, "vllm": VLLM}
 

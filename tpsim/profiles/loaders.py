@@ -9,7 +9,7 @@ Before the oldest release read nothing is claimed: loader_lines.lookup gives no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from tpsim.profiles.cited import Change, Cited
@@ -33,15 +33,18 @@ class Use(Enum):
 class EmbedUse(Enum):
     """Whose embed_tokens the served draft runs on (one stage, no pipeline parallelism)."""
 
-    TARGETS = "the target's, always: the draft's own, if it has one, is replaced"
     TARGETS_IF_SAME_SHAPE = ("the target's when its shape is the draft's; else the draft's own, loaded from the "
                              "checkpoint (uninitialised where it has none)")
     OWN_IF_DISTINCT = "the target's when the draft has none or an identical one; a distinct one of its own is kept"
+    TARGETS_UNLESS_WIDTHS = ("the target's, unless the draft config's target_hidden_size differs from its hidden_size: "
+                             "then the draft's own, loaded from the checkpoint (uninitialised where it has none)")
 
-    def keeps_own(self, same_shape: bool) -> bool:
+    def keeps_own(self, same_shape: bool, widths_differ: bool = False) -> bool:
         """Whether a draft's own embedding, distinct from the target's, is what the served draft runs on
-        (`same_shape`: the draft's embedding has the target's shape)."""
-        return self is EmbedUse.OWN_IF_DISTINCT or (self is EmbedUse.TARGETS_IF_SAME_SHAPE and not same_shape)
+        (`same_shape`: the draft's embedding has the target's shape; `widths_differ`: the draft config's
+        target_hidden_size is not its hidden_size)."""
+        return self is EmbedUse.OWN_IF_DISTINCT or (self is EmbedUse.TARGETS_IF_SAME_SHAPE and not same_shape) or \
+            (self is EmbedUse.TARGETS_UNLESS_WIDTHS and widths_differ)
 
 
 class AuxCount(Enum):
@@ -109,12 +112,16 @@ class LoaderLine:
     base: Loader
     changes: tuple[Change, ...] = ()
 
-    def first(self, norm: Norm) -> str | None:
-        """The first release read that honours `norm` (None: none read does)."""
-        if self.base.use(norm).value is Use.HONOURED:
-            return self.oldest
-        hit = next((c for c in self.changes if (u := c.changes.get(norm.value)) and u.value is Use.HONOURED), None)
-        return hit.release if hit else None
+    def first(self, norm: Norm, nested: bool = False) -> str | None:
+        """The first release read that honours `norm` (`nested`: set only as eagle_config.norm_before_fc, so that
+        release must read that key too; None: none read does)."""
+        state, release = self.base, self.oldest
+        for change in (None, *self.changes):
+            if change is not None:
+                state, release = replace(state, **change.changes), change.release
+            if state.use(norm).value is Use.HONOURED and (not nested or state.nested_norm_before_fc.value):
+                return release
+        return None
 
 
 @dataclass(frozen=True)
