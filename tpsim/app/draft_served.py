@@ -138,23 +138,31 @@ def _norms(ckpt: DraftCheckpoint, s: ServedLoader) -> list[DraftFinding]:
 
 def _ignored(ckpt: DraftCheckpoint, s: ServedLoader, norm: Norm, where: str, weights: list[str]) -> DraftFinding:
     use, nested = s.loader.use(norm), s.loader.nested_norm_before_fc
-    cfg = ckpt.config
-    nested_only = norm is Norm.NORM_BEFORE_FC and bool(cfg.nested_norm_before_fc) and not cfg.norm_before_fc
-    first = s.line.first(norm, nested_only)  # a release that honours it where this config sets it
+    cfg, line = ckpt.config, s.line
+    top, under = (cfg.norm_before_fc, cfg.nested_norm_before_fc) if norm is Norm.NORM_BEFORE_FC else (True, None)
+    written = line.first(norm, top, under)  # the first release that honours it and reads it as this config sets it
     if use.value is Use.HONOURED:  # honoured, but read at the other place
         why = ("reads eagle_config.norm_before_fc (false here) before the top-level key" if nested.value else
                f"reads the top-level norm_before_fc only, and this config sets it at {where}")
-        reads = f"{s.line.engine} {first} or later" if first and nested_only else f"a release that reads {where}"
-        fix = f"write \"norm_before_fc\": true at the top level too (or serve with {reads})"
+        fix = "write \"eagle_config\": {\"norm_before_fc\": true} in the draft config (it is read before the " \
+              "top-level key)" if nested.value else \
+            f"write \"norm_before_fc\": true at the top level too (or serve with " \
+            f"{f'{line.engine} {written} or later' if written else f'a release that reads {where}'})"
         sources = (nested.source, use.source)
     else:
-        at = f" at {where}" if nested_only else ""
-        why = f"does not honour {norm.value} (first honoured{at} in {s.line.engine} {first})" if first else \
-            f"does not honour {norm.value}{at} (no {s.line.engine} release read, up to {s.line.newest}, does)"
-        fix = (f"serve with {s.line.engine} {first} or later" + (", or write \"norm_before_fc\": true at the top level "
-               f"too for {s.line.engine} {s.line.first(norm)} or later" if nested_only and s.line.first(norm) != first
-               else "") if first else f"serve with an engine that honours {norm.value}, or retrain the draft without it")
-        sources = (use.source, *((nested.source,) if nested_only else ()))
+        honours = line.first(norm)
+        why = f"does not honour {norm.value} (first honoured in {line.engine} {honours})" if honours else \
+            f"does not honour {norm.value} (no {line.engine} release read, up to {line.newest}, does)"
+        sources = (use.source, *((nested.source,) if under is not None else ()))
+        if written:
+            fix = f"serve with {line.engine} {written} or later" + (
+                f", or write \"norm_before_fc\": true at the top level too for {line.engine} {honours} or later"
+                if written != honours and line.first(norm, True, None) == honours and not top else "")
+        elif honours:
+            fix = (f"serve with {line.engine} {honours} or later, and write \"eagle_config\": {{\"norm_before_fc\": "
+                   "true}} in the draft config (read there before the top-level key)")
+        else:
+            fix = f"serve with an engine that honours {norm.value}, or retrain the draft without it"
     fate = s.loader.idle_input_norm if norm is Norm.NORM_BEFORE_FC else s.loader.unknown
     held = f"; its tensors {', '.join(weights)} are {fate.value.value}" if weights else ""
     return _finding(s, DraftDefect.NORM_IGNORED, norm.value,

@@ -113,9 +113,11 @@ def _dropped_fix(rep: Replay, s: Slot) -> str:
 
 
 def _patched_hint(rep: Replay) -> str:
-    """Where the engine crashes on an embedding id: a server that runs with it was patched, and how to say so."""
+    """Where the engine crashes on an embedding id (the loop adds residual=None; not a packer that counts a slot
+    missing): a server that runs with it was patched, and how to say so."""
     p = rep.profile
-    if not rep.crashed or p.patch is not None or not any(q.behaviour.embed.value is EmbedId.CAPTURED
+    embed_crash = any(s.fate is Fate.CRASHES for s in rep.slots)
+    if not embed_crash or p.patch is not None or not any(q.behaviour.embed.value is EmbedId.CAPTURED
                                                          for q in later_profiles(p)):
         return ""
     return (f"; a server that runs with these ids was patched to capture the embedding: replay it with "

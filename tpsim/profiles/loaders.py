@@ -112,14 +112,16 @@ class LoaderLine:
     base: Loader
     changes: tuple[Change, ...] = ()
 
-    def first(self, norm: Norm, nested: bool = False) -> str | None:
-        """The first release read that honours `norm` (`nested`: set only as eagle_config.norm_before_fc, so that
-        release must read that key too; None: none read does)."""
+    def first(self, norm: Norm, top: bool = True, nested: bool | None = None) -> str | None:
+        """The first release read that honours `norm` and reads it as set, for a config with `top` at the top level
+        and `nested` as eagle_config.norm_before_fc (None: absent; only norm_before_fc has the nested key). None:
+        no release read does."""
         state, release = self.base, self.oldest
         for change in (None, *self.changes):
             if change is not None:
                 state, release = replace(state, **change.changes), change.release
-            if state.use(norm).value is Use.HONOURED and (not nested or state.nested_norm_before_fc.value):
+            reads_nested = norm is Norm.NORM_BEFORE_FC and nested is not None and state.nested_norm_before_fc.value
+            if state.use(norm).value is Use.HONOURED and (nested if reads_nested else top):
                 return release
         return None
 
