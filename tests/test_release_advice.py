@@ -114,3 +114,15 @@ def test_a_patched_replay_hint_only_for_the_embedding_crash_and_one_tpsim_takes(
     assert "residual is still None" in r.stdout + r.stderr, r  # the crash the patch is for, not a packer's count
     again = run_cli("resolve", "--server", hint.group(1), "--layers", ",".join(map(str, ids)), "--num-layers", "61")
     assert again.returncode in (0, 1), again  # a profile tpsim accepts
+
+
+def test_the_radix_fix_names_the_first_fixed_release_and_its_pr():
+    """Issue 51, item 5: SGLang keys the radix tree by token pairs under EAGLE from 0.5.3 (PR #10846); the fix named
+    0.5.6, the first model file tpsim read, and no PR. Served as 0.5.3, the capture replays 0.5.6's model file."""
+    import json
+    from clirun import run_cli
+    r = run_cli("triage", "--draft-config", "ids-at-top-level", "--server", "sglang@0.5.2:deepseek_v3", "--tp", "2",
+                "--json")
+    radix = next(f for f in json.loads(r.stdout)["findings"] if f["kind"] == "prefix-cache")
+    assert radix["fix"].startswith("serve with sglang@0.5.3 or later (#10846)") and radix["fix_replayed"], radix
+    assert radix["change"]["server"] == "sglang@0.5.3:deepseek_v3", radix

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from clirun import assert_one_line_error, run_cli
 from tpsim.app.served_flags import pd_findings, radix_findings, ubatch_findings, unread_notes
@@ -54,15 +54,28 @@ def test_the_flags_are_sglangs():
     assert_one_line_error(r, "--disable-radix-cache applies only with an SGLang --server")
 
 
-@given(version=st.sampled_from(["0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.27.0", "0.34.0"]), dbo=st.booleans())
-def test_dbo_fails_on_tuples_up_to_0_21(version, dbo):
+@given(version=st.sampled_from(["0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.27.0", "0.33.0", "0.34.0"]),
+       dbo=st.booleans())
+@example(version="0.25.0", dbo=True)  # issue 51, item 1: "nothing found" here, and 0.22.0 named as the fix
+def test_dbo_fails_up_to_0_33_and_merges_from_0_34(version, dbo):
     """--enable-dbo with EAGLE-3: up to 0.21.0 the micro-batches' (hidden, aux) outputs meet torch.cat as tensors
-    (issue #40769); from 0.22.0 (PR #40789) each component is concatenated in micro-batch order."""
+    (issue #40769); 0.22.0 (PR #40789) to 0.33.0 concatenate each tuple component, and the aux component is a list
+    ("but got list"); 0.34.0's merge_ubatch_outputs recurses into lists: the fix names 0.34.0."""
     serve = lookup(f"vllm@{version}:qwen3_moe", "qwen3_moe")
     found = ubatch_findings(serve, Served(dbo=dbo, server=f"vllm@{version}"))
-    old = version in ("0.18.0", "0.20.0", "0.21.0")
+    old = version != "0.34.0"
     assert [f.kind for f in found] == ([Kind.UBATCH_MERGE] if dbo and old else [])
-    assert all("but got tuple" in f.cause and "0.22.0" in f.fix for f in found)
+    tuples = version in ("0.18.0", "0.20.0", "0.21.0")
+    assert all(("but got tuple" if tuples else "but got list") in f.cause and "0.34.0" in f.fix for f in found)
+
+
+def test_the_dbo_fix_and_the_plan_name_0_34_0_and_hold_as_applied():
+    r = run_cli("triage", "--draft-config", "ids-at-top-level", "--server", "vllm@0.25.0:deepseek_v3", "--tp", "2",
+                "--enable-dbo", "--json")
+    rep = json.loads(r.stdout)
+    dbo = next(f for f in rep["findings"] if f["kind"] == "ubatch-merge")
+    assert dbo["fix_replayed"] and dbo["change"]["server"] == "vllm@0.34.0:deepseek_v3", dbo
+    assert rep["plan"]["clears"] and rep["plan"]["change"]["server"] == "vllm@0.34.0:deepseek_v3", rep["plan"]
 
 
 def test_enable_dbo_is_vllms():

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from tpsim.app.run_options import PP_FLAGS, PipelineAsk
+from tpsim.app.served_flags import HISTORY_OF
 from tpsim.app.triage import Inputs, Triage, served_flag_findings, triage
 from tpsim.base.ui import step
 from tpsim.offline.align import KEY, DraftConfig
@@ -17,6 +18,8 @@ from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.draft import read_ids, write_ids_hint
 from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.profile import EmbedId, GraphIds, Profile
+from tpsim.profiles import registry
+from tpsim.profiles.history import model_file_server
 from tpsim.profiles.registry import later_profiles
 from tpsim.profiles.replay import replay
 from tpsim.profiles.served import fixed_in
@@ -36,9 +39,14 @@ class Remedy:
     pp_off: bool = False
     radix_off: bool = False  # SGLang's --disable-radix-cache
     captures: tuple | None = None  # the positions `ids` are for (what training captured, or what the ids name)
+    release: str | None = None  # the --server to serve, where it is a release and not `server`'s profile name
+
+    @property
+    def server_name(self) -> str | None:
+        return self.release or (self.server and self.server.name)
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "ids": self.ids and list(self.ids), "server": self.server and self.server.name,
+        return {"text": self.text, "ids": self.ids and list(self.ids), "server": self.server_name,
                 "capture_on": self.capture_on, "pp_off": self.pp_off, "radix_off": self.radix_off}
 
     def apply(self, inputs: Inputs) -> Inputs:
@@ -56,7 +64,7 @@ class Remedy:
         if self.pp_off:
             request = dataclasses.replace(request, pipeline=PipelineAsk())
         served = dataclasses.replace(inputs.served, radix_cache=inputs.served.radix_cache and not self.radix_off,
-                                     server=self.server.name if self.server else inputs.served.server)
+                                     server=self.server_name or inputs.served.server)
         return dataclasses.replace(inputs, serve=serve, draft=draft, request=request, served=served)
 
 
@@ -128,15 +136,39 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     if f.kind is Kind.CAPTURE_IGNORED or not t.serve.behaviour.captures:  # the next version that wires it otherwise
         wiring = t.serve.behaviour.wiring
         return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.wiring != wiring)]
-    if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF, Kind.UBATCH_MERGE):  # the first model-file release whose own behaviour differs
-        kind = f.kind
-        upgrade = [_upgrade(t, q) for q in _first([t.serve, *later_profiles(t.serve)], lambda q: not any(
-            g.kind is kind for g in served_flag_findings(t, dataclasses.replace(t.served, server=q.name), q)))]
-        flag = [Remedy("serve with --disable-radix-cache", radix_off=True)] if kind is Kind.PREFIX_CACHE else []
-        return upgrade + flag
+    if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF, Kind.UBATCH_MERGE):  # the first release whose own behaviour clears it
+        flag = [Remedy("serve with --disable-radix-cache", radix_off=True)] if f.kind is Kind.PREFIX_CACHE else []
+        return _some(_flag_upgrade(t, f.kind)) + flag
     if f.kind in (Kind.PIPELINE, Kind.ENGINE_REFUSES):
         return [Remedy(f"serve without pipeline parallelism ({PP_FLAGS.get(t.serve.engine, '--pp')} 1)", pp_off=True)]
     return []
+
+
+def _flag_upgrade(t: Triage, kind: Kind) -> Remedy | None:
+    """Serve the first release after the served one whose own behaviour of the flag (kept outside the model files:
+    tpsim.app.served_flags) clears `kind`: that release as --server, its capture replayed as the model file it runs;
+    the change it holds named by its PR (and, where the change has no first release, its merge date)."""
+    history, engine = HISTORY_OF[kind], t.serve.engine
+    model = t.serve.name.partition(":")[2].partition("+")[0]
+    served = registry.when(engine, _version(t.served.server or t.serve.name) or "latest")
+    for release in sorted(registry.RELEASES.get(engine, {}), key=registry.version_key):
+        if served.release is None or registry.version_key(release) <= served.release or "rc" in release:
+            continue  # a release candidate is not what a fix asks a user to serve
+        name = f"{engine}@{release}" + (f":{model}" if model else "")
+        if not history.read(name):
+            continue
+        q = registry.lookup(model_file_server(name, "")[0], t.inputs.target.real.model_type)
+        there = {g.kind for g in served_flag_findings(t, dataclasses.replace(t.served, server=name), q)}
+        if not there <= {f.kind for f in t.findings} - {kind}:  # still there, or another flag's finding opens
+            continue
+        since = history.at(name).versions.since
+        why = "" if since is None or not since.prs else f" ({since.label}" + (
+            f", merged {since.merged}: the first release after it" if since.release is None and since.merged else
+            "") + ")"
+        up = _upgrade(t, q)
+        return dataclasses.replace(up, text=up.text.replace(_serve_text(q), f"serve with {engine}@{release} or "
+                                                                             f"later{why}", 1), release=name)
+    return None
 
 
 def _some(x) -> list:
@@ -207,24 +239,33 @@ class Plan:
 def plan(t: Triage, tried: dict[str, Triage] | None = None) -> Plan | None:
     """Every finding's change merged into one (the engine version the latest of them needs, the ids that version
     needs for what training captured, every switch), applied to the inputs at once and triaged again; where the
-    merge leaves findings, each version the fixes name is tried as the base. The candidate with the fewest
-    findings left, then the fewest changes, wins. None: nothing found, or no change to make."""
+    merge leaves findings, each version the fixes name is tried as the base, and then once more with the changes
+    the findings left by the best so far ask for (an upgrade can open one: a CUDA-graph path with other ids). The
+    candidate with the fewest findings left, then the fewest changes, wins. None: nothing found, or no change."""
     if not t.findings or under_torchrun():
         return None
     tried = {} if tried is None else tried
     pool = [r for i, f in enumerate(t.findings) for r in ([t.fixes[i]] if i in t.fixes else remedies_for(t, f)[:1])]
-    named = {r.server.name for r in pool if r.server is not None}
-    servers = [q for q in later_profiles(t.serve) if q.name in named]  # oldest first: the least disruptive upgrade
-    best = None
-    for server in [None, *servers]:
-        change = _merged(t, pool, server)
+    best = _best(t, pool, tried, None)
+    if best is not None and not best.clears:
+        after = tried[best.change.text]
+        more = [r for f in after.findings for r in remedies_for(after, f)[:1]]
+        best = _best(t, pool + more, tried, best)
+    return best
+
+
+def _best(t: Triage, pool: list[Remedy], tried: dict[str, Triage], best: Plan | None) -> Plan | None:
+    """The pool merged on the served version and on each it names, oldest first (the least disruptive upgrade)."""
+    named = {r.server_name: (r.server, r.release) for r in pool if r.server is not None}
+    servers = sorted(named.values(), key=lambda sr: registry.version_key(_version(sr[1] or sr[0].name)))
+    for server, release in [(None, None), *servers]:
+        change = _merged(t, pool, server, release)
         if change is None:
             continue
         if change.text not in tried:
             with step("replaying the plan, every change together"):
                 tried[change.text] = triage(change.apply(t.inputs))
-        after = tried[change.text]
-        found = Plan(change, tuple(after.findings))
+        found = Plan(change, tuple(tried[change.text].findings))
         if best is None or len(found.remaining) < len(best.remaining):
             best = found
         if found.clears:
@@ -232,8 +273,14 @@ def plan(t: Triage, tried: dict[str, Triage] | None = None) -> Plan | None:
     return best
 
 
-def _merged(t: Triage, pool: list[Remedy], server: Profile | None) -> Remedy | None:
-    """One change: `server` (None: the one served), its ids for what training captured, every switch in `pool`."""
+def _version(name: str) -> str:
+    """`vllm@0.34.0:deepseek_v3` -> `0.34.0`."""
+    return name.partition("+")[0].partition(":")[0].partition("@")[2]
+
+
+def _merged(t: Triage, pool: list[Remedy], server: Profile | None, release: str | None = None) -> Remedy | None:
+    """One change: `server` (None: the one served; `release`: served as that release), its ids for what training
+    captured, every switch in `pool`."""
     serve, L = server or t.serve, t.replay.num_layers
     want = next((list(r.captures) for r in pool if r.captures), None) or _wanted(t)
     ids = None
@@ -242,7 +289,8 @@ def _merged(t: Triage, pool: list[Remedy], server: Profile | None) -> Remedy | N
         if now.failure is not None or now.positions != want or t.config.off:
             ids = ids_capturing(serve, want, L, prefer=_trained_ids(t) or t.config.ignored)
     on, pp, radix = (any(getattr(r, k) for r in pool) for k in ("capture_on", "pp_off", "radix_off"))
-    parts = [_serve_text(server)] if server is not None else []
+    parts = [] if server is None else [f"serve with {release.partition(':')[0]} or later" if release else
+                                       _serve_text(server)]
     parts += ["remove use_aux_hidden_state: false from eagle_config"] if on else []
     if ids is not None:
         restored = ", the ids training used, restored" if ids == _trained_ids(t) else ""
@@ -251,4 +299,5 @@ def _merged(t: Triage, pool: list[Remedy], server: Profile | None) -> Remedy | N
     parts += ["serve with --disable-radix-cache"] if radix and server is None else []
     if not parts:
         return None
-    return Remedy(", and ".join(parts), None if ids is None else tuple(ids), server, on, pp, radix and server is None)
+    return Remedy(", and ".join(parts), None if ids is None else tuple(ids), server, on, pp, radix and server is None,
+                  release=release)

@@ -14,6 +14,9 @@ from tpsim.profiles.profile import Profile, Served
 from tpsim.profiles.ubatch import UBATCH, UbatchMerge
 
 
+HISTORY_OF = {Kind.PREFIX_CACHE: RADIX, Kind.PD_HANDOFF: PD, Kind.UBATCH_MERGE: UBATCH}  # kept outside the model files
+
+
 def flag_behaviour(history: History, serve: Profile, served: Served, on: bool) -> Held | None:
     """The behaviour of `history` at the served version, when its flag is `on` for that engine and the version
     was read (else None: a version before the oldest read is unread_notes')."""
@@ -52,11 +55,11 @@ def pd_findings(serve: Profile, served: Served, target_hidden: int, draft_hidden
 
 
 def ubatch_findings(serve: Profile, served: Served) -> list[Finding]:
-    """vLLM's --enable-dbo with EAGLE-3: the micro-batches' outputs, (hidden, aux) tuples, merged as tensors."""
+    """vLLM's --enable-dbo with EAGLE-3: the micro-batches' outputs, (hidden, [aux...]) tuples, merged as tensors."""
     held = flag_behaviour(UBATCH, serve, served, served.dbo)
-    if held is None or held.value is not UbatchMerge.TENSORS_ONLY:
+    if held is None or not held.value.fails:
         return []
-    later = held.later(lambda merge: merge is UbatchMerge.PER_COMPONENT)
+    later = held.later(lambda merge: not merge.fails)
     return [Finding(Kind.UBATCH_MERGE,
                     f"{held.server} with --enable-dbo: {held.value.value}: the target returns (hidden_states, "
                     f"aux_hidden_states) per micro-batch under EAGLE-3, and the server fails at start-up: "
