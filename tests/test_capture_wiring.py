@@ -43,7 +43,8 @@ def test_triage_replays_the_upgrade_and_prints_only_what_cleared():
     args = ["triage", "--model", str(model), "--draft-config", str(draft), "--tp", "1"]
     old = run_cli(*args, "--server", "vllm@0.17.1")
     assert old.returncode == 1 and "the model file never captures" in old.stdout, old
-    assert "clears it and opens the engine refuses this launch at start-up" in old.stdout, old.stdout
+    # issue 51, item 4: 0.18.0 refuses the launch, so the search goes on to 0.20.0, which captures
+    assert "serve with vllm@0.20.0 or later" in old.stdout and "fix replayed: the finding clears" in old.stdout, old
     mid = run_cli(*args, "--server", "vllm@0.19.1")
     assert mid.returncode == 1 and "Model instance must inherit from EagleModelMixin" in mid.stdout, mid
     assert "serve with vllm@0.20.0 or later" in mid.stdout, mid.stdout  # replayed: it captures there

@@ -126,3 +126,18 @@ def test_the_radix_fix_names_the_first_fixed_release_and_its_pr():
     radix = next(f for f in json.loads(r.stdout)["findings"] if f["kind"] == "prefix-cache")
     assert radix["fix"].startswith("serve with sglang@0.5.3 or later (#10846)") and radix["fix_replayed"], radix
     assert radix["change"]["server"] == "sglang@0.5.3:deepseek_v3", radix
+
+
+def test_a_remedy_search_goes_past_an_upgrade_that_refuses(tmp_path):
+    """Issue 51, item 4: Qwen3.5 on vllm@0.17.1 captures nothing; triage tried only 0.18.0, whose start-up refuses the
+    launch, and said no fix clears it. Each later version that wires the capture otherwise is replayed: 0.20.0."""
+    import json
+    from clirun import run_cli
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 4096, "eagle_aux_hidden_state_layer_ids": [1, 15,
+                                                                                                           28]}))
+    r = run_cli("triage", "--draft-config", str(tmp_path / "config.json"), "--server", "vllm@0.17.1", "--model",
+                "qwen3.5-9b", "--tp", "2", "--json")
+    rep = json.loads(r.stdout)
+    f = next(f for f in rep["findings"] if f["kind"] == "capture-ignored")
+    assert f["fix_replayed"] and f["change"]["server"].startswith("vllm@0.20.0"), f
+    assert rep["plan"]["clears"], rep["plan"]

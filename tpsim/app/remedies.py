@@ -110,6 +110,9 @@ def replay_fixes(t: Triage, tried: dict[str, Triage] | None = None) -> None:
     t.findings = out
 
 
+UPGRADES_TRIED = 3  # later versions replayed for a finding an upgrade clears: each replay is a check
+
+
 def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     """The changes that should clear `f`, the least disruptive first."""
     L = t.replay.num_layers
@@ -133,9 +136,9 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     if f.kind is Kind.GRAPH_IDS:
         return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.graphs is not None and
                                                q.behaviour.graphs.value is GraphIds.CONFIG)]
-    if f.kind is Kind.CAPTURE_IGNORED or not t.serve.behaviour.captures:  # the next version that wires it otherwise
-        wiring = t.serve.behaviour.wiring
-        return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.wiring != wiring)]
+    if f.kind is Kind.CAPTURE_IGNORED or not t.serve.behaviour.captures:  # each later version that wires it
+        wiring = t.serve.behaviour.wiring  # otherwise, oldest first: the next may refuse the launch instead
+        return [_upgrade(t, q) for q in later_profiles(t.serve) if q.behaviour.wiring != wiring][:UPGRADES_TRIED]
     if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF, Kind.UBATCH_MERGE):  # the first release whose own behaviour clears it
         flag = [Remedy("serve with --disable-radix-cache", radix_off=True)] if f.kind is Kind.PREFIX_CACHE else []
         return _some(_flag_upgrade(t, f.kind)) + flag
