@@ -141,3 +141,12 @@ def test_a_remedy_search_goes_past_an_upgrade_that_refuses(tmp_path):
     f = next(f for f in rep["findings"] if f["kind"] == "capture-ignored")
     assert f["fix_replayed"] and f["change"]["server"].startswith("vllm@0.20.0"), f
     assert rep["plan"]["clears"], rep["plan"]
+
+
+def test_minimax_m2_before_0_20_is_refused_where_each_release_refuses_it():
+    """Issue 51, item 8: vLLM 0.18.0 and 0.19.0 refuse MiniMax-M2 in SpeculativeConfig (minimax_m2 is not in
+    `aux_hidden_states_supported`, read from the wheels); only 0.19.1 reaches the runner's RuntimeError."""
+    from tpsim.profiles.vllm import MINIMAX_M2
+    note = next(n for n in MINIMAX_M2.notes if n.startswith("0.18.0 and 0.19.0"))
+    assert "ValueError: eagle3 is only supported for [...] models" in note and "0.19.1 adds minimax_m2" in note
+    assert note.index("ValueError") < note.index("RuntimeError: Model does not support EAGLE3 interface")

@@ -354,7 +354,9 @@ MINIMAX_M2 = Line(
                   "0.20.0", {"pp": _MINIMAX_PP, "config": CONFIG_V1_20}),
     changes=(V1_KEYS[1], *_MOE_CHANGES),
     notes=("MiniMax-M2: PR #43671 (open) says its ids are off by one against SGLang-trained heads",
-           "0.18.0 and 0.19.x: MiniMaxM2ForCausalLM is not SupportsEagle3 and runner v1 raises at start-up "
+           "0.18.0 and 0.19.0 refuse it at start-up in config/speculative.py SpeculativeConfig (ValueError: eagle3 is "
+           "only supported for [...] models. Got self.target_model_config.hf_text_config.model_type='minimax_m2'); "
+           "0.19.1 adds minimax_m2 to that list, and MiniMaxM2ForCausalLM, not SupportsEagle3, fails in runner v1 "
            "(RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested)",
            "runner v1 up to 0.28.0 (MoE), runner v2 from 0.29.0", *_RUNNER_NOTES),
 )
