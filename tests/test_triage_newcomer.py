@@ -10,6 +10,7 @@ import json
 import re
 
 from clirun import run_cli
+from test_triage_fixes import merged
 
 CONFIG = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096,
           "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 1,
@@ -17,13 +18,6 @@ CONFIG = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "h
           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]},
           "eagle_aux_hidden_state_layer_ids": [2, 18, 33]}
 STORY = ["--server", "sglang@0.5.12", "--tp", "4", "--model", "qwen3-8b", "--enable-flashinfer-allreduce-fusion"]
-
-
-def merged(raw: dict, fragment: dict) -> dict:
-    out = json.loads(json.dumps(raw))
-    for k, v in fragment.items():
-        out[k] = merged(out.get(k) if isinstance(out.get(k), dict) else {}, v) if isinstance(v, dict) else v
-    return out
 
 
 def test_the_newcomer_reaches_a_plan_that_applied_says_nothing_found(tmp_path):

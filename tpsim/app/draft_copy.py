@@ -42,7 +42,6 @@ def copy_draft(source: Path, dest: Path, force: bool = False) -> list[str]:
     return [name for _, name in files]
 
 
-
 def _a_draft(folder: Path) -> bool:
     """A directory holding a draft's files and nothing else (what --force may replace)."""
     names = {f.name for f in folder.iterdir()} if folder.is_dir() else None

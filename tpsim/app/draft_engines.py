@@ -14,7 +14,7 @@ from tpsim.base.errors import UsageError
 from tpsim.draft.checkpoint import DraftCheckpoint
 from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.profiles import registry
-from tpsim.profiles.draft import read_ids, write_ids_hint
+from tpsim.profiles.draft import read_ids, write_ids, write_ids_hint
 from tpsim.offline.sides import ids_capturing
 from tpsim.profiles.loader_lines import LINES, lookup
 from tpsim.profiles.loaders import ServedLoader
@@ -101,12 +101,8 @@ def _safeguard(profile, raw: dict, meant: list, layers: int) -> str | None:
     ids = ids_capturing(profile, meant, layers)
     if ids is None:
         return None
-    key = profile.behaviour.config.value.keys[0]
     changed = json.loads(json.dumps(raw))
-    place = changed
-    for k in key.path[:-1]:
-        place = place.setdefault(k, {})
-    place[key.path[-1]] = [j - key.shift for j in ids]
+    write_ids(changed, profile, ids)
     got = read_ids(profile, changed)
     if got.ids is None or replay(profile, got.ids, layers).positions != meant:
         return None

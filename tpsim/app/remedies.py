@@ -15,7 +15,7 @@ from tpsim.app.triage import Inputs, Triage, served_flag_findings, triage
 from tpsim.base.ui import step
 from tpsim.offline.align import KEY, DraftConfig
 from tpsim.parallel.torchrun import under_torchrun
-from tpsim.profiles.draft import read_ids, write_ids_hint
+from tpsim.profiles.draft import read_ids, write_ids, write_ids_hint
 from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.profile import EmbedId, GraphIds, Profile
 from tpsim.profiles import registry
@@ -55,7 +55,7 @@ class Remedy:
         if self.capture_on:
             raw.get("eagle_config", {}).pop("use_aux_hidden_state", None)
         if self.ids is not None:
-            _write(raw, serve, list(self.ids))
+            write_ids(raw, serve, list(self.ids))
         eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
         draft = DraftConfig(inputs.draft.path, eagle.get(KEY), raw.get(KEY), raw)
         request = inputs.request
@@ -66,14 +66,6 @@ class Remedy:
         served = dataclasses.replace(inputs.served, radix_cache=inputs.served.radix_cache and not self.radix_off,
                                      server=self.server_name or inputs.served.server)
         return dataclasses.replace(inputs, serve=serve, draft=draft, request=request, served=served)
-
-
-def _write(raw: dict, profile: Profile, ids: list[int]) -> None:
-    key = profile.behaviour.config.value.keys[0]
-    at = raw
-    for k in key.path[:-1]:
-        at = at.setdefault(k, {})
-    at[key.path[-1]] = [j - key.shift for j in ids]
 
 
 def replay_fixes(t: Triage, tried: dict[str, Triage] | None = None) -> None:

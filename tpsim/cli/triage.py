@@ -8,7 +8,7 @@ Exit 0 nothing found, 1 findings, 2 bad input, 3 a rank failed.
 
 from __future__ import annotations
 
-from tpsim.app.acceptance import Measured, TriageMeasure
+from tpsim.app.acceptance import Measured
 from tpsim.app.asks import draft_path
 from tpsim.app.remedies import Plan
 from tpsim.app.triage import Triage

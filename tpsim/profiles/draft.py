@@ -67,6 +67,15 @@ def read_ids(profile: Profile, raw: dict) -> ConfigIds:
                                           f"({ignored}), which it never reads", ignored=ignored)
 
 
+def write_ids(raw: dict, profile: Profile, ids: list[int]) -> None:
+    """Write `ids` (in `profile`'s numbering) into draft config `raw` at the key `profile` reads first."""
+    key = profile.behaviour.config.value.keys[0]
+    at = raw
+    for k in key.path[:-1]:
+        at = at.setdefault(k, {})
+    at[key.path[-1]] = [j - key.shift for j in ids]
+
+
 def write_ids_hint(profile: Profile, ids: list[int]) -> str:
     """Where to write `ids` in the draft config so that `profile` reads them."""
     keys = profile.behaviour.config.value.keys
