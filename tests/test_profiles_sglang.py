@@ -23,7 +23,8 @@ from tpsim.profiles.replay import UNPACK_TEXT, Fate, replay
 
 LINES = sglang.LINES
 PROFILES = [p for line in LINES for p in line.profiles()]
-WHEELS = Path(os.environ.get("TPSIM_SGLANG_SRC", "/work/cache/src"))  # sglang-X/sglang/srt/...: make sglang-src
+WHEELS = Path(os.environ.get("TPSIM_SGLANG_SRC") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+              / "tpsim" / "sglang-src")  # sglang-X/sglang/srt/... per release: `make sglang-src` fetches them there
 
 
 def _no_sources(why: str) -> None:
@@ -202,8 +203,7 @@ def test_use_aux_hidden_state_is_read_from_0_5_8():
     assert lookup("sglang@0.5.8", "llama").behaviour.config.value.off_flag == ("eagle_config", "use_aux_hidden_state")
 
 
-def test_context_parallel_gathers_the_aux_states_from_0_5_20():
-    assert lookup("sglang@0.5.19", "deepseek_v3").behaviour.cp.value is Gather.LOCAL
+def test_context_parallel_gathers_the_aux_states_on_every_path_from_0_5_20():
     cp = lookup("sglang@0.5.23", "deepseek_v3").behaviour.cp
     assert cp.value is Gather.GATHERED and cp.source.path.endswith("runner/eager_runner.py")
 
@@ -260,3 +260,33 @@ def test_every_quote_holds_in_every_release_of_its_interval(line):
                 if " ".join(c.source.quote.split()) not in (_body(v, c.source.path, c.source.symbol) or ""):
                     missing.add((p.name, f, v))
     assert not missing, sorted(missing)
+
+
+# --- context parallel (issue 51 item 8): an environment variable picks the path, not the model config ---------
+
+CP_ARCH = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+
+
+@pytest.mark.parametrize("family", sorted(CP_ARCH))
+@pytest.mark.parametrize("release", sglang_server.READ)
+def test_cp_gather_names_the_environment_variable_where_it_decides(family, release):
+    """0.5.18 .. 0.5.19: the eager runner's CP-v2 path all-gathers the aux states, the in-model CP-v1 path does
+    not, and SGLANG_ENABLE_CP_V2 (default on for the architectures in CP_V2_DEFAULT_MODEL_CLASSES) picks one;
+    before, both keep the rank's chunk; from 0.5.20 CP-v2 is the only path."""
+    cp = lookup(f"sglang@{release}", family).behaviour.cp
+    key = version_key(release)
+    if key < version_key("0.5.18"):
+        assert cp.value is Gather.LOCAL, cp
+    elif key < version_key("0.5.20"):
+        default_on = family == "deepseek_v3"
+        assert cp.value is (Gather.GATHERED_UNLESS_CP_V2_OFF if default_on else Gather.GATHERED_IF_CP_V2), cp
+        assert "SGLANG_ENABLE_CP_V2" in cp.value.value and "SGLANG_ENABLE_CP_V2" in cp.source.note
+        listed = _body(release, "python/sglang/srt/layers/cp/utils.py", "enable_cp_v2")
+        if listed is None:
+            _no_sources(f"no unpacked sglang {release} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
+        assert "envs.SGLANG_ENABLE_CP_V2.get()" in listed
+        defaults = (WHEELS / f"sglang-{release}" / "sglang/srt/layers/cp/utils.py").read_text()
+        table = defaults.split("CP_V2_DEFAULT_MODEL_CLASSES = frozenset(", 1)[1].split(")", 1)[0]
+        assert (f'"{CP_ARCH[family]}"' in table) is default_on, table
+    else:
+        assert cp.value is Gather.GATHERED, cp

@@ -257,6 +257,13 @@ class Gather(Replayed):
     GATHERED = ("all tokens: the capture all-gathers the scattered stream", Strategy.GATHERED)
     WHOLE = ("all tokens: the stream between layers is never token-short (the MoE block gathers its own output)",
              Strategy.GATHERED)
+    # SGLang 0.5.18 .. 0.5.19 context parallel: an environment variable, not the model config, picks the path
+    GATHERED_IF_CP_V2 = ("all tokens only when the server's environment sets SGLANG_ENABLE_CP_V2=1 (the eager "
+                         "runner's CP-v2 path all-gathers the aux states); otherwise this rank's token chunk (the "
+                         "in-model CP-v1 path)", Strategy.LOCAL)
+    GATHERED_UNLESS_CP_V2_OFF = ("all tokens (CP-v2, which the server turns on for this architecture when "
+                                 "SGLANG_ENABLE_CP_V2 is unset); this rank's token chunk when the environment sets "
+                                 "SGLANG_ENABLE_CP_V2=0 (the in-model CP-v1 path)", Strategy.GATHERED)
 
 
 class TboCapture(Replayed):

@@ -137,13 +137,24 @@ _CP_LOCAL = Cited(Gather.LOCAL, src(
     "cp_all_gather_rerange_output(",
     "the in-model prefill CP path (NSA/MLA) all-gathers only the final hidden states; the aux states keep the "
     "rank's token chunk. That path is in every release from 0.5.6 (is_nsa_enable_prefill_cp); which of its lines "
-    "gather was read at 0.5.17 only (UNVERIFIED before 0.5.17); the eager-runner CP of 0.5.18 .. 0.5.19 already "
-    "gathers the aux states (a model picks one path by its config). Re-read at every release 0.5.6 .. 0.5.16 and "
+    "gather was read at 0.5.17 only (UNVERIFIED before 0.5.17); from 0.5.14 the eager runner's CP-v2 path "
+    "(SGLANG_ENABLE_CP_V2) replaces it, and up to 0.5.17 it too gathers the hidden states alone. Re-read at every release 0.5.6 .. 0.5.16 and "
     "0.5.18, 0.5.19: the in-model path (enable_prefill_cp / nsa_use_prefill_cp / dsa|mla_use_prefill_cp, use_cp_v1 "
     "from 0.5.16) all-gathers hidden_states alone; the aux list is returned as captured",
     reviewed=("0.5.6", *POST_056, "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11",
               "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16",
               "0.5.18", "0.5.19")))
+_CP_V2_0518 = src(
+    "model_executor/runner/eager_runner.py", "v0.5.18", "EagerRunner._execute_extend_cp_v2",
+    "# DSpark aux tensors ride the same CP token split; gather them the same way. if aux_hidden_states is not None: "
+    "if isinstance(aux_hidden_states, torch.Tensor): aux_hidden_states = cp_gather_after_forward( aux_hidden_states, "
+    "forward_batch, stream )",
+    "the CP-v2 path (is_cp_v2_active: layers/cp/utils.py enable_cp_v2 reads the environment variable "
+    "SGLANG_ENABLE_CP_V2, not the model config) all-gathers the aux states from 0.5.18 (0.5.17's gathers the hidden "
+    "states alone); the in-model CP-v1 path still does not. The server sets the variable to 1 when it is unset and "
+    "the architecture is in CP_V2_DEFAULT_MODEL_CLASSES (DeepseekV3ForCausalLM, not DeepseekV2ForCausalLM; DSA "
+    "models only under --cp-strategy interleave): ServerArgs._handle_context_parallelism at 0.5.18, "
+    "arg_groups/parallel_hook.py handle_context_parallelism at 0.5.19", reviewed=("0.5.19",))
 _CP_GATHERED = Cited(Gather.GATHERED, src(
     "model_executor/runner/eager_runner.py", "v0.5.20", "EagerRunner._execute_extend_cp",
     "if aux_hidden_states is not None: if isinstance(aux_hidden_states, torch.Tensor): aux_hidden_states = "
@@ -227,6 +238,8 @@ def _deepseek_changes(fusion: bool) -> tuple[Change, ...]:
         Change((), "fusion rule moved to a post-process hook", None, "0.5.15", f(FUSION_0515)),
         Change((), "captures packed by AuxHiddenStatePacker: a missing slot fails the forward", None, "0.5.17",
                _packer(PACK_0517, "AssertionError")),
+        Change((), "CP-v2 (SGLANG_ENABLE_CP_V2) all-gathers the aux states", None, "0.5.18",
+               {"cp": Cited(Gather.GATHERED_UNLESS_CP_V2_OFF if fusion else Gather.GATHERED_IF_CP_V2, _CP_V2_0518)}),
         Change((), "fusion rule reads the platform through get_platform()", None, "0.5.19", f(FUSION_0519)),
         Change((), "the packer raises RuntimeError; CP gathers the aux states", None, "0.5.20",
                {**_packer(PACK_0520, "RuntimeError"), "cp": _CP_GATHERED}),
