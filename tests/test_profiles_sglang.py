@@ -4,17 +4,14 @@ quotes it (checked against the wheels when a cache of them is at hand)."""
 
 from __future__ import annotations
 
-import ast
-import os
 import re
-from functools import lru_cache
-from pathlib import Path
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from clirun import assert_one_line_error, run_clis
+from sglang_src import WHEELS, body, no_sources
 from tpsim.capture.pipeline import PP_CAPTURES, Handoff
 from tpsim.profiles import sglang, sglang_server
 from tpsim.profiles.profile import Duplicates, FusionAuto, Gather, Gpu, OutOfRange, Served, Site, TboCapture
@@ -23,17 +20,6 @@ from tpsim.profiles.replay import UNPACK_TEXT, Fate, replay
 
 LINES = sglang.LINES
 PROFILES = [p for line in LINES for p in line.profiles()]
-WHEELS = Path(os.environ.get("TPSIM_SGLANG_SRC") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-              / "tpsim" / "sglang-src")  # sglang-X/sglang/srt/... per release: `make sglang-src` fetches them there
-
-
-def _no_sources(why: str) -> None:
-    """CI (.ci/run) fetches the releases and sets TPSIM_REQUIRE_SGLANG_SRC: there a missing release fails."""
-    if os.environ.get("TPSIM_REQUIRE_SGLANG_SRC"):
-        pytest.fail(f"{why}: `make sglang-src` fetches it", pytrace=False)
-    pytest.skip(why)
-
-
 def every_source():
     seen = {}
     for p in PROFILES:
@@ -50,28 +36,13 @@ def test_every_source_names_a_release_read_a_symbol_and_a_quote(source):
     assert re.fullmatch(r"[A-Za-z_][\w.]*", source.symbol) and len(source.quote.split()) >= 3, source
 
 
-@lru_cache(maxsize=None)
-def _body(release: str, path: str, symbol: str) -> str | None:
-    f = WHEELS / f"sglang-{release}" / path.removeprefix("python/")
-    if not f.exists():
-        return None
-    text = f.read_text()
-    node: ast.AST | None = ast.parse(text)
-    for part in symbol.split("."):
-        node = next((n for n in getattr(node, "body", []) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                     and n.name == part), None)
-        if node is None:
-            return ""
-    return " ".join("\n".join(text.splitlines()[node.lineno - 1:node.end_lineno]).split())
-
-
 @pytest.mark.parametrize("source", every_source(), ids=lambda s: f"{s.path.split('/')[-1]}@{s.ref}:{s.symbol}")
 def test_every_quote_is_in_the_released_function(source):
-    body = _body(source.ref[1:], source.path, source.symbol)
-    if body is None:
-        _no_sources(f"no unpacked sglang {source.ref} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
-    assert body, f"{source.symbol} is not defined in {source.path} at {source.ref}"
-    assert " ".join(source.quote.split()) in body, source
+    text = body(source.ref[1:], source.path, source.symbol)
+    if text is None:
+        no_sources(f"no unpacked sglang {source.ref} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
+    assert text, f"{source.symbol} is not defined in {source.path} at {source.ref}"
+    assert " ".join(source.quote.split()) in text, source
 
 
 # --- pipeline parallelism: refused at start-up in every release ------------------------------------
@@ -244,8 +215,8 @@ def test_every_quote_holds_in_every_release_of_its_interval(line):
     """A source read at one release stands for its interval: the quoted lines are in the same function in every
     release between the change that brought it and the next (checked where the wheels are unpacked)."""
     read = sorted(sglang_server.READ, key=version_key)
-    if _body(read[-1], "python/sglang/srt/layers/aux_hidden_states.py", "AuxHiddenStatePacker") is None:
-        _no_sources(f"no unpacked sglang wheels under {WHEELS} (TPSIM_SGLANG_SRC)")
+    if body(read[-1], "python/sglang/srt/layers/aux_hidden_states.py", "AuxHiddenStatePacker") is None:
+        no_sources(f"no unpacked sglang wheels under {WHEELS} (TPSIM_SGLANG_SRC)")
     missing = set()
     for p in line.profiles():
         lo = version_key(p.versions.since.release) if p.versions.since else version_key(read[0])
@@ -257,7 +228,7 @@ def test_every_quote_holds_in_every_release_of_its_interval(line):
             if c is None or (line.family, f, c.source.ref) in KNOWN_FORM_CHANGES:
                 continue
             for v in span:
-                if " ".join(c.source.quote.split()) not in (_body(v, c.source.path, c.source.symbol) or ""):
+                if " ".join(c.source.quote.split()) not in (body(v, c.source.path, c.source.symbol) or ""):
                     missing.add((p.name, f, v))
     assert not missing, sorted(missing)
 
@@ -281,9 +252,9 @@ def test_cp_gather_names_the_environment_variable_where_it_decides(family, relea
         default_on = family == "deepseek_v3"
         assert cp.value is (Gather.GATHERED_UNLESS_CP_V2_OFF if default_on else Gather.GATHERED_IF_CP_V2), cp
         assert "SGLANG_ENABLE_CP_V2" in cp.value.value and "SGLANG_ENABLE_CP_V2" in cp.source.note
-        listed = _body(release, "python/sglang/srt/layers/cp/utils.py", "enable_cp_v2")
+        listed = body(release, "python/sglang/srt/layers/cp/utils.py", "enable_cp_v2")
         if listed is None:
-            _no_sources(f"no unpacked sglang {release} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
+            no_sources(f"no unpacked sglang {release} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
         assert "envs.SGLANG_ENABLE_CP_V2.get()" in listed
         defaults = (WHEELS / f"sglang-{release}" / "sglang/srt/layers/cp/utils.py").read_text()
         table = defaults.split("CP_V2_DEFAULT_MODEL_CLASSES = frozenset(", 1)[1].split(")", 1)[0]

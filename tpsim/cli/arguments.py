@@ -276,6 +276,9 @@ def resolve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", help="layer ids, e.g. --layers -1,2,30 (default: the convention's default)")
     p.add_argument("--num-layers", help="num_hidden_layers of the model")
     p.add_argument("--model", help="or read num_hidden_layers (and the model type) from this config")
+    p.add_argument("--enable-return-aux-hidden-states", action="store_true",
+                   help="SGLang's capture-only mode (0.5.23 on): --layers as --return-aux-hidden-state-layer-ids, "
+                        "checked at start-up, then set as a draft's ids")
     add_json(p)
 
 

@@ -3,6 +3,7 @@ or as a named engine version handles them with --server)."""
 
 from __future__ import annotations
 
+from tpsim.profiles import capture_only
 from tpsim.profiles.conventions import Convention, ids_for, named_ids, resolve
 from tpsim.cli.options import emit_json, layer_ids, positive_int
 from tpsim.config.loader import DEFAULT_MODEL_TYPE, load_config
@@ -17,6 +18,9 @@ from tpsim.run.spec import model_path
 def cmd_resolve(args) -> int:
     if (args.convention is None) == (args.server is None):
         raise UsageError("resolve needs --convention NAME or --server PROFILE (one of them)")
+    if args.enable_return_aux_hidden_states and args.server is None:
+        raise UsageError("--enable-return-aux-hidden-states is SGLang's capture-only mode: give --server "
+                         "sglang@VERSION[:MODEL] (0.5.23 or later)")
     if args.num_layers is None and args.model is None:
         raise UsageError("resolve needs --num-layers L or --model M")
     if args.num_layers is not None and args.model is not None:
@@ -51,8 +55,17 @@ def resolve_server(args, L: int, model_type: str, hidden: int | None) -> int:
     """What the profiled engine does with the ids: each slot's fate, the capture, and what breaks.
     Exit 0 when the capture has every slot, 1 when the engine drops, refuses or crashes."""
     profile = serving(args.server, model_type)
-    rep = replay(profile, layer_ids(args), L)
+    ids = layer_ids(args)
+    refused = capture_only.served(args.server, ids, L) if args.enable_return_aux_hidden_states else None
+    if refused:
+        return _refused(args, profile, L, refused)
+    rep = replay(profile, ids, L)
     found = [str(f) for f in replay_findings(rep, hidden)]
+    if args.enable_return_aux_hidden_states:
+        rep.notes.append("capture-only mode (--enable-return-aux-hidden-states): " + (
+            "no --return-aux-hidden-state-layer-ids, so the model's EAGLE-3 default" if ids is None else
+            "the ids passed the start-up checks in your numbering and are set as a draft's ids are (the model "
+            "file's numbering decides the positions)"))
     stale = unverified(args.server, model_type)
     if args.json:
         emit_json({"server": args.server, "profile": profile.name, "versions": profile.versions.text(),
@@ -76,3 +89,14 @@ def resolve_server(args, L: int, model_type: str, hidden: int | None) -> int:
     for f in found:
         print(f"FAIL: {f}")
     return 1 if found else 0
+
+
+def _refused(args, profile, L: int, why: str) -> int:
+    """The server does not start in capture-only mode: nothing is captured (exit 1)."""
+    if args.json:
+        emit_json({"server": args.server, "profile": profile.name, "num_layers": L, "ids": layer_ids(args),
+                   "positions": [], "failure": why, "findings": [why], "ok": False})
+        return 1
+    print(f"{args.server}: profile {profile.name} ({profile.versions.text()}), {L} layers, capture-only mode")
+    print(f"FAIL: {why}")
+    return 1
