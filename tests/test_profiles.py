@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from clirun import assert_one_line_error, run_cli
+from clirun import assert_one_line_error, run_cli, run_clis
 from tpsim.capture import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.draft import read_ids
@@ -264,6 +264,39 @@ def test_profiles_json_lists_every_profile_with_sources():
     assert [p["name"] for p in got] == NAMES
     for p in got:
         assert {"name", "engine", "models", "versions", "sources"} <= set(p) and p["sources"]
+
+
+def test_profiles_name_shows_the_one_profile_the_list_holds():
+    """`tpsim profiles NAME` for every profile: the same record `--json` lists, found by the name it prints, and
+    any version inside its interval names it too (issue 51, deliver 4)."""
+    from tpsim.cli.profiles import classified, entries, named, to_dict
+    by_line = classified()
+    for p, latest in entries():
+        got, last = named(p.name)
+        assert got.name == p.name and last.name == latest.name
+        assert to_dict(got, last, by_line[(p.engine, p.family)]) == to_dict(p, latest, by_line[(p.engine, p.family)])
+        inside = [c.release for c in by_line[(p.engine, p.family)] if c.profile.name == p.name]
+        for release in inside[-1:]:
+            assert named(f"{p.engine}@{release}:{p.family}")[0].name == p.name
+
+
+def test_profiles_name_prints_behaviours_sources_quotes_and_each_release():
+    runs = run_clis({"one": ["profiles", "sglang@0.5.18:deepseek_v3"], "json": ["profiles", "vllm@0.25.0:llama", "--json"],
+                     "no_model": ["profiles", "sglang@0.5.18"], "old": ["profiles", "sglang@0.4.0:llama"],
+                     "model": ["profiles", "vllm:mamba"]})
+    r = runs["one"]
+    assert r.returncode == 0, r
+    p = lookup("sglang@0.5.18", "deepseek_v3")
+    for f in ("numbering", "site", "cp", "tbo"):
+        c = getattr(p.behaviour, f)
+        assert f"  {f}: " in r.stdout and c.source.quote.split()[0] in r.stdout, f
+    assert "SGLANG_ENABLE_CP_V2" in r.stdout and "  releases:" in r.stdout
+    assert "    0.5.18: changed: " in r.stdout  # the fingerprints' class of each release it holds for
+    got = json.loads(runs["json"].stdout)
+    assert got["name"] == lookup("vllm@0.25.0", "llama").name and got["behaviour"]["numbering"]["quote"]
+    assert_one_line_error(runs["no_model"], ["names no model file", "sglang@0.5.18:MODEL", "deepseek_v3"])
+    assert_one_line_error(runs["old"], ["0.4.0 is older"])
+    assert_one_line_error(runs["model"], ["no profile for model 'mamba'"])
 
 
 def test_resolve_server_reports_the_dropped_slot():

@@ -283,6 +283,8 @@ def resolve(p: argparse.ArgumentParser) -> None:
 
 
 def profiles(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="show one profile: ENGINE[@VERSION]:MODEL as --server takes it, e.g. sglang@0.5.18:deepseek_v3")
     p.add_argument("--sources", action="store_true", help="print every behaviour with its source and the "
                                                           "lines of code it was read from")
     add_json(p)

@@ -11,6 +11,7 @@ from tpsim.profiles import fingerprints, registry
 from tpsim.profiles.fingerprints import Classified, Status
 from tpsim.profiles.cited import Source
 from tpsim.profiles.profile import Behaviour, Profile, describe, differences
+from tpsim.base.errors import UsageError
 from tpsim.base.ui import say, table
 
 
@@ -38,7 +39,7 @@ def to_dict(p: Profile, latest: Profile, releases: list[Classified]) -> dict:
             "versions": {"text": v.text(), "since": v.since and _edge(v.since), "until": v.until and _edge(v.until)},
             "behaviour": {f: {"value": describe(c), **_source(c.source)}
                           for f in Behaviour.FIELDS if (c := getattr(p.behaviour, f)) is not None},
-            "differs_from_latest": differences(p, latest), "latest": p is latest,
+            "differs_from_latest": differences(p, latest), "latest": p.name == latest.name,
             "sources": [str(s) for s in p.sources()], "notes": list(p.notes),
             "releases": [c.to_dict() for c in releases if c.profile.name == p.name]}
 
@@ -85,11 +86,12 @@ def wrapped(text: str, indent: int = 6) -> str:
     return "\n".join(textwrap.wrap(text, 100, subsequent_indent=" " * indent, break_on_hyphens=False))
 
 
-def print_sources(rows: list[tuple[Profile, Profile]], by_line: dict) -> None:
+def print_sources(rows: list[tuple[Profile, Profile]], by_line: dict, header: bool = True) -> None:
     for p, _ in rows:
-        say(f"\n{p.name}")
         mine = [c for c in by_line.get((p.engine, p.family), []) if c.profile.name == p.name]
-        if mine:
+        if header:
+            say(f"\n{p.name}")
+        if mine and header:
             say(wrapped(f"  releases: {line_summary(mine)}"))
         for f in Behaviour.FIELDS:
             c = getattr(p.behaviour, f)
@@ -101,7 +103,47 @@ def print_sources(rows: list[tuple[Profile, Profile]], by_line: dict) -> None:
                 say(f"      | {line}")
 
 
+def named(text: str) -> tuple[Profile, Profile]:
+    """`ENGINE[@VERSION]:MODEL` -> (its profile, the latest of its line); a name that leaves the model file open
+    is refused, listing the files (a trainer's profiles are model-agnostic: no MODEL needed)."""
+    engine = registry.ALIASES.get(text.partition(":")[0].partition("@")[0].partition("+")[0],
+                                  text.partition(":")[0].partition("@")[0].partition("+")[0])
+    lines = [ln for ln in registry.LINES if ln.engine == engine]
+    if ":" not in text.partition("+")[0] and lines and all(ln.models for ln in lines):
+        raise UsageError(f"profile {text!r} names no model file; give {text.partition('+')[0]}:MODEL, MODEL one of "
+                         f"{', '.join(ln.family for ln in lines)}")
+    p = registry.lookup(text, "")
+    line = next(ln for ln in registry.LINES if ln.engine == p.engine and ln.family == p.family)
+    return p, line.profiles()[-1]
+
+
+def print_one(p: Profile, latest: Profile, releases: list[Classified]) -> None:
+    """One profile whole: its versions and models, how it differs from the latest, every behaviour with its source
+    and quote, and each release it holds for with the fingerprints' verdict."""
+    say(f"{p.name}: {p.versions.text()}; models {', '.join(p.models) or 'any'}")
+    diff = differences(p, latest)
+    say(wrapped(f"  differs from {latest.name} (the latest): {'; '.join(diff)}" if diff else
+                "  the latest profile of its line" if p.name == latest.name else f"  the same capture as {latest.name}", 4))
+    print_sources([(p, latest)], {(p.engine, p.family): releases}, header=False)
+    mine = [c for c in releases if c.profile.name == p.name]
+    say("  releases:" if mine else "  releases: none numbered (versions are dates)")
+    for c in mine:
+        changed = sorted({v.key.short for v in c.verdicts if v.status in (Status.CHANGED, Status.ABSENT)})
+        say(wrapped(f"    {c.release}: {c.status.value}" + (f" ({', '.join(changed)})" if changed else ""), 6))
+    for n in p.notes:
+        say(wrapped(f"  note: {n}", 4))
+
+
 def cmd_profiles(args) -> int:
+    if args.name is not None:
+        p, latest = named(args.name)
+        releases = fingerprints.classify_line(next(ln for ln in registry.LINES
+                                                   if ln.engine == p.engine and ln.family == p.family))
+        if args.json:
+            emit_json(to_dict(p, latest, releases))
+        else:
+            print_one(p, latest, releases)
+        return 0
     rows, by_line = entries(), classified()
     if args.json:
         emit_json([to_dict(p, latest, by_line[(p.engine, p.family)]) for p, latest in rows])
