@@ -102,9 +102,6 @@ def replay_fixes(t: Triage, tried: dict[str, Triage] | None = None) -> None:
     t.findings = out
 
 
-UPGRADES_TRIED = 3  # later versions replayed for a finding an upgrade clears: each replay is a check
-
-
 def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     """The changes that should clear `f`, the least disruptive first."""
     L = t.replay.num_layers
@@ -115,22 +112,21 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
         trained = _trained_ids(t)
         restore = _ids(t, t.serve, _wanted(t), trained, "the ids training used, restored") if trained else None
         out = _some(restore if restore is not None and list(restore.ids) == trained else _ids(t, t.serve, _wanted(t)))
-        if f.kind is Kind.ENGINE_FAILS and t.replay.crashed:  # a version that captures the embedding
-            out += [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.embed.value
-                                                   is EmbedId.CAPTURED)]
+        if f.kind is Kind.ENGINE_FAILS and t.replay.crashed:  # each version that captures the embedding
+            out += [_upgrade(t, q) for q in _every(t.serve, lambda q: q.behaviour.embed.value is EmbedId.CAPTURED)]
         return out
     if f.kind is Kind.CAPTURE_OFF:  # and, where the server reads the ids elsewhere, written there too
         on = "remove use_aux_hidden_state: false from eagle_config"
         return [Remedy(on, capture_on=True)] + [dataclasses.replace(r, text=f"{on}, and {r.text}", capture_on=True)
                                                 for r in _some(_ids(t, t.serve, _wanted(t)))]
     if f.kind is Kind.SERVED_MODE:
-        return [_upgrade(t, q) for q in _some(fixed_in(t.serve, later_profiles(t.serve), t.mode))]
+        return [_upgrade(t, q) for q in _every(t.serve, lambda q: fixed_in(t.serve, [q], t.mode) is not None)]
     if f.kind is Kind.GRAPH_IDS:
-        return [_upgrade(t, q) for q in _first(later_profiles(t.serve), lambda q: q.behaviour.graphs is not None and
+        return [_upgrade(t, q) for q in _every(t.serve, lambda q: q.behaviour.graphs is not None and
                                                q.behaviour.graphs.value is GraphIds.CONFIG)]
     if f.kind is Kind.CAPTURE_IGNORED or not t.serve.behaviour.captures:  # each later version that wires it
         wiring = t.serve.behaviour.wiring  # otherwise, oldest first: the next may refuse the launch instead
-        return [_upgrade(t, q) for q in later_profiles(t.serve) if q.behaviour.wiring != wiring][:UPGRADES_TRIED]
+        return [_upgrade(t, q) for q in _every(t.serve, lambda q: q.behaviour.wiring != wiring)]
     if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF, Kind.UBATCH_MERGE):  # the first release whose own behaviour clears it
         flag = [Remedy("serve with --disable-radix-cache", radix_off=True)] if f.kind is Kind.PREFIX_CACHE else []
         return _some(_flag_upgrade(t, f.kind)) + flag
@@ -170,8 +166,10 @@ def _some(x) -> list:
     return [] if x is None else [x]
 
 
-def _first(profiles: list[Profile], ok) -> list[Profile]:
-    return next(([q] for q in profiles if ok(q)), [])
+def _every(serve: Profile, ok) -> list[Profile]:
+    """Every later profile of the served line for which `ok` holds, oldest first: the replay keeps the first whose
+    whole triage clears the finding, so one that opens another (a start-up refusal, say) does not end the search."""
+    return [q for q in later_profiles(serve) if ok(q)]
 
 
 def _wanted(t: Triage):
