@@ -14,13 +14,15 @@ from tpsim.app.triage import Trained
 from tpsim.base.errors import UsageError
 from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.config.model import ModelConfig
-from tpsim.profiles.conventions import default_ids, parse_convention_ids, refuse_convention_as_profile
+from tpsim.profiles.conventions import (Convention, default_ids, parse_convention_ids, refuse_convention_as_profile,
+                                       resolve)
 from tpsim.profiles.fingerprints import taken_as
 from tpsim.profiles.profile import Profile, Served
 from tpsim.profiles.registry import for_target, lookup
 from tpsim.profiles.vllm import assumed
 
 IDS = re.compile(r"default|-?\d+(\s*,\s*-?\d+)*")  # --train NAME:IDS, not ENGINE:MODEL
+CONVENTIONS = {c.value for c in Convention}
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,14 @@ def assumptions(serve: Profile, server: str, train: str, model_type: str) -> lis
 def trained_from(text: str, model_type: str, L: int) -> Trained:
     """--train: CONVENTION:IDS (the ids training used) or a trainer's PROFILE (it reads the draft config)."""
     name, colon, rest = text.partition(":")
-    if colon and IDS.fullmatch(rest.strip()):
+    if colon and (IDS.fullmatch(rest.strip()) or name.strip() in CONVENTIONS):
         conv, ids = parse_convention_ids(text, "--train")
         if ids is None:
             ids = default_ids(conv, L)
+        try:  # ids no target layer has are bad input, not a finding
+            resolve(conv, ids, L)
+        except UsageError as e:
+            raise UsageError(f"--train {text}: {e}") from None
         return Trained(conv.profile, conv, tuple(ids), text)
     return Trained(lookup(refuse_convention_as_profile(text, "--train"), model_type))
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpsim.app.asks import draft_path
+from tpsim.base.errors import UsageError
 from tpsim.app.draft_copy import copy_draft
 from tpsim.app.draft_engines import every_release, ids_findings
 from tpsim.app.draft_served import served_findings, target_embedding
@@ -39,8 +40,15 @@ class DraftRequest:
     tp: int = 1
 
     def __post_init__(self) -> None:
-        for s in self.servers:
-            lookup(s)  # an unknown engine or version: one line, before anything is read
+        for s in self.servers:  # an unknown engine or version: one line, before anything is read
+            if not s or s != s.strip() or " " in s:
+                raise UsageError(f"--server {s!r}: {'an empty name' if not s.strip() else 'a name holding a space'} "
+                                 "in the list; write ENGINE[@VERSION] names separated by commas alone, e.g. "
+                                 "--server sglang@0.5.12,vllm")
+            if lookup(s).loader is None:  # older than the oldest release whose draft loader tpsim read
+                line = lookup(s).line
+                raise UsageError(f"--server {s}: tpsim read {line.engine}'s draft loader from {line.oldest} on; give "
+                                 f"{line.oldest} or later, a date, or 'latest'")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def request(args) -> DraftRequest | CopyRequest:
             raise UsageError(f"--copy copies the draft and checks nothing: leave {checking[0]} out (check the copy "
                              "afterwards)")
         return CopyRequest(args.path, args.copy, args.force)
-    servers = tuple(t.strip() for given in args.server or [] for t in given.split(",") if t.strip())
+    servers = tuple(t for given in args.server or [] for t in given.split(","))
     return DraftRequest(args.path, args.model, servers, served_tp(args))
 
 
