@@ -126,3 +126,46 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(cache, monkeypatch):
         gguf_builtin.checkpoint_dir("smollm2-135m")
     assert "\n" not in str(e.value) and "No space left on device" in str(e.value) and "XDG_CACHE_HOME" in str(e.value)
     assert not mine.exists() and not [p for p in mine.parent.iterdir() if p.name.startswith(".")]
+
+
+# --- outputs never replace inputs ---------------------------------------------------------------------------
+
+def test_an_output_inside_the_draft_it_reads_is_refused_even_with_force(tmp_path):
+    """`acceptance --returned-hidden-states d/w.safetensors --force` overwrote the draft's own weights when they sat
+    at d/w.seq0.safetensors: an output may not replace, nor sit among, the files the run reads."""
+    from tpsim.app.preflight import check_output
+    draft = tmp_path / "d"
+    draft.mkdir()
+    (draft / "w.seq0.safetensors").write_bytes(b"weights")
+    for out in (draft / "w.seq0.safetensors", draft / "new.safetensors"):
+        with pytest.raises(UsageError) as e:
+            check_output(out, "--returned-hidden-states", "x.safetensors", True, reads=(draft,))
+        assert "which this run reads" in str(e.value) and "\n" not in str(e.value)
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(draft / "w.seq0.safetensors")
+    with pytest.raises(UsageError):  # through a link too
+        check_output(link, "--returned-hidden-states", "x.safetensors", True, reads=(draft,))
+    check_output(tmp_path / "out.safetensors", "--returned-hidden-states", "x.safetensors", True, reads=(draft,))
+    assert (draft / "w.seq0.safetensors").read_bytes() == b"weights"
+
+
+def test_acceptance_refuses_to_write_into_its_draft(tmp_path):
+    draft = tmp_path / "d"
+    run = run_cli("draft", "smollm2-135m-eagle3", "--copy", str(draft))
+    assert run.returncode == 0, run
+    before = {p.name: p.read_bytes() for p in draft.iterdir()}
+    r = run_cli("acceptance", "--model", "smollm2-135m", "--draft", str(draft), "--server", "sglang@0.5.13",
+                "--returned-hidden-states", str(draft / "model.safetensors"), "--force")
+    assert_one_line_error(r, ["which this run reads"])
+    assert {p.name: p.read_bytes() for p in draft.iterdir()} == before
+
+
+@pytest.mark.parametrize("sizes, words", [
+    ("100000:1", ["--disaggregate 100000:1 would spawn 100001 CPU ranks"]),  # blamed a --tp 100000 never given
+    ("3:1", ["--disaggregate 3:1: the prefill server's TP 3 does not divide num_attention_heads=8"]),
+    ("1:3", ["--disaggregate 1:3: the decode server's TP 3 does not divide"]),
+])
+def test_disaggregate_refusals_name_the_degree_the_user_gave(sizes, words):
+    r = run_cli("check", "--disaggregate", sizes, "--server", "sglang@0.5.12")
+    line = assert_one_line_error(r, words)
+    assert "--tp" not in line, line

@@ -79,7 +79,7 @@ def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
     prompts = req.prompts.prompts(target)
     if req.returned is not None:
         for path in returned_paths(Path(req.returned), len(prompts.sequences) + len(prompts.to_answer)):
-            check_output(path, "--returned-hidden-states", "x.safetensors", req.force)
+            check_output(path, "--returned-hidden-states", "x.safetensors", req.force, reads=(ckpt.path,))
     run = replace(req.run, model=target.name, overrides=req.overrides, tps=tuple(sorted({1, req.tp})),
                   ids=Ids(server=server))
     report = measure(Inputs(trained, serve, served, config, run, target), ckpt, req.steps, prompts)

@@ -118,10 +118,16 @@ def check_memory(cfg, tps: list[int], dtype: str, device: str, ignore_limits: bo
                          "num_hidden_layers=N to truncate, or --ignore-limits to try anyway")
 
 
-def check_output(out: Path, option: str, example: str, force: bool) -> None:
+def check_output(out: Path, option: str, example: str, force: bool, reads: tuple[Path, ...] = ()) -> None:
     """An output tpsim may write: a regular file or a new name in a writable directory, with the
-    suffix of its format (that of `example`), replaced only with --force."""
+    suffix of its format (that of `example`), replaced only with --force, and never a file the run reads
+    (`reads`: its inputs' files or directories, which --force does not make outputs)."""
     suffix = Path(example).suffix
+    for given in reads:
+        read = given.resolve()
+        if out.resolve() == read or (read.is_dir() and read in out.resolve().parents):
+            where = f"is inside {given}" if read.is_dir() else f"would replace {given}"
+            raise UsageError(f"{option} {out} {where}, which this run reads; give a name outside it")
     if not out.parent.is_dir():
         raise UsageError(f"{option} {out}: directory {out.parent} does not exist; create it first")
     if out.is_symlink():  # replacing it would replace the link, not what it points to: say which is meant

@@ -9,9 +9,11 @@ from tpsim.cli.pd_options import check_alone, draft_hidden, pd_sizes
 from tpsim.cli.pp_options import pp_degree
 from tpsim.cli.run_args import pp_tp_degrees, run_spec, tp_degrees
 from tpsim.app.check import run_check, run_graphs
+from tpsim.app.preflight import check_world
 from tpsim.app.disaggregation import PdAsk, PdReport, capture_server, plan, run_pd
 from tpsim.app.report import TOLERANCE_METRIC, CheckReport, graph_rows, ops_text, prefix_note, prefix_rows
 from tpsim.base.ui import say, table
+from tpsim.run.spec import ModelSource
 from tpsim.profiles.conventions import named_ids
 
 
@@ -41,9 +43,14 @@ def check_disaggregated(args) -> int:
     rank's buffer differs from what was sent)."""
     check_alone(args)
     prefill, decode = pd_sizes(args.disaggregate)
+    # the world first: the spec below is built at the prefill degree, and its refusals would name a --tp never given
+    check_world(prefill + decode, args.device, args.ignore_limits, f"--disaggregate {prefill}:{decode}")
     ask = PdAsk(prefill, decode, draft_hidden(args))
+    source = ModelSource.load(args.model, args.override or [], [])
+    for role, tp in (("prefill", prefill), ("decode", decode)):
+        source.cfg.check_tp(tp, f"--disaggregate {prefill}:{decode}: the {role} server's TP {tp}")
     server, note = capture_server(args.server)
-    spec, res = run_spec(argparse.Namespace(**{**vars(args), "server": server, "tp": None}), [prefill])
+    spec, res = run_spec(argparse.Namespace(**{**vars(args), "server": server, "tp": None}), [prefill], source)
     if res.failed:  # the engine fails on these ids before anything is handed over
         return engine_failure(args, res)
     pd, version = plan(ask, args.server, spec, args.ignore_limits)

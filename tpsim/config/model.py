@@ -181,10 +181,12 @@ class ModelConfig:
                                  f"is not a multiple of the {b}-wide fp8 block, so a shard would split a block; "
                                  "use a smaller --tp or --weights bf16")
 
-    def check_tp(self, tp: int) -> None:
-        """Raise UsageError naming the first dimension that `tp` does not divide."""
+    def check_tp(self, tp: int, said: str | None = None) -> None:
+        """Raise UsageError naming the first dimension that `tp` does not divide (`said`: how the user gave the
+        degree, when not as --tp)."""
+        said = said or f"--tp {tp}"
         if tp < 1:
-            raise UsageError(f"--tp {tp} must be a positive integer")
+            raise UsageError(f"{said} must be a positive integer")
         dims = [("num_attention_heads", self.num_attention_heads)]
         if self.first_dense_layer is not None:
             dims.append(("intermediate_size", self.intermediate_size))
@@ -196,9 +198,9 @@ class ModelConfig:
                 kv, upto = self.kv_heads, min(max(tp, 8), 64)  # a fuzzed --tp 10**18 must not loop for ever
                 fits = [t for t in range(1, upto + 1) if all(v % t == 0 for _, v in dims)
                         and (self.mla or kv % t == 0 or t % kv == 0)]
-                raise UsageError(f"--tp {tp} does not divide {name}={value}; pick a --tp that divides it"
+                raise UsageError(f"{said} does not divide {name}={value}; pick a degree that divides it"
                                  f"{' (up to ' + str(upto) + ': ' + ', '.join(map(str, fits)) + ')' if fits else ''}")
         kv = self.kv_heads
         if not self.mla and kv % tp and tp % kv:  # KV heads split (kv % tp == 0) or replicated (tp % kv == 0)
-            raise UsageError(f"--tp {tp} neither divides nor is a multiple of num_key_value_heads={kv}; "
-                             "pick a --tp that does one or the other")
+            raise UsageError(f"{said} neither divides nor is a multiple of num_key_value_heads={kv}; "
+                             "pick a degree that does one or the other")
