@@ -16,7 +16,7 @@ from tpsim.app.returned import returned_paths, write_returned
 from tpsim.app.target import target_for
 from tpsim.app.triage import Inputs, Triage, config_reading
 from tpsim.base.errors import UsageError
-from tpsim.draft.checkpoint import read
+from tpsim.draft.checkpoint import runnable
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.fingerprints import Unverified, unverified
 from tpsim.profiles.history import model_file_server
@@ -68,7 +68,7 @@ def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
     returned = None if req.returned is None else RETURNED.at(req.server)
     server, replayed_as = model_file_server(req.server, "the radix cache")
     path = draft_path(req.draft)
-    ckpt = read(path, needs=": acceptance runs the draft's weights")
+    ckpt = runnable(path, needs=": acceptance runs the draft's weights")
     config = read_draft_config(str(path))
     target = target_for(config, req.model, list(req.overrides), req.tp, req.run.device)
     if target.standin is not None:

@@ -17,7 +17,7 @@ from tpsim.app.target import Target, target_for
 from tpsim.app.triage import Inputs, Triage, triage
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import step
-from tpsim.draft.checkpoint import inspect, read
+from tpsim.draft.checkpoint import inspect, read, runnable
 from tpsim.draft.findings import DraftFinding
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.fingerprints import Unverified, unverified
@@ -77,7 +77,8 @@ class TriageResult:
 def run_triage(req: TriageRequest) -> TriageResult | None:
     """The triage `req` asks for (None on a torchrun rank other than 0)."""
     server, replayed_as = model_file_server(req.server, "the radix cache and the PD hand-off")
-    ckpt = None if req.draft is None else read(req.draft, needs=": --draft runs the draft's weights")
+    ckpt = None if req.draft is None else (runnable if req.measure else read)(
+        req.draft, needs=": --draft runs the draft's weights")
     draft = read_draft_config(req.config_path)
     target = target_for(draft, req.model, list(req.overrides), req.tp)
     if req.measure and target.standin is not None:

@@ -1,12 +1,12 @@
 """Reading an EAGLE-3 draft directory in SpecForge's layout (config.json + *.safetensors; keys `fc.weight`,
 `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`, optional `embed_tokens.weight`; research doc
 §2.2) or the speculators format vLLM reads (`layers.0.*` for `midlayer.*`, tpsim.draft.config.Layout) into
-`Eagle3Draft`, and `inspect`, which lists what is wrong with it. Tensors are held under SpecForge's names."""
+`Eagle3Draft`, and `inspect`, which lists what is wrong with it (`runnable`: refused in one line when that makes
+running it meaningless). Tensors are held under SpecForge's names."""
 
 from __future__ import annotations
 
 import json
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +19,9 @@ from tpsim.base.errors import UsageError
 from tpsim.draft.config import DraftConfig, Layout
 from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.draft.model import Eagle3Draft
+from tpsim.draft.tensors import merge, tensor_findings
 from tpsim.draft.weights import load, specs
+from tpsim.offline.dumps import load_pt
 from tpsim.parallel.group import TPGroup
 
 SPECFORGE = "SpecForge specforge/modeling/draft/llama3_eagle.py (research doc §2.2)"
@@ -27,6 +29,12 @@ EXPORT_WARNING = ("SpecForge export: \"a key the serving loader does not expect 
                   "without an error\" (_REQUIRED_SERVING_KEYS)")
 VOCAB_KEYS = ("d2t", "t2d")
 EAGLE_BIN = "pytorch_model.bin"
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
+# what makes a measurement on the draft meaningless; the rest leaves the draft the engines run as it is (no
+# embed_tokens: the target's is used; a key no loader reads: skipped), and so does any finding on t2d, which no
+# engine's draft loader reads (tpsim.profiles.loader_lines) and tpsim's draft does not either (ids go through d2t)
+UNRUNNABLE = frozenset({DraftDefect.NON_FINITE, DraftDefect.DTYPE, DraftDefect.CONFLICT, DraftDefect.VOCAB_MAP,
+                        DraftDefect.MISSING_KEY, DraftDefect.SHAPE, DraftDefect.FC_WIDTH})
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class DraftCheckpoint:
     layout: Layout = Layout.SPECFORGE
     raw: dict = field(default_factory=dict)  # config.json as written (the keys each engine reads ids from)
     weights: bool = True  # False: config.json alone (`read(..., config_alone=True)`), no tensors to check
+    conflicts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a tensor -> the files holding other values
 
 
 def read(path: str | Path, config_alone: bool = False, needs: str = "") -> DraftCheckpoint:
@@ -44,6 +53,9 @@ def read(path: str | Path, config_alone: bool = False, needs: str = "") -> Draft
     `config_alone`: a config.json with no weights beside it is read as the config alone (`weights` False), else
     refused; `needs`: what the caller does with the weights, for that refusal."""
     path = Path(path)
+    if path.is_file() and path.suffix in WEIGHT_FILES:
+        raise UsageError(f"{path} is a weights file, not a draft: give the directory that holds it and the draft's "
+                         f"config.json ({path.parent})")
     folder = path.parent if path.is_file() else path
     config_file = path if path.is_file() else folder / "config.json"  # a config under another name: the config alone
     fix = "give the draft's directory (config.json and *.safetensors) or its config.json"
@@ -68,27 +80,75 @@ def read(path: str | Path, config_alone: bool = False, needs: str = "") -> Draft
         raise UsageError(f"{folder}: no *.safetensors (or the EAGLE repository's {EAGLE_BIN}) beside config.json"
                          f"{needs}; give the draft's directory with its weights (tpsim draft checks a config alone)")
     tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, str] = {}
+    conflicts: dict[str, tuple[str, ...]] = {}
     for f in files:
-        tensors.update(_tensors(f, fix))
+        merge(tensors, where, conflicts, _renamed(_tensors(f, fix), layout), f.name)
+    return DraftCheckpoint(folder, config, tensors, layout, raw, conflicts=conflicts)
+
+
+def runnable(path: str | Path, needs: str) -> DraftCheckpoint:
+    """The draft at `path`, read for a command that runs its weights (`needs`: what it does with them, for `read`'s
+    refusal); UsageError, one line before any rank starts, on a finding that makes the run meaningless."""
+    ckpt = read(path, needs=needs)
+    broken = [f for f in inspect(ckpt) if f.defect in UNRUNNABLE and f.key != "t2d"]
+    if broken:
+        first, more = broken[0], len(broken) - 1
+        also = f" (and {more} more finding{'s' * (more > 1)})" if more else ""
+        raise UsageError(f"{ckpt.path}: the draft cannot be run as it stands: {first.title}: {first.cause}{also}; "
+                         f"{first.fix}, then check it with tpsim draft {ckpt.path}")
+    return ckpt
+
+
+def _renamed(tensors: dict[str, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
+    """Under SpecForge's names (the speculators layout's `layers.0.*` as `midlayer.*`)."""
     prefix = layout.layer_prefix
-    tensors = {"midlayer." + k.removeprefix(prefix) if k.startswith(prefix) else k: v for k, v in tensors.items()}
-    return DraftCheckpoint(folder, config, tensors, layout, raw)
+    return {"midlayer." + k.removeprefix(prefix) if k.startswith(prefix) else k: v for k, v in tensors.items()}
 
 
 def _tensors(f: Path, fix: str) -> dict[str, torch.Tensor]:
-    """One weights file: safetensors, or EAGLE's pytorch_model.bin read with weights_only (tensors, nothing that
-    runs code: SafeAILab/EAGLE eagle/model/ea_model.py @47de7b0e `EaModel.from_pretrained` torch.loads it, else
-    model.safetensors)."""
+    """One weights file: safetensors, or EAGLE's pytorch_model.bin."""
+    if f.name == EAGLE_BIN:
+        return _state_dict(f)
     try:
-        if f.name == EAGLE_BIN:
-            got = torch.load(f, map_location="cpu", weights_only=True)
-            if not isinstance(got, dict) or not all(isinstance(v, torch.Tensor) for v in got.values()):
-                raise ValueError("it holds no state dict of tensors")
-            return got
         return load_file(str(f))
-    except (SafetensorError, OSError, ValueError, RuntimeError, pickle.UnpicklingError) as e:
-        what = "state dict" if f.name == EAGLE_BIN else "safetensors file"
-        raise UsageError(f"{f} is not a readable {what} ({str(e).splitlines()[0][:80]}); {fix}") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise UsageError(f"{f} is not a readable safetensors file ({str(e).splitlines()[0][:80]}); {fix}") from None
+
+
+def _state_dict(f: Path) -> dict[str, torch.Tensor]:
+    """EAGLE's pytorch_model.bin, read with weights_only (tensors, nothing that runs code: SafeAILab/EAGLE
+    eagle/model/ea_model.py @47de7b0e `EaModel.from_pretrained` torch.loads it, else model.safetensors): dense
+    tensors under string names, else one line."""
+    fix = "save the draft's state dict (string names, dense tensors) with torch.save, or export it as *.safetensors"
+    if f.stat().st_size == 0:
+        raise UsageError(f"{f} is empty (0 bytes); {fix}")
+    got = load_pt(f, fix)
+    why = _not_a_state_dict(got)
+    if why:
+        raise UsageError(f"{f} is not a readable state dict ({why}); {fix}")
+    return got
+
+
+def _not_a_state_dict(got) -> str:
+    """'' for a dict of dense tensors under string names, else what it holds instead."""
+    if not isinstance(got, dict) or not all(isinstance(v, torch.Tensor) for v in got.values()):
+        return "it holds no state dict of tensors"
+    for k, v in got.items():
+        if not isinstance(k, str):
+            return f"its key {k!r} ({type(k).__name__}) is not a tensor name"
+        if hollow := _hollow(v):
+            return f"tensor {k} is {hollow}, not a dense tensor of values"
+    return ""
+
+
+def _hollow(t: torch.Tensor) -> str:
+    """'' for a dense tensor that holds its values, else what it is instead."""
+    if t.is_meta:
+        return "on the meta device (shape only, no values)"
+    if t.layout != torch.strided:
+        return f"sparse ({t.layout})"
+    return "quantized" if t.is_quantized else ""
 
 
 def build(ckpt: DraftCheckpoint, embed: torch.Tensor | None = None, device: str = "cpu") -> Eagle3Draft:
@@ -110,7 +170,9 @@ def inspect(path: str | Path | DraftCheckpoint, target_hidden: int | None = None
     ckpt = path if isinstance(path, DraftCheckpoint) else read(path)
     if not ckpt.weights:
         return _declared_width(ckpt, target_hidden)
-    return [*_fc_width(ckpt, target_hidden), *_vocab_map(ckpt), *_keys(ckpt)]
+    places = specs(Eagle3Draft(ckpt.config, TPGroup(device=torch.device("meta"))))  # shapes only, no memory
+    return [*_fc_width(ckpt, target_hidden), *_vocab_map(ckpt), *_keys(ckpt, places),
+            *tensor_findings(ckpt.tensors, set(places) | set(VOCAB_KEYS), ckpt.conflicts)]
 
 
 def _declared_width(ckpt: DraftCheckpoint, target_hidden: int | None) -> list[DraftFinding]:
@@ -163,8 +225,12 @@ def _vocab_map(ckpt: DraftCheckpoint) -> list[DraftFinding]:
             out.append(finding(f"d2t has shape {tuple(d2t.shape)}, draft_vocab_size is {cfg.draft_vocab_size}", "d2t"))
         else:
             targets = torch.arange(len(d2t)) + d2t.long()
-            if bool(((targets < 0) | (targets >= cfg.vocab_size)).any()):
-                out.append(finding(f"d2t maps draft ids outside the target vocab [0, {cfg.vocab_size})", "d2t"))
+            outside = ((targets < 0) | (targets >= cfg.vocab_size)).nonzero().flatten().tolist()
+            if outside:
+                i = outside[0]
+                out.append(finding(f"d2t maps {len(outside)} draft id{'s' * (len(outside) > 1)} outside the target "
+                                   f"vocab [0, {cfg.vocab_size}), the first draft id {i} to {int(targets[i])} "
+                                   f"(offset {int(d2t[i])})", "d2t"))
             elif len(torch.unique(targets)) != len(targets):
                 out.append(finding("d2t maps two draft ids to the same target id", "d2t"))
             elif t2d is not None and t2d.shape == (cfg.vocab_size,):
@@ -175,8 +241,7 @@ def _vocab_map(ckpt: DraftCheckpoint) -> list[DraftFinding]:
     return out
 
 
-def _keys(ckpt: DraftCheckpoint) -> list[DraftFinding]:
-    places = specs(Eagle3Draft(ckpt.config, TPGroup(device=torch.device("meta"))))  # shapes only, no memory
+def _keys(ckpt: DraftCheckpoint, places: dict) -> list[DraftFinding]:
     out = []
     if "embed_tokens.weight" not in ckpt.tensors:
         out.append(DraftFinding(

@@ -15,6 +15,9 @@ class DraftDefect(Enum):
     IGNORED_KEY = "ignored-key"  # a tensor no loader of this layout reads
     MISSING_KEY = "missing-key"  # a tensor the config calls for is not there
     SHAPE = "shape"  # a tensor the draft reads has the wrong shape
+    DTYPE = "dtype"  # a tensor the draft reads has a dtype it cannot be (a bool or int weight, a float d2t)
+    NON_FINITE = "non-finite"  # a tensor the draft reads holds NaN or Inf
+    CONFLICT = "conflicting-shards"  # two weight files hold one tensor with different values
     # what a named engine version's loader does with it (`tpsim draft --server`, tpsim/profiles/loaders.py)
     LOADER_SKIPS = "loader-skips-key"  # a tensor that engine's loader skips without an error
     LOADER_REFUSES = "loader-refuses-key"  # a tensor that engine's loader refuses: it does not start

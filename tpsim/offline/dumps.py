@@ -40,6 +40,7 @@ position, in whatever convention the reference was captured.
 
 from __future__ import annotations
 
+import pickle
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from safetensors import safe_open
 
 from tpsim.profiles.conventions import Convention, resolve
 from tpsim.base.errors import UsageError
+from tpsim.base.finite import nonfinite
 from tpsim.capture.files import RANK_DUMP_FORMAT
 from tpsim.base.safetensors import tensor_sha256
 
@@ -104,9 +106,8 @@ class RankSet:
         difference in some similarity measures)."""
         bad = []
         for r, t in enumerate(self.points[point]):
-            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-            if nan or inf:
-                bad.append(f"rank {r} ({self.source(point, r)}) holds {nan} NaN and {inf} Inf of {t.numel()} values")
+            if counted := nonfinite(t):
+                bad.append(f"rank {r} ({self.source(point, r)}) holds {counted}")
         return "; ".join(bad)
 
 
@@ -274,14 +275,25 @@ def sglang_position(tags: dict[str, str]) -> str | None:
     return None
 
 
-def load_pt(path: Path):
+def load_pt(path: Path, fix: str = "pass tensor dumps only"):
+    """What torch.save wrote to `path`, read with weights_only (no code in it runs), or one line and the `fix`."""
     try:
         with warnings.catch_warnings():  # torch warns (two lines) about a pickle protocol before refusing it
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise UsageError(f"{path} cannot be read with torch.load(weights_only=True) ({_short(e)}); pass tensor "
-                         f"dumps only") from None
+        raise UsageError(f"{path} cannot be read with torch.load(weights_only=True) ({_unpickled(e)}); {fix}") \
+            from None
+
+
+def _unpickled(e: BaseException) -> str:
+    """Why torch.load refused: for a weights-only refusal its reason alone, without torch's advice to load with
+    weights_only=False (which runs whatever code the file holds)."""
+    _, cue, rest = ANSI.sub("", str(e)).partition("WeightsUnpickler error:")
+    reason = next((line.strip() for line in rest.splitlines() if line.strip()), "")
+    if not isinstance(e, pickle.UnpicklingError) or not cue:
+        return _short(e)
+    return f"not a torch.save file of tensors alone: {reason[:80]}; nothing in it was run"
 
 
 def _sglang_rank(tags: dict, obj) -> tuple[int, int | None, torch.Tensor | None]:

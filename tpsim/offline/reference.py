@@ -13,6 +13,7 @@ import torch
 
 from tpsim.capture.positions import Position
 from tpsim.base.errors import UsageError
+from tpsim.base.finite import nonfinite
 from tpsim.capture.files import RANK_DUMP_FORMAT
 from tpsim.offline.dumps import VLLM_TOKENS, VllmRequest, load_pt, open_safetensors, safetensors_header, vllm_request
 
@@ -30,10 +31,9 @@ class Reference:
 
     def __post_init__(self) -> None:
         for name, t in self.candidates.items():
-            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-            if nan or inf:
-                raise UsageError(f"--reference {self.path}: {name} holds {nan} NaN and {inf} Inf of {t.numel()} "
-                                 "values; nothing can be judged against it: pass a finite reference")
+            if counted := nonfinite(t):
+                raise UsageError(f"--reference {self.path}: {name} holds {counted}; nothing can be judged against "
+                                 "it: pass a finite reference")
 
 
 def parse_positions(text: str) -> list[str]:
