@@ -34,7 +34,8 @@ from tpsim.bench.jobs import cuda_capture_job
 from tpsim.capture import Recorder
 from tpsim.profiles.conventions import resolve
 from tpsim.config.loader import load_config, with_overrides
-from tpsim.run.jobs import bitwise_equal, build_model, comparable_rows, rel_err
+from tpsim.base.tensors import bitwise_equal
+from tpsim.run.jobs import build_model, comparable_rows, rel_err
 from tpsim.run.spec import input_ids_for
 from tpsim.parallel import TPGroup
 from tpsim.parallel.pool import RankPool

@@ -15,13 +15,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from tpsim.base.errors import UsageError
+from tpsim.base.torchfile import load_pt
 
 from tpsim.draft.config import DraftConfig, Layout
 from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.draft.model import Eagle3Draft
 from tpsim.draft.tensors import merge, tensor_findings
 from tpsim.draft.weights import load, specs
-from tpsim.offline.dumps import load_pt
 from tpsim.parallel.group import TPGroup
 
 SPECFORGE = "SpecForge specforge/modeling/draft/llama3_eagle.py (research doc §2.2)"

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from tpsim.base.finite import nonfinite
+from tpsim.base.tensors import bitwise_equal, nonfinite
 from tpsim.draft.findings import DraftDefect, DraftFinding
-from tpsim.run.jobs import bitwise_equal
 
 COPIED = ("sglang python/sglang/srt/model_loader/weight_utils.py default_weight_loader (vLLM's alike): "
           "param.data.copy_(loaded_weight), which casts any dtype")

@@ -40,9 +40,7 @@ position, in whatever convention the reference was captured.
 
 from __future__ import annotations
 
-import pickle
 import re
-import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -52,7 +50,8 @@ from safetensors import safe_open
 
 from tpsim.profiles.conventions import Convention, resolve
 from tpsim.base.errors import UsageError
-from tpsim.base.finite import nonfinite
+from tpsim.base.tensors import nonfinite
+from tpsim.base.torchfile import load_pt, short_error
 from tpsim.capture.files import RANK_DUMP_FORMAT
 from tpsim.base.safetensors import tensor_sha256
 
@@ -111,16 +110,8 @@ class RankSet:
         return "; ".join(bad)
 
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torch's weights-only error bolds a phrase
-
-
-def _short(e: BaseException) -> str:
-    text = ANSI.sub("", str(e)).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:160]
-
-
 def _unreadable(path: Path, e: BaseException) -> UsageError:
-    return UsageError(f"{path} is not a readable safetensors file ({_short(e)}); pass the file tpsim or the engine "
+    return UsageError(f"{path} is not a readable safetensors file ({short_error(e)}); pass the file tpsim or the engine "
                       f"wrote, whole")
 
 
@@ -273,27 +264,6 @@ def sglang_position(tags: dict[str, str]) -> str | None:
     if tags["name"] in SGLANG_RESIDUAL_AT_LAYER_START and lid is not None and lid.isdecimal():
         return "embed" if int(lid) == 0 else f"out({int(lid) - 1})"
     return None
-
-
-def load_pt(path: Path, fix: str = "pass tensor dumps only"):
-    """What torch.save wrote to `path`, read with weights_only (no code in it runs), or one line and the `fix`."""
-    try:
-        with warnings.catch_warnings():  # torch warns (two lines) about a pickle protocol before refusing it
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise UsageError(f"{path} cannot be read with torch.load(weights_only=True) ({_unpickled(e)}); {fix}") \
-            from None
-
-
-def _unpickled(e: BaseException) -> str:
-    """Why torch.load refused: for a weights-only refusal its reason alone, without torch's advice to load with
-    weights_only=False (which runs whatever code the file holds)."""
-    _, cue, rest = ANSI.sub("", str(e)).partition("WeightsUnpickler error:")
-    reason = next((line.strip() for line in rest.splitlines() if line.strip()), "")
-    if not isinstance(e, pickle.UnpicklingError) or not cue:
-        return _short(e)
-    return f"not a torch.save file of tensors alone: {reason[:80]}; nothing in it was run"
 
 
 def _sglang_rank(tags: dict, obj) -> tuple[int, int | None, torch.Tensor | None]:

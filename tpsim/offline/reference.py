@@ -13,9 +13,10 @@ import torch
 
 from tpsim.capture.positions import Position
 from tpsim.base.errors import UsageError
-from tpsim.base.finite import nonfinite
+from tpsim.base.tensors import nonfinite
 from tpsim.capture.files import RANK_DUMP_FORMAT
-from tpsim.offline.dumps import VLLM_TOKENS, VllmRequest, load_pt, open_safetensors, safetensors_header, vllm_request
+from tpsim.base.torchfile import load_pt
+from tpsim.offline.dumps import VLLM_TOKENS, VllmRequest, open_safetensors, safetensors_header, vllm_request
 
 FEATURE_KEYS = ("aux_hidden_states", "aux_hidden_state", "hidden_states", "hidden_state", "value")
 

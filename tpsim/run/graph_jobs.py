@@ -10,7 +10,8 @@ from tpsim.capture.graphs import CaptureSet, GraphRunner, RecordedGraph
 from tpsim.modes import Strategy
 from tpsim.parallel.launch import RankContext
 from tpsim.run.graphs import GraphCheck, start
-from tpsim.run.jobs import bitwise_equal, rel_err, run_captured, spec_model
+from tpsim.base.tensors import bitwise_equal
+from tpsim.run.jobs import rel_err, run_captured, spec_model
 from tpsim.run.spec import RunSpec
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tpsim.base.tensors import bitwise_equal
 from tpsim.capture import Position, PositionKind, Recorder
 from tpsim.capture.points import Taps
 from tpsim.weights.reader import Checkpoint, load_weights
@@ -95,12 +96,6 @@ def own_tokens(input_ids: list[int], mode: Mode, group: TPGroup) -> list[int]:
     """The tokens this rank feeds the model: all of them, or under dp-attention its own
     sequence (contiguous chunk `group.rank` of `split_sizes(T, tp)`)."""
     return mode.own_tokens(input_ids, group.rank, group.size)
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, dtype and bits (so a NaN equals the same NaN, unlike torch.equal)."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -18,7 +18,8 @@ import torch
 from tpsim.capture import Position, Recorder
 from tpsim.weights.reader import Checkpoint, load_weights
 from tpsim.config.loader import config_from_dict
-from tpsim.run.jobs import (DTYPES, agree_on_run, bitwise_equal, build_model, own_tokens, prefill_cache, routing_rows,
+from tpsim.base.tensors import bitwise_equal
+from tpsim.run.jobs import (DTYPES, agree_on_run, build_model, own_tokens, prefill_cache, routing_rows,
                             run_captured, run_recorded, run_captured_parts)
 from tpsim.model.decoder import CausalLM
 from tpsim.modes import Mode, SequenceParallel, Strategy, TensorParallel
