@@ -343,7 +343,7 @@ BAD = {  # id -> (argv, substrings of the one error line); {draft:NAME} is a fil
     "config-ids-not-a-list": (["--draft-config", "{draft:scalar}", "--server", "vllm", *V3],
                               ["top-level eagle_aux_hidden_state_layer_ids is 29", "list of integer"]),
     "config-eagle-config-a-list": (["--draft-config", "{draft:eagle_list}", "--server", "vllm", *V3],
-                                   ["eagle_config is a list"]),
+                                   ["field eagle_config must be a mapping, got [1, 29, 57]"]),
 }
 DRAFTS = {"ok": LAYOUTS["nested"], "garbage": "{not json", "scalar": {"eagle_aux_hidden_state_layer_ids": 29},
           "strings": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ["1", "29", "57"]}},

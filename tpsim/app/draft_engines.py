@@ -59,6 +59,8 @@ def ids_findings(ckpt: DraftCheckpoint, servers: list[ServedLoader], model_type:
 def _misread(raw: dict, name: str, profile, got, model_type: str, layers: int) -> list[DraftFinding]:
     """The ids `profile` reads, replayed on the target's layers, against what the trainer captured from them."""
     meant = _trainer_captures(raw, model_type, layers)
+    if meant is None:
+        return _unfit(raw, name, profile, got, model_type, layers)
     try:
         served = replay(profile, got.ids, layers)
     except UsageError as e:
@@ -66,7 +68,7 @@ def _misread(raw: dict, name: str, profile, got, model_type: str, layers: int) -
         failure = str(e)
     else:
         failure = served.failure
-    if meant is None or (failure is None and list(served.positions) == meant):
+    if failure is None and list(served.positions) == meant:
         return []
     what = f"fails ({failure})" if failure else f"captures {', '.join(map(str, served.positions))}"
     fix = _safeguard(profile, raw, meant, layers) or "write ids that capture the trained layers where the server " \
@@ -77,14 +79,33 @@ def _misread(raw: dict, name: str, profile, got, model_type: str, layers: int) -
                          "trained on", str(profile.behaviour.numbering.source), fix, got.where, name)]
 
 
-def _trainer_captures(raw: dict, model_type: str, layers: int) -> list | None:
-    """What the trainer (SpecForge, triage's default --train) captures from this config (None: it cannot)."""
+def _unfit(raw: dict, name: str, profile, got, model_type: str, layers: int) -> list[DraftFinding]:
+    """Ids the trainer itself fails on with this target (one past its last layer, say): the draft was trained for
+    another target, or its ids were edited; whatever `profile` captures from them is not what training saw."""
+    trained = _trainer_replay(raw, model_type, layers)
+    if trained is None or trained.failure is None:
+        return []
+    return [DraftFinding(DraftDefect.IDS_MISREAD,
+                         f"{name} reads {got.ids} at {got.where} ({profile.name}), and {TRAINER}, which wrote them, "
+                         f"fails on them with this target's {layers} layers: {trained.failure}; the draft was not "
+                         "trained with these ids on this target", str(trained.profile.behaviour.out_of_range.source),
+                         f"give --model the target the draft was trained for, or write ids {TRAINER} captures from "
+                         f"{layers} layers where {name} reads them", got.where, name)]
+
+
+def _trainer_replay(raw: dict, model_type: str, layers: int):
+    """The trainer's (SpecForge, triage's default --train) replay of this config's ids (None: no trainer profile)."""
     try:
         trainer = registry.lookup(TRAINER, model_type)
-        got = replay(trainer, read_ids(trainer, raw).ids, layers)
+        return replay(trainer, read_ids(trainer, raw).ids, layers)
     except UsageError:
         return None
-    return None if got.failure else list(got.positions)
+
+
+def _trainer_captures(raw: dict, model_type: str, layers: int) -> list | None:
+    """What the trainer captures from this config (None: it cannot)."""
+    got = _trainer_replay(raw, model_type, layers)
+    return None if got is None or got.failure else list(got.positions)
 
 
 def _default(profile, layers: int) -> list | None:

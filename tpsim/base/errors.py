@@ -13,6 +13,12 @@ class RankError(Exception):
     """A rank failed or stalled; the message names the rank and what it was doing."""
 
 
+def quoted(value) -> str:
+    """`value` as an error quotes it, cut to 80 characters (a million-entry list stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:76] + " ..."
+
+
 def read_text(path: Path, name: str, kind: str, fix: str) -> str:
     """The text of `path`, or one line naming the file (`name`, e.g. "config"), what it should
     hold (`kind`, e.g. "YAML/JSON") and the `fix`."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from tpsim.config.model import ModelConfig
-from tpsim.base.errors import UsageError
+from tpsim.base.errors import UsageError, quoted
 from tpsim.config.families import Attention
 
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -51,12 +51,21 @@ def check_consistency(cfg: ModelConfig, source: str) -> None:
     if cfg.n_routed_experts is not None:
         _check_moe(cfg, source)
     if cfg.rope_scaling is not None:
-        _check_rope_scaling(cfg, source)
-    if cfg.rope_theta <= 0 or (cfg.rope_theta == 1 and cfg.rope_scaling is not None):
-        raise UsageError(f"{source}: rope_theta={cfg.rope_theta:g} must be positive (and not 1 with rope scaling)")
-    if cfg.rms_norm_eps < 0:
-        raise UsageError(f"{source}: rms_norm_eps={cfg.rms_norm_eps:g} must not be negative; models use 1e-5 or 1e-6")
+        check_rope_scaling(cfg.rope_scaling, source, ROPE_TYPES[cfg.family.attention], cfg.model_type, cfg.mla)
+    check_rope_theta(cfg.rope_theta, cfg.rope_scaling is not None, source)
+    check_rms_norm_eps(cfg.rms_norm_eps, source)
     _check_sizes(cfg, source)
+
+
+def check_rope_theta(theta: float, scaled: bool, source: str) -> None:
+    if theta <= 0 or (theta == 1 and scaled):
+        raise UsageError(f"{source}: rope_theta={theta:g} must be positive (and not 1 with rope scaling); write the "
+                         "base the model was trained with (Llama 2: 10000.0)")
+
+
+def check_rms_norm_eps(eps: float, source: str) -> None:
+    if eps < 0:
+        raise UsageError(f"{source}: rms_norm_eps={eps:g} must not be negative; models use 1e-5 or 1e-6")
 
 
 def _check_mla(cfg: ModelConfig, source: str) -> None:
@@ -75,15 +84,7 @@ def _check_mla(cfg: ModelConfig, source: str) -> None:
 
 
 def _check_gqa(cfg: ModelConfig, source: str) -> None:
-    heads, kv = cfg.num_attention_heads, cfg.kv_heads
-    if heads % kv:
-        raise UsageError(f"{source}: num_key_value_heads={kv} does not divide num_attention_heads={heads}; "
-                         "each KV head serves a whole group of query heads")
-    if cfg.head_dim is None and cfg.hidden_size % heads:
-        raise UsageError(f"{source}: hidden_size={cfg.hidden_size} is not a multiple of num_attention_heads={heads}; "
-                         "give head_dim")
-    if cfg.attention_head_dim % 2:
-        raise UsageError(f"{source}: head_dim={cfg.attention_head_dim} must be even for RoPE")
+    check_heads(cfg.num_attention_heads, cfg.kv_heads, cfg.hidden_size, cfg.head_dim, source)
     if cfg.family.sinks and len(cfg.layer_types) < cfg.num_hidden_layers:
         raise UsageError(f"{source}: layer_types names {len(cfg.layer_types)} layers, num_hidden_layers is "
                          f"{cfg.num_hidden_layers}; give one type per layer")
@@ -94,6 +95,20 @@ def _check_gqa(cfg: ModelConfig, source: str) -> None:
         if cfg.extra.get(flag):
             raise UsageError(f"{source}: {flag}=true ({what}) is not supported for {cfg.model_type}; "
                              "tpsim runs the published configs, which leave it off")
+
+
+def check_heads(heads: int, kv: int, hidden: int, head_dim: int | None, source: str) -> None:
+    """GQA's heads: KV heads that group the query heads, a head size (`head_dim`, None: hidden // heads) RoPE
+    rotates in halves."""
+    if heads % kv:
+        raise UsageError(f"{source}: num_key_value_heads={kv} does not divide num_attention_heads={heads}; "
+                         "give one that does (each KV head serves a whole group of query heads)")
+    if head_dim is None and hidden % heads:
+        raise UsageError(f"{source}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}; "
+                         "give head_dim")
+    if (head_dim or hidden // heads) % 2:
+        raise UsageError(f"{source}: head_dim={head_dim or hidden // heads} must be even for RoPE, which rotates "
+                         "pairs; give an even head_dim")
 
 
 def _check_moe(cfg: ModelConfig, source: str) -> None:
@@ -125,31 +140,32 @@ def _check_moe(cfg: ModelConfig, source: str) -> None:
                              f"n_routed_experts/n_group must be at least 2")
 
 
-def _check_rope_scaling(cfg: ModelConfig, source: str) -> None:
-    rs = cfg.rope_scaling
+def check_rope_scaling(rs: dict, source: str, allowed: tuple[str, ...], what: str, mla: bool = False) -> None:
+    """A `rope_scaling` mapping of one of the `allowed` types, with the numbers its maths reads (`what` names
+    the model, for the error; `mla`: DeepSeek's, whose original_max_position_embeddings defaults)."""
     kind = rs.get("type", rs.get("rope_type"))
-    allowed = ROPE_TYPES[cfg.family.attention]
     if kind not in allowed:
-        raise UsageError(f"{source}: rope_scaling type {kind!r} is not supported for {cfg.model_type}; "
+        raise UsageError(f"{source}: rope_scaling type {quoted(kind)} is not supported for {what}; "
                          f"use {' or '.join(allowed)} or null")
     numbers = LLAMA3_NUMBERS if kind == "llama3" else YARN_NUMBERS
-    needs = numbers if kind == "llama3" else numbers[:1] if cfg.mla else numbers[:2]  # DeepSeek's defaults to 4096
+    needs = numbers if kind == "llama3" else numbers[:1] if mla else numbers[:2]  # DeepSeek's defaults to 4096
     for key in needs:
         if key not in rs:
-            raise UsageError(f"{source}: rope_scaling ({kind}) needs {key}")
+            raise UsageError(f"{source}: rope_scaling ({kind}) needs {key}; add it to rope_scaling")
     for key in numbers:  # the rope maths reads these on every rank: a string or a 0 fails there
         if key not in rs or (key == "mscale_all_dim" and rs[key] is None):
             continue
         v, positive = rs[key], kind == "llama3" or key in YARN_NUMBERS[:4]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
             raise UsageError(f"{source}: rope_scaling {key} must be a {'positive' if positive else 'finite'} "
-                             f"number, got {v!r}")
+                             f"number, got {quoted(v)}; give the value the model was trained with")
     for key in YARN_BOOLEANS if kind == "yarn" else ():  # "false" (a string) would read as true
         if key in rs and not isinstance(rs[key], bool):
-            raise UsageError(f"{source}: rope_scaling {key} must be true or false, got {rs[key]!r}")
+            raise UsageError(f"{source}: rope_scaling {key} must be true or false, got {quoted(rs[key])}; "
+                             "write true or false, unquoted")
     if kind == "llama3" and rs["high_freq_factor"] <= rs["low_freq_factor"]:
         raise UsageError(f"{source}: rope_scaling high_freq_factor={rs['high_freq_factor']} must exceed "
-                         f"low_freq_factor={rs['low_freq_factor']}")
+                         f"low_freq_factor={rs['low_freq_factor']}; Llama 3.1 has low 1.0 and high 4.0")
 
 
 MAX_TENSOR_ELEMENTS = 2**48  # 1 PB in float32; DeepSeek-V3's largest tensor holds 9.3e8 elements
@@ -159,6 +175,14 @@ MAX_ROUTED_EXPERTS = 2**16  # one module per expert: building 10**9 of them (eve
 def _count(n: int) -> str:
     """`1.23e+20`; an int too large for a float (10**400) as `about 10^400`."""
     return f"{n:.3g}" if n < 1e300 else f"about 10^{len(str(n)) - 1}"
+
+
+def check_tensor_sizes(tensors: list[tuple[int, str]], source: str) -> None:
+    """Refuse the largest of (elements, what makes it) `tensors` past MAX_TENSOR_ELEMENTS."""
+    biggest = max(tensors)
+    if biggest[0] > MAX_TENSOR_ELEMENTS:
+        raise UsageError(f"{source}: {biggest[1]} makes a tensor of {_count(biggest[0])} elements (at most "
+                         f"{MAX_TENSOR_ELEMENTS:.3g}); check the sizes")
 
 
 def _check_sizes(cfg: ModelConfig, source: str) -> None:
@@ -174,16 +198,13 @@ def _check_sizes(cfg: ModelConfig, source: str) -> None:
             (heads * cfg.v_head_dim * H, "o_proj")]
     else:
         attention = [((heads + 2 * cfg.kv_heads) * cfg.attention_head_dim * H, "the qkv projection")]
-    biggest = max([
+    check_tensor_sizes([
         (cfg.padded_vocab_size * H, "vocab_size x hidden_size"),
         *attention,
         (cfg.intermediate_size * H, "intermediate_size x hidden_size"),
         ((cfg.moe_intermediate_size or 0) * max(1, cfg.n_shared_experts or 0) * H, "moe_intermediate_size x hidden_size"),
         ((cfg.n_routed_experts or 0) * H, "n_routed_experts x hidden_size"),
-    ])
-    if biggest[0] > MAX_TENSOR_ELEMENTS:
-        raise UsageError(f"{source}: {biggest[1]} makes a tensor of {_count(biggest[0])} elements (at most "
-                         f"{MAX_TENSOR_ELEMENTS:.3g}); check the sizes")
+    ], source)
     if (cfg.n_routed_experts or 0) > MAX_ROUTED_EXPERTS:
         raise UsageError(f"{source}: {cfg.family.hf_name('n_routed_experts')}={cfg.n_routed_experts} exceeds {MAX_ROUTED_EXPERTS} "
                          "(DeepSeek-V3 has 256); tpsim builds one module per expert")

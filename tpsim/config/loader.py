@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tpsim.base.errors import UsageError, read_text
+from tpsim.base.errors import UsageError, quoted, read_text
 from tpsim.config.checks import LAYER_TYPES, check_consistency
 from tpsim.config.model import ModelConfig
 from tpsim.config.families import BY_MODEL_TYPE, DEFAULT_MODEL_TYPE, MODEL_TYPES
@@ -34,40 +34,46 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig) if f.name != "extr
 
 def _check_type(name: str, value: Any, source: str, shown: str | None = None) -> Any:
     """`value` of tpsim field `name`, checked for its type; errors name it as the config spells it (`shown`)."""
-    ann, field = str(_FIELDS[name].type), shown or name
-    optional = "None" in ann
+    return check_field(str(_FIELDS[name].type), value, source, shown or name, zero_ok=name == "first_k_dense_replace")
+
+
+def check_field(ann: str, value: Any, source: str, field: str, zero_ok: bool = False, fix: str = "") -> Any:
+    """`value` of a config field annotated `ann` (as a dataclass spells it: "int", "float | None", ...), checked
+    for its type (an integer positive, a number finite); errors name it `field` and end with `fix` when given."""
+    optional, end = "None" in ann, f"; {fix}" if fix else ""
     if value is None:
         if optional:
             return None
-        raise UsageError(f"{source}: field {field} must not be null")
+        raise UsageError(f"{source}: field {field} must not be null{end}")
     if ann.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(f"{source}: field {field} must be an integer, got {value!r}")
-        if value < 0 or (value == 0 and name not in ("first_k_dense_replace",)):
-            raise UsageError(f"{source}: field {field} must be positive, got {value}")
+            raise UsageError(f"{source}: field {field} must be an integer, got {quoted(value)}{end}")
+        if value < 0 or (value == 0 and not zero_ok):
+            raise UsageError(f"{source}: field {field} must be positive, got {quoted(value)}{end}")
     elif ann.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"{source}: field {field} must be a number, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a number, got {quoted(value)}{end}")
         if not math.isfinite(value):
-            raise UsageError(f"{source}: field {field} must be a finite number, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a finite number, got {value!r}{end}")
         value = float(value)
     elif ann.startswith("bool"):
         if not isinstance(value, bool):
-            raise UsageError(f"{source}: field {field} must be true or false, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be true or false, got {quoted(value)}{end}")
     elif ann.startswith("str"):
         if not isinstance(value, str):
-            raise UsageError(f"{source}: field {field} must be a string, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a string, got {quoted(value)}{end}")
     elif ann.startswith("dict"):
         if not isinstance(value, dict):
-            raise UsageError(f"{source}: field {field} must be a mapping, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a mapping, got {quoted(value)}{end}")
     elif ann.startswith("tuple[int"):  # a list of layer indices
         if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
                                                        for v in value):
-            raise UsageError(f"{source}: field {field} must be a list of layer indices, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a list of layer indices, got {quoted(value)}{end}")
         value = tuple(value)
     elif ann.startswith("tuple[str"):
         if not isinstance(value, (list, tuple)) or any(v not in LAYER_TYPES for v in value):
-            raise UsageError(f"{source}: field {field} must be a list of {' or '.join(LAYER_TYPES)}, got {value!r}")
+            raise UsageError(f"{source}: field {field} must be a list of {' or '.join(LAYER_TYPES)}, got "
+                             f"{quoted(value)}{end}")
         value = tuple(value)
     return value
 

@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from tpsim.base.errors import UsageError
+from tpsim.base.errors import UsageError, read_text
 from tpsim.base.torchfile import load_pt
 
 from tpsim.draft.config import DraftConfig, Layout
@@ -61,15 +61,15 @@ def read(path: str | Path, config_alone: bool = False, needs: str = "") -> Draft
     fix = "give the draft's directory (config.json and *.safetensors) or its config.json"
     if not config_file.is_file():
         raise UsageError(f"{path}: no draft config.json there; {fix}")
+    text = read_text(config_file, "draft config", "JSON", fix)
     try:
-        raw = json.loads(config_file.read_text())
-        config = DraftConfig.from_json(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        raw = json.loads(text)
+    except ValueError as e:
         raise UsageError(f"{config_file} is not a JSON draft config ({str(e).splitlines()[0][:80]}); {fix}") \
             from None
-    except (KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{config_file}: an EAGLE-3 draft config needs hidden_size, intermediate_size, "
-                         f"num_attention_heads and vocab_size ({type(e).__name__}: {e}); {fix}") from None
+    except RecursionError:
+        raise UsageError(f"{config_file} is not a config.json (JSON nested too deeply to read); {fix}") from None
+    config = DraftConfig.from_json(raw, str(config_file))
     files = sorted(folder.glob("*.safetensors")) if config_file.name == "config.json" else []
     layout = Layout.of(raw)
     if not files and (folder / EAGLE_BIN).is_file():

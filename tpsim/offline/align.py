@@ -15,23 +15,16 @@ Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 import json
-from textwrap import shorten
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpsim.capture import Position, PositionKind
 from tpsim.profiles.conventions import Convention, check_convention, default_ids, ids_for, named_ids, resolve
 from tpsim.profiles.draft import value_at
-from tpsim.profiles.replay import check_id_count
-from tpsim.profiles.vllm import V2_DSPARK, V2_LAYER_IDS
 from tpsim.base.errors import UsageError, read_text
 from tpsim.config.loader import BUILTIN_CONFIGS
+from tpsim.draft.config import KEY, check_keys
 
-MORE_ID_KEYS = tuple(k.path for k in (*V2_DSPARK, *V2_LAYER_IDS))
-
-KEY = "eagle_aux_hidden_state_layer_ids"
-NESTED = f"eagle_config.{KEY}"
-TOP = f"top-level {KEY}"
 LABELS = {  # reason code -> the words the table uses
     "off-by-one": "off by one",
     "embed-never-trained": "embedding slot never seen in training",
@@ -391,21 +384,8 @@ def read_draft_config(text: str) -> DraftConfig:
     if not isinstance(raw, dict):
         raise UsageError(f"--draft-config {p} holds a JSON {type(raw).__name__}, not an object; give the draft's config.json")
     _not_a_target_config(p, raw)
-    eagle = raw.get("eagle_config")
-    if eagle is not None and not isinstance(eagle, dict):
-        raise UsageError(f"--draft-config {p}: eagle_config is a {type(eagle).__name__}, not an object; "
-                         f'write "eagle_config": {{"{KEY}": [1, 29, 57]}}')
-    off = (eagle or {}).get("use_aux_hidden_state")
-    if off is not None and not isinstance(off, bool):  # the engines read it by truthiness: "false" is on
-        raise UsageError(f"--draft-config {p}: eagle_config.use_aux_hidden_state must be true or false, got "
-                         f"{shorten(json.dumps(off), 40)} (SGLang and vLLM read any non-empty string as true)")
-    nested = _ids_at(p, NESTED, (eagle or {}).get(KEY))
-    dflash = raw.get("dflash_config")
-    if isinstance(dflash, dict):
-        _ids_at(p, "dflash_config.target_layer_ids", dflash.get("target_layer_ids"))
-    for path in MORE_ID_KEYS:  # read by vLLM's runner v2 (tpsim/profiles/vllm.py)
-        _ids_at(p, ".".join(path), value_at(raw, path))
-    return DraftConfig(p, nested, _ids_at(p, TOP, raw.get(KEY)), raw)
+    check_keys(raw, f"--draft-config {p}")
+    return DraftConfig(p, value_at(raw, ("eagle_config", KEY)), raw.get(KEY), raw)
 
 
 DRAFT_KEYS = ("eagle_config", KEY, "dflash_config", "draft_vocab_size", "target_hidden_size")
@@ -424,16 +404,3 @@ def _not_a_target_config(p: Path, raw: dict) -> None:
     raise UsageError(f"--draft-config {p} is a target model's config ({', '.join(map(str, arch))}"
                      f"{f', {layers} layers' if isinstance(layers, int) else ''}, none of "
                      f"{', '.join(DRAFT_KEYS)}); give the EAGLE-3 draft's config.json")
-
-
-def _ids_at(p: Path, where: str, value) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(j, int) and not isinstance(j, bool) for j in value):
-        raise UsageError(f"--draft-config {p}: {where} is {shorten(json.dumps(value), 80)}, not a list of integer "
-                         "layer ids; write e.g. [1, 29, 57]")
-    try:
-        check_id_count(value)
-    except UsageError as e:
-        raise UsageError(f"--draft-config {p}: {where}: {e}") from None
-    return value
