@@ -408,3 +408,14 @@ def test_ids_past_the_target_are_a_finding_on_the_cli(tmp_path):
     assert r.returncode == 1, r
     found = json.loads(r.stdout)["findings"]
     assert [f["defect"] for f in found] == ["ids-misread"] and "30 layers" in found[0]["cause"], r
+
+
+def test_every_place_a_profile_reads_ids_from_is_checked():
+    """draft/config.py keeps its own list of the id keys (it sits below profiles/ in the package order): every key
+    a profile reads ids from, and every place triage looks for ids, is on it."""
+    from tpsim.draft.config import ID_PATHS
+    from tpsim.profiles import draft as profile_draft
+    from tpsim.profiles.registry import all_profiles
+    from tpsim.profiles.vllm import V2_DSPARK, V2_LAYER_IDS
+    read = {k.path for p in all_profiles() for k in p.behaviour.config.value.keys}
+    assert read | {k.path for k in (*V2_DSPARK, *V2_LAYER_IDS)} | set(profile_draft._ID_PLACES) <= set(ID_PATHS)

@@ -15,9 +15,6 @@ from tpsim.base.errors import UsageError, quoted
 from tpsim.config.checks import MAX_TENSOR_ELEMENTS, check_heads, check_rms_norm_eps, check_rope_scaling, \
     check_rope_theta, check_tensor_sizes
 from tpsim.config.loader import check_field
-from tpsim.profiles.draft import value_at
-from tpsim.profiles.replay import MAX_IDS, check_id_count
-from tpsim.profiles.vllm import V2_DSPARK, V2_LAYER_IDS
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
@@ -55,12 +52,31 @@ KEYS = {
 }
 # every place an engine or trainer reads layer ids from (tpsim/profiles/draft.py; vLLM's runner v2,
 # tpsim/profiles/vllm.py), and how an error names it
-ID_KEYS = ((("eagle_config", KEY), f"eagle_config.{KEY}"), ((KEY,), f"top-level {KEY}"),
-           (("dflash_config", "target_layer_ids"), "dflash_config.target_layer_ids"),
-           *((k.path, ".".join(k.path)) for k in (*V2_DSPARK, *V2_LAYER_IDS)))
+ID_PATHS = (("eagle_config", KEY), (KEY,), ("dflash_config", "target_layer_ids"), ("dspark_target_layer_ids",),
+            ("target_layer_ids",), ("dflash_config", "layer_ids"), ("eagle_config", "layer_ids"))
+ID_KEYS = tuple((p, f"top-level {KEY}" if p == (KEY,) else ".".join(p)) for p in ID_PATHS)
+MAX_IDS = 256  # far past any draft's (EAGLE-3 three, DFlash five), and what bounds a replay's cost
 ROPE_TYPES = ("llama3", "yarn")  # besides default: what NeoxRotaryEmbedding computes
 MAX_DEPTH = 16  # a draft config nests four deep (speculators_config.verifier.architectures)
 ABSENT = object()
+
+
+def value_at(raw: dict, path: tuple[str, ...]):
+    """raw[path[0]][path[1]]..., None where any step is missing or not an object."""
+    v = raw
+    for k in path:
+        if not isinstance(v, dict):
+            return None
+        v = v.get(k)
+    return v
+
+
+def check_id_count(ids: list[int] | None) -> None:
+    """More than MAX_IDS ids is not a capture any engine or trainer was given (a config with 10**6 copies
+    of one id ran for minutes): refused before any work."""
+    if ids is not None and len(ids) > MAX_IDS:
+        raise UsageError(f"{len(ids)} layer ids is more than tpsim replays (at most {MAX_IDS}); give one id per "
+                         "aux hidden state (an EAGLE-3 draft takes three)")
 
 
 class Layout(Enum):

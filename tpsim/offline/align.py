@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tpsim.capture import Position, PositionKind
 from tpsim.profiles.conventions import Convention, check_convention, default_ids, ids_for, named_ids, resolve
-from tpsim.profiles.draft import value_at
+from tpsim.draft.config import value_at
 from tpsim.base.errors import UsageError, read_text
 from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.draft.config import KEY, check_keys

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tpsim.draft.config import value_at
 from tpsim.profiles.profile import NESTED, TOP, ConfigKey, Profile
 
 
@@ -25,16 +26,6 @@ class ConfigIds:
     @property
     def where(self) -> str:
         return str(self.key) if self.key is not None else "default"
-
-
-def value_at(raw: dict, path: tuple[str, ...]):
-    """raw[path[0]][path[1]]..., None where any step is missing or not an object."""
-    v = raw
-    for k in path:
-        if not isinstance(v, dict):
-            return None
-        v = v.get(k)
-    return v
 
 
 def read_ids(profile: Profile, raw: dict) -> ConfigIds:

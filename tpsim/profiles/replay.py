@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tpsim.draft.config import check_id_count
 from tpsim.capture.positions import Position, PositionKind
 from tpsim.base.errors import UsageError
 from tpsim.profiles.profile import Behaviour, Defaults, EmbedId, Fate, Numbering, Order, Profile, Wiring
@@ -73,17 +74,6 @@ def captured_range(b: Behaviour, L: int) -> tuple[int, int]:
     """The internal ids the capture loop captures (`slot`'s CAPTURED), lowest and highest."""
     hf = b.numbering.value is Numbering.HIDDEN_STATES_INDEX
     return 0 if b.embed.value is EmbedId.CAPTURED else 1, L if b.last_boundary.value or hf else L - 1
-
-
-MAX_IDS = 256  # far past any draft's (EAGLE-3 three, DFlash five), and what bounds a replay's cost
-
-
-def check_id_count(ids: list[int] | None) -> None:
-    """More than MAX_IDS ids is not a capture any engine or trainer was given (a config with 10**6 copies
-    of one id ran for minutes): refused before any work."""
-    if ids is not None and len(ids) > MAX_IDS:
-        raise UsageError(f"{len(ids)} layer ids is more than tpsim replays (at most {MAX_IDS}); give one id per "
-                         "aux hidden state (an EAGLE-3 draft takes three)")
 
 
 def replay(profile: Profile, ids: list[int] | None, L: int) -> Replay:
