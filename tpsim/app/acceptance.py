@@ -6,12 +6,12 @@ served TP), over the target's greedy answers, reported as AL and per-position ac
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from tpsim.app.bounds import Cost, announce
 from tpsim.app.draft_served import same_embedding, target_embedding
 from tpsim.app.ranks import on_ranks
 from tpsim.app.served_flags import flag_behaviour
@@ -142,36 +142,6 @@ def builtin_prompts(model: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def read_prompts(path: Path, new_tokens: int) -> Prompts:
-    """A prompts file: JSON `{"sequences": [{"prompt": [ids], "answer": [ids]}, ...]}` (answers kept, as the
-    built-in ones), or one prompt per line as comma-separated token ids (answered greedily here)."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--prompts {path}: cannot read it ({getattr(e, 'strerror', None) or e}); give a file of "
-                         "token-id lines (1,2,3) or tpsim's prompts JSON") from None
-    fix = "give one prompt per line as comma-separated token ids, or tpsim's prompts JSON"
-    if text.lstrip().startswith("{"):
-        try:
-            raw = json.loads(text)
-            seqs = tuple(Sequence(tuple(int(i) for i in s["prompt"] + s.get("answer", [])), len(s["prompt"]),
-                                  s.get("text", "")) for s in raw["sequences"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"--prompts {path}: not tpsim's prompts JSON ({type(e).__name__}: {e}); {fix}") from None
-        return Prompts(seqs, origin=str(path))
-    prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                prompts.append(tuple(int(x) for x in line.replace(" ", "").split(",")))
-            except ValueError:
-                raise UsageError(f"--prompts {path} line {n}: {line.strip()[:40]!r} is not comma-separated token "
-                                 f"ids; {fix}") from None
-    if not prompts:
-        raise UsageError(f"--prompts {path} holds no prompt; {fix}")
-    return Prompts((), tuple(prompts), new_tokens, origin=str(path))
-
-
 def seeded_prompts(vocab: int, n: int, length: int, new_tokens: int, seed: int) -> Prompts:
     g = torch.Generator().manual_seed(seed ^ 0xAC)
     return Prompts((), tuple(tuple(torch.randint(0, vocab, (length,), generator=g).tolist()) for _ in range(n)),
@@ -210,13 +180,16 @@ class Prepared:
     target_embed: torch.Tensor
 
 
-def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prompts: Prompts) -> Prepared | None:
-    """The target's answers and the trained capture's acceptance (None on a torchrun rank other than 0)."""
+def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prompts: Prompts,
+            cost: Cost | None = None) -> Prepared | None:
+    """The target's answers and the trained capture's acceptance (None on a torchrun rank other than 0); `cost`
+    announced once the run is checked, before its first rank starts."""
     trained = trained_fed(caps)
     if len(trained.positions) * inputs.target.source.cfg.hidden_size != draft.config.capture_width:
         raise UsageError(f"training captured {len(trained.positions)} states ({', '.join(map(str, trained.positions))})"
                          f" and the draft's fc reads {draft.config.num_aux}; --train names what trained this draft")
     train_spec, _ = inputs.request.spec(inputs.target.source, trained.positions, (trained.mode, trained.strategy))
+    announce(cost)
     notes: list[str] = []
     seqs = list(prompts.sequences)
     if prompts.to_answer:
@@ -287,10 +260,11 @@ def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -
     return own, f"the draft's own, not the target's ({server} keeps it: {loader.embed.source})"
 
 
-def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts) -> AcceptanceReport | None:
+def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts,
+            cost: Cost | None = None) -> AcceptanceReport | None:
     """AL trained vs served (None on a torchrun rank other than 0)."""
     caps = captures(inputs)
-    prep = prepare(inputs, caps, draft, k, prompts)
+    prep = prepare(inputs, caps, draft, k, prompts, cost)
     on_serve = None if prep is None else served(prep, inputs, caps)
     if on_serve is None:
         return None
@@ -329,8 +303,17 @@ def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence]
         toks = torch.tensor(s.tokens, device=dev)
         cap = c.capture[:len(s.tokens)].to(dev, torch.float32)
         each.append(rounds(chains(model, cap, toks, k, reused).cpu(), list(s.tokens), s.prompt))
-    return Measured(what, sum(each, Acceptance(k, ())), all(c.identical for c in caps),
+    total = sum(each, Acceptance(k, ()))
+    if not total.rounds:  # an AL over no round is nan, and nan compares as "kept": no measurement at all
+        return Measured(dataclasses.replace(what, failure=_no_round(k, seqs)), None)
+    return Measured(what, total, all(c.identical for c in caps),
                     tuple(a.accepted for a in each), tuple(c.capture[:len(s.tokens)] for c, s in zip(caps, seqs)))
+
+
+def _no_round(k: int, seqs: list[Sequence]) -> str:
+    longest = max((s.answer for s in seqs), default=0)
+    return (f"no verify round: k = {k} draft tokens need an answer of at least {k + 1} tokens, and the "
+            f"longest kept is {longest} (a note says where tpsim's target stopped agreeing with a given answer)")
 
 
 @dataclass
@@ -344,10 +327,11 @@ class TriageMeasure:
     notes: list[str]
 
 
-def measure_triage(t, draft: DraftCheckpoint, k: int, prompts: Prompts) -> TriageMeasure | None:
+def measure_triage(t, draft: DraftCheckpoint, k: int, prompts: Prompts,
+                   cost: Cost | None = None) -> TriageMeasure | None:
     """For a triage `t` (tpsim.app.triage.Triage, its fixes replayed): None on a torchrun rank other than 0."""
     caps = captures(t.inputs)
-    prep = prepare(t.inputs, caps, draft, k, prompts)
+    prep = prepare(t.inputs, caps, draft, k, prompts, cost)
     on_serve = None if prep is None else served(prep, t.inputs, caps)
     if on_serve is None:
         return None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tpsim.app.acceptance import AcceptanceReport, measure
 from tpsim.app.asks import EngineAsk, PromptsAsk, draft_path
+from tpsim.app.bounds import check_count, checked_cost
 from tpsim.app.preflight import check_output, check_timeout
 from tpsim.app.request import Ids, RunRequest
 from tpsim.app.returned import returned_paths, write_returned
@@ -41,6 +42,7 @@ class AcceptanceRequest:
 
     def __post_init__(self) -> None:
         check_timeout(self.run.timeout)
+        check_count(self.steps, "--steps")
 
     @property
     def tp(self) -> int:
@@ -63,8 +65,9 @@ class AcceptanceResult:
 
 
 def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
-    """The measurement `req` asks for (None on a torchrun rank other than 0); the files --returned-hidden-states
-    would write are checked once the sequence count is known, before any rank starts."""
+    """The measurement `req` asks for (None on a torchrun rank other than 0); the prompts, the bounds and the files
+    --returned-hidden-states would write are checked once the target and the sequences are known, before any rank
+    starts."""
     returned = None if req.returned is None else RETURNED.at(req.server)
     server, replayed_as = model_file_server(req.server, "the radix cache")
     path = draft_path(req.draft)
@@ -77,12 +80,13 @@ def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
                          "(--device cuda)")
     serve, trained, served = req.engine.engines(target.real, server)
     prompts = req.prompts.prompts(target)
+    cost = checked_cost(prompts, req.steps, target.real, ckpt.config, req.run, req.tp)
     if req.returned is not None:
         for path in returned_paths(Path(req.returned), len(prompts.sequences) + len(prompts.to_answer)):
             check_output(path, "--returned-hidden-states", "x.safetensors", req.force, reads=(ckpt.path,))
     run = replace(req.run, model=target.name, overrides=req.overrides, tps=tuple(sorted({1, req.tp})),
                   ids=Ids(server=server))
-    report = measure(Inputs(trained, serve, served, config, run, target), ckpt, req.steps, prompts)
+    report = measure(Inputs(trained, serve, served, config, run, target), ckpt, req.steps, prompts, cost)
     if report is None:  # a torchrun rank other than 0
         return None
     report.notes[:0] = [replayed_as] if replayed_as else []

@@ -8,7 +8,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpsim.app.acceptance import Prompts, builtin_prompts, read_prompts, seeded_prompts
+from tpsim.app.acceptance import Prompts, builtin_prompts, seeded_prompts
+from tpsim.app.bounds import check_count
+from tpsim.app.prompts import check_prompts, read_prompts
 from tpsim.app.target import Target
 from tpsim.app.triage import Trained
 from tpsim.base.errors import UsageError
@@ -60,7 +62,16 @@ class PromptsAsk:
     seed: int = 0
     seeded: int = 8
 
+    def __post_init__(self) -> None:
+        check_count(self.new_tokens, "--new-tokens")
+
     def prompts(self, target: Target) -> Prompts:
+        """The prompts, every id in the target's vocabulary and every sequence within its context."""
+        got = self._read(target)
+        check_prompts(got, target.real, target.name, got.origin if self.path is None else f"--prompts {self.path}")
+        return got
+
+    def _read(self, target: Target) -> Prompts:
         if self.path is not None:
             return read_prompts(Path(self.path), self.new_tokens)
         builtin = builtin_prompts(target.name)

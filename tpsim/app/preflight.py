@@ -21,6 +21,7 @@ def torchrun_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+IGNORE_LIMITS = "pass --ignore-limits to run it anyway"  # every guard's way past it, in the same words
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # far above any collective's need; 1e10 s overflows the backends' timers
 
 
@@ -54,7 +55,7 @@ def check_world(world: int, device: str, ignore_limits: bool, what: str | None =
     limit = max_cpu_ranks()
     if world > limit and not ignore_limits:
         raise UsageError(f"{what or f'--tp {world}'} would spawn {world} CPU ranks on a {os.cpu_count()}-core machine; "
-                         f"the limit is {limit}: pass --ignore-limits to run it anyway")
+                         f"the limit is {limit}: {IGNORE_LIMITS}")
 
 
 def address_space_left() -> int | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from tpsim.app.acceptance import TriageMeasure, measure_triage
 from tpsim.app.asks import EngineAsk, PromptsAsk
+from tpsim.app.bounds import check_count, checked_cost
 from tpsim.app.draft_served import served_findings, target_embedding
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.app.remedies import Plan, plan, replay_fixes
@@ -43,6 +44,7 @@ class TriageRequest:
 
     def __post_init__(self) -> None:
         check_timeout(self.run.timeout)
+        check_count(self.steps, "--steps")
         check_divides_world(self.tp)
         if (self.draft is None) == (self.draft_config is None):
             raise UsageError("triage reads the draft: give --draft-config FILE (its config.json), or --draft DIR")
@@ -88,6 +90,7 @@ def run_triage(req: TriageRequest) -> TriageResult | None:
     cfg = target.real
     serve_p, trained, served = req.engine.engines(cfg, server)
     prompts = req.prompts.prompts(target) if req.measure else None
+    cost = checked_cost(prompts, req.steps, cfg, ckpt.config, req.run, req.tp) if req.measure else None
     tps = sorted({1, req.tp})
     run = replace(req.run, model=target.name, overrides=req.overrides, tps=tuple(tps),
                   ids=Ids(server=server, draft_config=req.config_path))
@@ -101,7 +104,7 @@ def run_triage(req: TriageRequest) -> TriageResult | None:
     best = plan(t, tried)
     checkpoint = [] if ckpt is None else served_findings(
         ckpt, inspect(ckpt, cfg.hidden_size), [lookup(server.partition("+")[0])], _embedding(target), served.tp)
-    measured = None if not req.measure else measure_triage(t, ckpt, req.steps, prompts)
+    measured = None if not req.measure else measure_triage(t, ckpt, req.steps, prompts, cost)
     if req.measure and measured is None:
         return None
     return TriageResult(t, server, checkpoint, measured, best, unverified(server, cfg.model_type))

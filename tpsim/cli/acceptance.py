@@ -1,8 +1,8 @@
 """`tpsim acceptance`: the acceptance length a capture costs, measured: the draft on the capture it was trained
 on and on the capture the engine serves, over the target's greedy answers (tpsim.app.acceptance).
 
-Exit 0 the served capture keeps the trained AL (within two standard errors), 1 it does not or the engine never
-feeds the draft, 2 bad input, 3 a rank failed.
+Exit 0 the served capture keeps the trained AL (within two standard errors), 1 it does not, the engine never
+feeds the draft, or no verify round was left to measure (no verdict), 2 bad input, 3 a rank failed.
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ def print_report(result: AcceptanceResult, req: AcceptanceRequest) -> None:
 
 
 def verdict(r: AcceptanceReport, reading: Triage) -> str:
+    if r.trained.acceptance is None:  # nothing to compare the served capture with: no judgement either way
+        return f"no verdict: {r.trained.fed.failure}"
     if r.paired is None:
         return "the engine never feeds the draft this capture (see above)"
     mean, se = r.paired

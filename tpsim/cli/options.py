@@ -147,7 +147,7 @@ def add_execution_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds (default 60)")
     p.add_argument("--ignore-limits", action="store_true",
                    help="run even where the guards say this machine should not (more CPU ranks than cores, "
-                        "more memory than is free)")
+                        "more memory than is free, an acceptance measurement estimated past 30 minutes)")
     add_override(p)
 
 

@@ -115,6 +115,12 @@ def rounds(proposed: torch.Tensor, tokens: list[int], start: int) -> Acceptance:
     return Acceptance(k, tuple(accepted), (every,))
 
 
+def has_round(answer: int, k: int) -> bool:
+    """Whether an answer of `answer` tokens gives `rounds` a verify round at k: the first, at the prompt's end p,
+    needs its k proposals inside the sequence (p + k <= S - 1), so answer = S - p must exceed k."""
+    return answer > k
+
+
 def greedy_prefix(tokens: list[int], argmax: list[int], start: int) -> int:
     """How many of `tokens` are the target's greedy continuation from `start`: `argmax[t]` is the target's
     greedy token after reading 0..t; the sequence is kept up to the first answer token it disagrees with."""
