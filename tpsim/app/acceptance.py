@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from tpsim.app.bounds import Cost, announce
+from tpsim.app.prompts import Prompts, Sequence
 from tpsim.app.draft_served import same_embedding, target_embedding
 from tpsim.app.ranks import on_ranks
 from tpsim.app.served_flags import flag_behaviour
@@ -29,31 +30,6 @@ from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job
 from tpsim.run.spec import RunSpec
 
 PROMPTS = BUILTIN_CONFIGS / "prompts"
-
-
-
-@dataclass(frozen=True)
-class Sequence:
-    """A prompt and the target's greedy answer: `tokens[:prompt]` the prompt."""
-
-    tokens: tuple[int, ...]
-    prompt: int
-    text: str = ""
-
-    @property
-    def answer(self) -> int:
-        return len(self.tokens) - self.prompt
-
-
-@dataclass(frozen=True)
-class Prompts:
-    """Where the sequences come from: built-in prompts with their answers, or prompts to answer."""
-
-    sequences: tuple[Sequence, ...]  # answered already (may be empty)
-    to_answer: tuple[tuple[int, ...], ...] = ()
-    new_tokens: int = 0
-    stop: int | None = None
-    origin: str = ""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpsim.app.acceptance import Prompts, builtin_prompts, seeded_prompts
+from tpsim.app.acceptance import builtin_prompts, seeded_prompts
+from tpsim.app.prompts import Prompts
 from tpsim.app.bounds import check_count
 from tpsim.app.prompts import check_prompts, read_prompts
 from tpsim.app.target import Target

@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from tpsim.app.preflight import IGNORE_LIMITS, available_memory
+from tpsim.app.prompts import Prompts
 from tpsim.app.request import MAX_TOKENS, RunRequest
 from tpsim.base.environ import is_reporting_process
 from tpsim.base.errors import UsageError
@@ -23,8 +23,6 @@ from tpsim.draft.acceptance import has_round
 from tpsim.draft.config import DraftConfig
 from tpsim.run.jobs import DTYPES
 
-if TYPE_CHECKING:  # tpsim.app.acceptance announces the cost: imported there, this module cannot import it back
-    from tpsim.app.acceptance import Prompts
 
 # Seconds per forward (Python and launch overhead) and FLOP/s, fitted loosely on a loaded 2-core CPU (30-120 ms a
 # forward of tiny, ~20 GFLOP/s on smollm2-135m): an estimate within a few times, not a timing.

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tpsim.app.acceptance import AcceptanceReport, Sequence, sequence_captures
+from tpsim.app.acceptance import AcceptanceReport, sequence_captures
+from tpsim.app.prompts import Sequence
 from tpsim.app.triage import Captures, Inputs
 from tpsim.capture import Position
 from tpsim.capture.positions import PositionKind

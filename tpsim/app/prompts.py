@@ -9,12 +9,37 @@ import json
 import os
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
-from tpsim.app.acceptance import Prompts, Sequence
 from tpsim.app.request import MAX_TOKENS
 from tpsim.base.errors import UsageError
 from tpsim.config.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """A prompt and the target's greedy answer: `tokens[:prompt]` the prompt."""
+
+    tokens: tuple[int, ...]
+    prompt: int
+    text: str = ""
+
+    @property
+    def answer(self) -> int:
+        return len(self.tokens) - self.prompt
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """Where the sequences come from: built-in prompts with their answers, or prompts to answer."""
+
+    sequences: tuple[Sequence, ...]  # answered already (may be empty)
+    to_answer: tuple[tuple[int, ...], ...] = ()
+    new_tokens: int = 0
+    stop: int | None = None
+    origin: str = ""
+
 
 MAX_PROMPTS_BYTES = 16 << 20  # reading stays cheap; far more prompts than a run under the time bound answers
 MAX_PROMPTS = 10_000  # sequences in one file (each line's tuple is kept in memory until the checks)

@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpsim.app.acceptance import Prompts, measure, served_fed
+from tpsim.app.acceptance import measure, served_fed
+from tpsim.app.prompts import Prompts
 from tpsim.app.draft_served import served_findings
 from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, known_defect, partial_reference, platform_refusals, reference
 from tpsim.app.preflight import check_timeout
