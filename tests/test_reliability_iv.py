@@ -49,7 +49,6 @@ def test_train_refusals_are_one_line_and_run_nothing():
 
 
 @pytest.mark.parametrize("servers, words", [
-    (("sglang@0.4.0",), ["read sglang's draft loader from 0.5.6 on"]),  # was judged, exit 1 "unverified"
     (("sglang@0.5.12 ",), ["holding a space"]),
     (("sglang@0.5.12", "", "vllm"), ["an empty name"]),  # `--server sglang@0.5.12,,vllm`
     ((" vllm",), ["holding a space"]),
@@ -64,6 +63,8 @@ def test_draft_server_refusal_on_the_command_line():
     assert_one_line_error(run_cli("draft", "smollm2-135m-eagle3", "--server", "sglang@0.5.12, vllm"), ["a space"])
     ok = run_cli("draft", "smollm2-135m-eagle3", "--server", "sglang@0.5.12,vllm", "--summary")
     assert ok.returncode in (0, 1) and "VERDICT" in ok.stdout, ok
+    old = run_cli("draft", "smollm2-135m-eagle3", "--server", "sglang@0.4.0", "--summary")  # not silent: UNVERIFIED
+    assert old.returncode == 1 and "unverified" in old.stdout, old
 
 
 # --- the converted-checkpoint cache ------------------------------------------------------------------------
@@ -169,3 +170,16 @@ def test_disaggregate_refusals_name_the_degree_the_user_gave(sizes, words):
     r = run_cli("check", "--disaggregate", sizes, "--server", "sglang@0.5.12")
     line = assert_one_line_error(r, words)
     assert "--tp" not in line, line
+
+
+def test_a_draft_of_another_vocabulary_is_one_line_before_any_rank(tmp_path):
+    """A draft whose vocab_size is not the target's (a 40-token draft, hidden 64, on the built-in tiny: 1000
+    tokens) failed inside the draft's load with a ValueError traceback; acceptance and triage --measure refuse it."""
+    from test_draft_checkpoint import CONFIG, clean_tensors, write
+    from tpsim.draft.config import DraftConfig
+    config = {**CONFIG, "hidden_size": 64, "head_dim": 16, "intermediate_size": 96}
+    draft = write(tmp_path / "d", config, clean_tensors(DraftConfig.from_json(config)))
+    runs = run_clis({"acceptance": ["acceptance", "--model", "tiny", "--draft", str(draft), "--server", "vllm"],
+                     "triage": ["triage", "--draft", str(draft), "--model", "tiny", "--server", "vllm", "--measure"]})
+    for r in runs.values():
+        assert_one_line_error(r, ["the draft's vocab_size 40 is not tiny's 1000"])

@@ -14,7 +14,7 @@ from tpsim.app.bounds import check_count, checked_cost
 from tpsim.app.preflight import check_output, check_timeout
 from tpsim.app.request import Ids, RunRequest
 from tpsim.app.returned import returned_paths, write_returned
-from tpsim.app.target import target_for
+from tpsim.app.target import check_vocab, target_for
 from tpsim.app.triage import Inputs, Triage, config_reading
 from tpsim.base.errors import UsageError
 from tpsim.draft.checkpoint import runnable
@@ -78,6 +78,7 @@ def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
         raise UsageError(f"--model {target.name} is too big to run here and a stand-in's answers say nothing about "
                          "acceptance; give a target that runs here (e.g. --model smollm2-135m), or run on a GPU "
                          "(--device cuda)")
+    check_vocab(target, ckpt.config.vocab_size, f"--draft {req.draft}")
     serve, trained, served = req.engine.engines(target.real, server)
     prompts = req.prompts.prompts(target)
     cost = checked_cost(prompts, req.steps, target.real, ckpt.config, req.run, req.tp)

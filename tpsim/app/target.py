@@ -85,3 +85,11 @@ def _verifier_architectures(raw: dict) -> list[str]:
 def _fits(cfg: ModelConfig, width: int, vocab, arch: list[str]) -> bool:
     return cfg.hidden_size == width and (not isinstance(vocab, int) or cfg.vocab_size == vocab) and \
         (not arch or cfg.family.model_types.get(cfg.model_type) in arch)
+
+
+def check_vocab(target: Target, vocab: int, draft: str) -> None:
+    """A draft run on a target shares its vocabulary (its embedding is the target's, its d2t maps into it): another
+    vocabulary size is one line before any rank starts (it was a ValueError inside the draft's load)."""
+    if vocab != target.real.vocab_size:
+        raise UsageError(f"{draft}: the draft's vocab_size {vocab} is not {target.name}'s {target.real.vocab_size}; a "
+                         "draft runs on the target it was trained for: name that target with --model")

@@ -14,7 +14,7 @@ from tpsim.app.draft_served import served_findings, target_embedding
 from tpsim.app.preflight import check_divides_world, check_timeout
 from tpsim.app.remedies import Plan, plan, replay_fixes
 from tpsim.app.request import Ids, RunRequest
-from tpsim.app.target import Target, target_for
+from tpsim.app.target import Target, check_vocab, target_for
 from tpsim.app.triage import Inputs, Triage, triage
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import step
@@ -87,6 +87,8 @@ def run_triage(req: TriageRequest) -> TriageResult | None:
         raise UsageError(f"--measure runs the target, and {target.name} is too big to run here (triage replays it on "
                          "a stand-in, whose answers say nothing about acceptance); drop --measure, or give a target "
                          "that runs here with --model")
+    if req.measure:
+        check_vocab(target, ckpt.config.vocab_size, f"--draft {req.draft}")
     cfg = target.real
     serve_p, trained, served = req.engine.engines(cfg, server)
     prompts = req.prompts.prompts(target) if req.measure else None
