@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 import torch
 
 from clirun import assert_one_line_error, run_cli
@@ -229,3 +229,25 @@ def test_without_server_a_random_embedding_is_named_with_the_releases_that_run_o
     assert r.returncode == 1 and [(f["defect"], f["server"]) for f in found] == [("embed-differs", "vllm 0.11.1 to 0.34.0")], found
     same = drafted(tmp_path, TINY, tiny_embed, name="same")
     assert run_cli("draft", str(same), "--model", "tiny").returncode == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(vocab=st.integers(1, 200_000), tp=st.integers(2, 16))
+@example(vocab=4000, tp=3)  # the shipped draft's padded 4096 at TP 3
+def test_the_vocab_split_fixes_clear_it_as_printed(vocab, tp):
+    """Planted bugs (issue 55's mutation round, both survived): the suggested draft_vocab_size rounded down, not up
+    (a size that still does not split, or smaller than the draft's vocabulary), and the TP to serve at taken as the
+    smallest divisor, not the largest below --tp. Each fix the finding prints, applied, clears it."""
+    import re as _re
+    from tpsim.app.draft_served import vocab_split
+    from tpsim.draft.checkpoint import DraftCheckpoint
+    from tpsim.profiles.loader_lines import lookup
+    cfg = DraftConfig.from_json({**CONFIG, "draft_vocab_size": vocab, "vocab_size": max(vocab, 40)})
+    found = vocab_split(DraftCheckpoint(None, cfg, {}), lookup("vllm"), tp)
+    if not found:
+        return
+    serve_at, trained = (int(x) for x in _re.search(r"serve at TP (\d+) .*\(e\.g\. (\d+)\)", found[0].fix).groups())
+    assert not vocab_split(DraftCheckpoint(None, cfg, {}), lookup("vllm"), serve_at)
+    assert serve_at == max(t for t in range(1, tp) if padded_64(vocab) % t == 0)  # the largest TP below that works
+    again = DraftConfig.from_json({**CONFIG, "draft_vocab_size": trained, "vocab_size": max(trained, 40)})
+    assert trained >= vocab and not vocab_split(DraftCheckpoint(None, again, {}), lookup("vllm"), tp)
