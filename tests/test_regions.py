@@ -122,8 +122,10 @@ def test_past_the_recompile_limit_a_region_runs_eagerly(models):
 @pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-gpt-oss"])
 def test_the_other_moe_families_trace_whole(name):
     """Their MoE blocks (Qwen3's softmax top-k, GPT-OSS's biased clamped-SwiGLU experts) run as the same
-    fullgraph region: a break in the trace would raise, not fall back."""
-    cfg = load_config(f"configs/{name}.yaml")
+    fullgraph region: a break in the trace would raise, not fall back. Every expert picked, as CFG does: the GQA
+    heads' region rounds its rope otherwise than eager, and with two of eight experts a near-tie flipped
+    (tiny-qwen3-moe, 19 tokens: 0.050 apart)."""
+    cfg = with_overrides(load_config(f"configs/{name}.yaml"), ["num_experts_per_tok=8"])
     model = build_model(cfg, TPGroup(device=torch.device("cpu")), 0, "bfloat16")
     ids = torch.arange(19) % cfg.vocab_size
     positions = resolve("sglang-ids", None, cfg.num_hidden_layers).positions
@@ -156,3 +158,26 @@ def test_each_model_picks_its_own_kernels_and_the_choice_ends_with_its_forward(m
             h.remove()
     assert seen == [fused.compiled_kernels(), fused.EAGER]
     assert fused.kernels() is fused.EAGER
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gpt-oss"])
+def test_the_gqa_heads_trace_whole_and_keep_the_q_tap(name):
+    """GQA's per-head step (Qwen3's q/k norm, the NeoX rope: llama3 scaling for Llama, yarn for GPT-OSS) runs as
+    one fullgraph region: a break would raise, not fall back; the capture is eager's within the bf16 bound, and
+    the `q` tap, taken before the region, is there (within the bound: the compiled input norm rounds otherwise)."""
+    from tpsim.layers.gqa import GQA
+
+    cfg = load_config(f"configs/{name}.yaml")
+    model = build_model(cfg, TPGroup(device=torch.device("cpu")), 0, "bfloat16")
+    ids = torch.arange(21) % cfg.vocab_size
+    positions = resolve("sglang-ids", None, cfg.num_hidden_layers).positions
+    caps, qs = [], []
+    for compiled in (False, True):
+        model.kernels = fused.KernelPolicy(compiled, min_tokens=1)
+        rec, taps = Recorder(positions), Taps(wanted={"layers.0.attn.q"})
+        with torch.inference_mode(), model.probe.attach(taps):
+            model(ids, recorder=rec)
+        caps.append(rec.concat())
+        qs.append(taps.got["layers.0.attn.q"].tensor)
+    assert GQA._heads in fused._regions
+    assert rel(caps[1], caps[0]) <= BF16_BOUND and rel(qs[1], qs[0]) <= BF16_BOUND

@@ -14,6 +14,7 @@ from einops import rearrange
 
 from tpsim.config.loader import ModelConfig
 from tpsim.layers.causal import HeadAttention
+from tpsim.layers.fused import region
 from tpsim.layers.gptoss import AttentionSinks
 from tpsim.layers.linear import QKVParallelLinear, RowParallelLinear
 from tpsim.layers.norm import RMSNorm
@@ -81,10 +82,7 @@ class GQA(HeadAttention):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: Keys | None = None) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         self.tap("q", q)
-        q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k, v = region(self._heads, positions, q, k, v)
         if shards is not None:
             k, v = shards.gather(torch.cat([k, v], dim=-1), f"{self.prefix}.kv_gather").chunk(2, dim=-1)
         if self.sinks is not None:
@@ -94,3 +92,14 @@ class GQA(HeadAttention):
         group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
         return self._attend(q, k, v, self.head_dim ** -0.5, shards)
+
+    def _heads(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v `[T, heads * d]` → `[T, heads, d]`, q and k normed per head (Qwen3) and rotated: on the compiled
+        path one region (fused.region), as eager it was a dozen kernels a layer over q and k, 13% of Llama-3.1-8B's
+        8192-token forward on an H100 (benchmarks/results/profile-cuda-llama-3.1-8b-8192.json)."""
+        q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
