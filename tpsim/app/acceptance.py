@@ -186,19 +186,46 @@ def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prom
     return Prepared(seqs, model, _measure(model, trained, on_train, seqs, k), k, notes, draft, embed)
 
 
-def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
-    """The draft's acceptance on the capture `inputs`' engine serves, on the embedding its draft loader gives the
-    draft (None on a torchrun rank other than 0)."""
+@dataclass(frozen=True)
+class ServedPlan:
+    """What one served configuration feeds the draft, before anything runs: the capture (`fed`; its failure when
+    the engine feeds nothing), the spec that replays it, the embedding the draft runs on and the stale KV per
+    sequence."""
+
+    fed: Fed
+    spec: RunSpec | None  # None: nothing to run (fed.failure)
+    embed: torch.Tensor
+    stale: list
+
+
+def plan_served(prep: Prepared, inputs: Inputs, caps: Captures) -> ServedPlan:
     what = served_fed(inputs, caps, prep.draft.cfg.capture_width)
     embed, why = served_embedding(prep.checkpoint, inputs.request.ids.server or inputs.serve.name, prep.target_embed)
     stale, cache = stale_kv(inputs, prep.sequences)
     what = dataclasses.replace(what, embedding=why, cache=cache)
     if what.failure is not None:
-        return Measured(what, None)
+        return ServedPlan(what, None, embed, stale)
     spec, _ = inputs.request.spec(inputs.target.source, what.positions, (what.mode, what.strategy))
-    draft = prep.draft if embed is prep.target_embed else build(prep.checkpoint, embed, spec.device).eval()
-    on_serve = sequence_captures(spec, what.tp, prep.sequences)
-    return None if on_serve is None else _measure(draft, what, on_serve, prep.sequences, prep.k, stale)
+    return ServedPlan(what, spec, embed, stale)
+
+
+def measure_served(prep: Prepared, plan: ServedPlan, on_serve: list[SequenceCapture] | None) -> Measured:
+    """The draft's acceptance on `plan`'s capture (`on_serve`: its rows per sequence; None when it feeds nothing)."""
+    if plan.spec is None or on_serve is None:
+        return Measured(plan.fed, None)
+    draft = prep.draft if plan.embed is prep.target_embed else build(prep.checkpoint, plan.embed,
+                                                                      plan.spec.device).eval()
+    return _measure(draft, plan.fed, on_serve, prep.sequences, prep.k, plan.stale)
+
+
+def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
+    """The draft's acceptance on the capture `inputs`' engine serves, on the embedding its draft loader gives the
+    draft (None on a torchrun rank other than 0)."""
+    plan = plan_served(prep, inputs, caps)
+    if plan.spec is None:
+        return measure_served(prep, plan, None)
+    on_serve = sequence_captures(plan.spec, plan.fed.tp, prep.sequences)
+    return None if on_serve is None else measure_served(prep, plan, on_serve)
 
 
 def stale_kv(inputs: Inputs, seqs: list[Sequence]) -> tuple[list, str]:
@@ -237,14 +264,16 @@ def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -
 
 
 def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts,
-            cost: Cost | None = None) -> AcceptanceReport | None:
-    """AL trained vs served (None on a torchrun rank other than 0)."""
-    caps = captures(inputs)
-    prep = prepare(inputs, caps, draft, k, prompts, cost)
-    on_serve = None if prep is None else served(prep, inputs, caps)
+            cost: Cost | None = None, as_served: Inputs | None = None) -> AcceptanceReport | None:
+    """AL trained vs served (None on a torchrun rank other than 0); `as_served`: the inputs the engine serves from
+    where they differ from training's (the draft config's ids rewritten), else `inputs`."""
+    prep = prepare(inputs, captures(inputs), draft, k, prompts, cost)
+    as_served = as_served or inputs
+    caps = captures(as_served)
+    on_serve = None if prep is None else served(prep, as_served, caps)
     if on_serve is None:
         return None
-    return AcceptanceReport(inputs, caps, k, prep.sequences, prep.trained, on_serve, prep.notes)
+    return AcceptanceReport(as_served, caps, k, prep.sequences, prep.trained, on_serve, prep.notes)
 
 
 def sequence_captures(spec: RunSpec, tp: int, seqs: list[Sequence]) -> list[SequenceCapture] | None:
@@ -274,11 +303,16 @@ def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence]
                             f"rank 0 holds {c.capture.shape[0]} of the {len(s.tokens)} tokens' rows: what the engine "
                             "feeds the draft then is not replayed"), None)
     each = []
-    for c, s, reused in zip(caps, seqs, stale or [None] * len(seqs)):
-        dev = model.d2t.device
-        toks = torch.tensor(s.tokens, device=dev)
-        cap = c.capture[:len(s.tokens)].to(dev, torch.float32)
-        each.append(rounds(chains(model, cap, toks, k, reused).cpu(), list(s.tokens), s.prompt))
+    dev, threads = model.d2t.device, torch.get_num_threads()
+    if dev.type == "cpu":  # as each rank runs (tpsim.parallel.pool): on 2 busy cores, 2 threads ran 4x slower
+        torch.set_num_threads(1)
+    try:
+        for c, s, reused in zip(caps, seqs, stale or [None] * len(seqs)):
+            toks = torch.tensor(s.tokens, device=dev)
+            cap = c.capture[:len(s.tokens)].to(dev, torch.float32)
+            each.append(rounds(chains(model, cap, toks, k, reused).cpu(), list(s.tokens), s.prompt))
+    finally:
+        torch.set_num_threads(threads)
     total = sum(each, Acceptance(k, ()))
     if not total.rounds:  # an AL over no round is nan, and nan compares as "kept": no measurement at all
         return Measured(dataclasses.replace(what, failure=_no_round(k, seqs)), None)

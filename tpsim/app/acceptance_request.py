@@ -8,17 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tpsim.app.acceptance import AcceptanceReport, measure
+from tpsim.app.acceptance import AcceptanceReport, measure, served_fed
+from tpsim.app.prompts import Prompts
 from tpsim.app.asks import EngineAsk, PromptsAsk, draft_path
 from tpsim.app.bounds import check_count, checked_cost
 from tpsim.app.preflight import check_output, check_timeout
 from tpsim.app.request import Ids, RunRequest
 from tpsim.app.returned import returned_paths, write_returned
-from tpsim.app.target import check_vocab, target_for
-from tpsim.app.triage import Inputs, Triage, config_reading
+from tpsim.app.target import Target, check_vocab, target_for
+from tpsim.app.remedies import with_draft_ids
+from tpsim.app.triage import Inputs, Triage, captures, config_reading
 from tpsim.base.errors import UsageError
-from tpsim.draft.checkpoint import runnable
-from tpsim.offline.align import read_draft_config
+from tpsim.draft.checkpoint import DraftCheckpoint, runnable
+from tpsim.offline.align import DraftConfig, read_draft_config
 from tpsim.profiles.fingerprints import Unverified, unverified
 from tpsim.profiles.history import model_file_server
 from tpsim.profiles.returned import RETURNED, Returned
@@ -27,7 +29,9 @@ from tpsim.profiles.returned import RETURNED, Returned
 @dataclass(frozen=True)
 class AcceptanceRequest:
     """`server`: --server as given; `draft`: the checkpoint directory or a built-in draft's name; `returned`: --returned-hidden-states, whose
-    files `outputs` checks before anything runs (`force`: replace them)."""
+    files `outputs` checks before anything runs (`force`: replace them); `draft_ids`: --draft-ids, the values
+    the served draft config holds at the key `server` reads first instead of its own (training read the config as
+    it is)."""
 
     server: str
     engine: EngineAsk
@@ -39,6 +43,7 @@ class AcceptanceRequest:
     returned: str | None = None
     force: bool = False
     run: RunRequest = RunRequest()
+    draft_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_timeout(self.run.timeout)
@@ -64,12 +69,30 @@ class AcceptanceResult:
         return self.report.kept and not self.reading.findings
 
 
-def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
-    """The measurement `req` asks for (None on a torchrun rank other than 0); the prompts, the bounds and the files
-    --returned-hidden-states would write are checked once the target and the sequences are known, before any rank
-    starts."""
-    returned = None if req.returned is None else RETURNED.at(req.server)
-    server, replayed_as = model_file_server(req.server, "the radix cache")
+@dataclass(frozen=True)
+class Setup:
+    """What every served configuration of one command shares: the draft (its weights and its config as given),
+    the target and the prompts."""
+
+    checkpoint: DraftCheckpoint
+    config: DraftConfig
+    target: Target
+    prompts: Prompts
+
+
+@dataclass(frozen=True)
+class Configured:
+    """One served configuration, checked: the inputs training's capture is read from (the draft config as given)
+    and those the engine serves from (its ids as --draft-ids writes them), the --server whose model file replays
+    it and what that replay assumed."""
+
+    trained: Inputs
+    served: Inputs
+    server: str
+    replayed_as: str | None
+
+
+def setup(req: AcceptanceRequest) -> Setup:
     path = draft_path(req.draft)
     ckpt = runnable(path, needs=": acceptance runs the draft's weights")
     config = read_draft_config(str(path))
@@ -79,18 +102,40 @@ def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
                          "acceptance; give a target that runs here (e.g. --model smollm2-135m), or run on a GPU "
                          "(--device cuda)")
     check_vocab(target, ckpt.config.vocab_size, f"--draft {req.draft}")
-    serve, trained, served = req.engine.engines(target.real, server)
-    prompts = req.prompts.prompts(target)
-    cost = checked_cost(prompts, req.steps, target.real, ckpt.config, req.run, req.tp)
-    if req.returned is not None:
-        for path in returned_paths(Path(req.returned), len(prompts.sequences) + len(prompts.to_answer)):
-            check_output(path, "--returned-hidden-states", "x.safetensors", req.force, reads=(ckpt.path,))
-    run = replace(req.run, model=target.name, overrides=req.overrides, tps=tuple(sorted({1, req.tp})),
+    return Setup(ckpt, config, target, req.prompts.prompts(target))
+
+
+def configured(req: AcceptanceRequest, s: Setup) -> Configured:
+    """`req`'s served configuration on `s`, every check that needs no rank done (UsageError, one line)."""
+    server, replayed_as = model_file_server(req.server, "the radix cache")
+    s.target.source.cfg.check_tp(req.tp)
+    serve, trained, served = req.engine.engines(s.target.real, server)
+    run = replace(req.run, model=s.target.name, overrides=req.overrides, tps=tuple(sorted({1, req.tp})),
                   ids=Ids(server=server))
-    report = measure(Inputs(trained, serve, served, config, run, target), ckpt, req.steps, prompts, cost)
+    as_given = Inputs(trained, serve, served, s.config, run, s.target)
+    as_served = as_given if req.draft_ids is None else with_draft_ids(as_given, req.draft_ids)
+    caps = captures(as_served)
+    fed = served_fed(as_served, caps, s.checkpoint.config.capture_width)
+    if fed.failure is None:
+        run.spec(s.target.source, fed.positions, (fed.mode, fed.strategy))
+    return Configured(as_given, as_served, server, replayed_as)
+
+
+def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
+    """The measurement `req` asks for (None on a torchrun rank other than 0); the prompts, the bounds and the files
+    --returned-hidden-states would write are checked once the target and the sequences are known, before any rank
+    starts."""
+    returned = None if req.returned is None else RETURNED.at(req.server)
+    s = setup(req)
+    c = configured(req, s)
+    cost = checked_cost(s.prompts, req.steps, s.target.real, s.checkpoint.config, req.run, req.tp)
+    if req.returned is not None:
+        for path in returned_paths(Path(req.returned), len(s.prompts.sequences) + len(s.prompts.to_answer)):
+            check_output(path, "--returned-hidden-states", "x.safetensors", req.force, reads=(s.checkpoint.path,))
+    report = measure(c.trained, s.checkpoint, req.steps, s.prompts, cost, c.served)
     if report is None:  # a torchrun rank other than 0
         return None
-    report.notes[:0] = [replayed_as] if replayed_as else []
+    report.notes[:0] = [c.replayed_as] if c.replayed_as else []
     written = [] if returned is None else write_returned(report, returned, Path(req.returned))
-    return AcceptanceResult(report, server, config_reading(report.inputs, report.captures), prompts.origin,
-                            unverified(server, target.real.model_type), returned, written)
+    return AcceptanceResult(report, c.server, config_reading(report.inputs, report.captures), s.prompts.origin,
+                            unverified(c.server, s.target.real.model_type), returned, written)

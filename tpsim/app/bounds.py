@@ -76,19 +76,21 @@ class Cost:
                 f"machine's {self.device}")
 
 
-def estimate(cfg: ModelConfig, draft: DraftConfig, prompts: Prompts, k: int, device: str, dtype: str) -> Cost:
+def estimate(cfg: ModelConfig, draft: DraftConfig, prompts: Prompts, k: int, device: str, dtype: str,
+             passes: int = PASSES) -> Cost:
     """Each answer token answered here a full forward over all before it (tpsim's decoder has no KV cache); per
-    capture pass, each sequence one forward and k draft steps over its rows."""
+    capture pass (the trained one and one per served configuration), each sequence one forward and k draft steps
+    over its rows."""
     new = prompts.new_tokens
     lengths = [len(s.tokens) for s in prompts.sequences] + [len(p) + new for p in prompts.to_answer]
-    tokens, squares = PASSES * sum(lengths), PASSES * sum(S * S for S in lengths)
+    tokens, squares = passes * sum(lengths), passes * sum(S * S for S in lengths)
     for p in prompts.to_answer:
         t, sq = _span(len(p), len(p) + new - 1)
         tokens, squares = tokens + t, squares + sq
     per = forward_flops(cfg, 1)  # linear in T and in T^2: per token, per query-key pair
     flops = tokens * per["matmul"] + squares * per["attention"] + \
-        PASSES * sum(_draft_flops(draft, S - 1, k) for S in lengths)
-    forwards = new * len(prompts.to_answer) + PASSES * len(lengths) * (1 + k)
+        passes * sum(_draft_flops(draft, S - 1, k) for S in lengths)
+    forwards = new * len(prompts.to_answer) + passes * len(lengths) * (1 + k)
     return Cost(forwards, flops, _peak(cfg, draft, max(lengths), k, DTYPES[dtype].itemsize), device)
 
 
@@ -140,10 +142,11 @@ def _check_activations(cost: Cost, ranks: int) -> None:
                          f"{IGNORE_LIMITS}")
 
 
-def checked_cost(prompts: Prompts, k: int, cfg: ModelConfig, draft: DraftConfig, run: RunRequest, tp: int) -> Cost:
+def checked_cost(prompts: Prompts, k: int, cfg: ModelConfig, draft: DraftConfig, run: RunRequest, tp: int,
+                 passes: int = PASSES) -> Cost:
     """k held to the answers and the run to the bounds, before any rank starts: the cost to announce."""
     check_rounds(prompts, k)
-    cost = estimate(cfg, draft, prompts, k, run.device, run.run_dtype)
+    cost = estimate(cfg, draft, prompts, k, run.device, run.run_dtype, passes)
     check_cost(cost, run.ignore_limits, tp)
     return cost
 

@@ -6,14 +6,12 @@ its answer within its context)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from tpsim.app.request import MAX_TOKENS
-from tpsim.base.errors import UsageError
+from tpsim.base.errors import UsageError, read_regular_text
 from tpsim.config.model import ModelConfig
 
 
@@ -58,25 +56,7 @@ def read_prompts(path: Path, new_tokens: int) -> Prompts:
 
 
 def _prompts_text(path: Path) -> str:
-    """The file's text: opened without blocking (a FIFO would wait for a writer forever), refused unless a
-    regular file, read up to MAX_PROMPTS_BYTES."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise UsageError(f"--prompts {path}: cannot read it ({e.strerror or e}); give a file of token-id lines "
-                         "(1,2,3) or tpsim's prompts JSON") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"--prompts {path} is not a regular file (a directory, FIFO, device or socket); {FIX}")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_PROMPTS_BYTES + 1)
-    if len(data) > MAX_PROMPTS_BYTES:
-        raise UsageError(f"--prompts {path} is over {MAX_PROMPTS_BYTES >> 20} MiB, more than tpsim reads; split it "
-                         "into smaller files")
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        raise UsageError(f"--prompts {path} is not UTF-8 text (binary data); {FIX}") from None
+    return read_regular_text(path, "--prompts", FIX, MAX_PROMPTS_BYTES)
 
 
 def _line_prompts(path: Path, text: str) -> tuple[tuple[int, ...], ...]:

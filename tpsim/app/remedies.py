@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tpsim.app.run_options import PP_FLAGS, PipelineAsk
 from tpsim.app.served_flags import HISTORY_OF
 from tpsim.app.triage import Inputs, Triage, served_flag_findings, triage
+from tpsim.base.errors import UsageError
 from tpsim.base.ui import step
 from tpsim.offline.align import KEY, DraftConfig
 from tpsim.parallel.torchrun import under_torchrun
@@ -66,6 +67,16 @@ class Remedy:
         served = dataclasses.replace(inputs.served, radix_cache=inputs.served.radix_cache and not self.radix_off,
                                      server=self.server_name or inputs.served.server)
         return dataclasses.replace(inputs, serve=serve, draft=draft, request=request, served=served)
+
+
+def with_draft_ids(inputs: Inputs, values: tuple[int, ...]) -> Inputs:
+    """`inputs` with the draft config holding `values` at the key its server reads first (as written there,
+    before the server's shift): a served configuration whose config was edited, as a fix's ids are written."""
+    keys = inputs.serve.behaviour.config.value.keys
+    if not keys:
+        raise UsageError(f"--draft-ids: {inputs.serve.name} reads no layer ids from the draft config; leave "
+                         "--draft-ids out")
+    return Remedy(f"--draft-ids {','.join(map(str, values))}", ids=tuple(v + keys[0].shift for v in values)).apply(inputs)
 
 
 def replay_fixes(t: Triage, tried: dict[str, Triage] | None = None) -> None:

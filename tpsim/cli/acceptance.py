@@ -14,24 +14,29 @@ from tpsim.app.acceptance_request import AcceptanceRequest, AcceptanceResult, ru
 from tpsim.app.triage import Triage
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
-from tpsim.cli.options import emit_json, positive_int
+from tpsim.cli.options import emit_json, int_list, positive_int
 from tpsim.cli.run_args import request_from, served_tp
 from tpsim.cli.served import engine_ask, prompts_ask
+from tpsim.cli.sweep import cmd_sweep
 from tpsim.profiles.vllm import assumed
 
 
 def request(args) -> AcceptanceRequest:
-    """argv as the typed request."""
-    if args.server is None:
+    """argv as the typed request (one served configuration: --server given once)."""
+    if not args.server:
         raise UsageError("acceptance needs --server PROFILE, the engine as served, e.g. --server sglang@0.5.12 "
                          "(tpsim profiles lists them)")
+    server = args.server[0] if isinstance(args.server, list) else args.server
     tp = served_tp(args)
-    return AcceptanceRequest(args.server, engine_ask(args, tp, args.server), args.draft, args.model,
+    ids = None if args.draft_ids is None else tuple(int_list(args.draft_ids, "--draft-ids"))
+    return AcceptanceRequest(server, engine_ask(args, tp, server), args.draft, args.model,
                              tuple(args.override or ()), positive_int(args.steps, "--steps"), prompts_ask(args),
-                             args.returned_hidden_states, args.force, request_from(args, [tp]))
+                             args.returned_hidden_states, args.force, request_from(args, [tp]), ids)
 
 
 def cmd_acceptance(args) -> int:
+    if args.sweep is not None or len(args.server or ()) > 1:
+        return cmd_sweep(args, request)
     req = request(args)
     r = run_acceptance(req)
     if r is None:  # a torchrun rank other than 0

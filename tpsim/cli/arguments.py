@@ -79,7 +79,7 @@ def acceptance(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", required=True, metavar="DIR",
                    help="the draft: its directory (config.json and *.safetensors) or a built-in draft by name "
                         "(smollm2-135m-eagle3: trained by tpsim for --model smollm2-135m)")
-    add_server_option(p)
+    add_server_option(p, repeat=True)
     p.add_argument("--train", default="specforge", metavar="PROFILE|CONVENTION:IDS",
                    help="what trained the draft, as for triage (default specforge: the draft config read by "
                         "SpecForge's current code), e.g. specforge-ids:1,14,26")
@@ -98,12 +98,31 @@ def acceptance(p: argparse.ArgumentParser) -> None:
                         "return_hidden_states gives back under speculative decoding (up to 0.5.13 one row per verify "
                         "round, sglang issue #26163), as a capture file tpsim diagnose reads")
     add_force(p)
+    p.add_argument("--sweep", metavar="FILE",
+                   help="measure several served configurations in one run: one per line, each the served options "
+                        "of this command (--server, --tp, engine flags, --draft-ids); options given here are every "
+                        "line's defaults; '#' starts a comment (docs/draft.md)")
+    add_acceptance_served(p)
+    add_execution_options(p)
+    add_json(p, summary=True)
+
+
+def add_acceptance_served(p: argparse.ArgumentParser) -> None:
+    """What one served configuration of `tpsim acceptance` is: on the command line, and on each --sweep line."""
     served = add_served_flags(p)
     served.add_argument("--disable-radix-cache", action="store_true",
                         help="SGLang's radix cache was off (on by default: the sequences are served in order, and up to "
                              "0.5.2 a prefix hit reuses a draft KV computed with the previous request's next token)")
-    add_execution_options(p)
-    add_json(p, summary=True)
+    served.add_argument("--draft-ids", metavar="IDS",
+                        help="serve the draft with its config holding these values at the key --server reads first "
+                             "(as written in config.json), training's capture read from the config as it is")
+
+
+def sweep_line(p: argparse.ArgumentParser) -> None:
+    """One --sweep line: a served configuration."""
+    add_server_option(p)
+    add_served_tp(p)
+    add_acceptance_served(p)
 
 
 def draft(p: argparse.ArgumentParser) -> None:

@@ -114,10 +114,12 @@ def add_model_option(p: argparse.ArgumentParser, help: str = "") -> None:
                                 "(default tiny)")
 
 
-def add_server_option(p: argparse.ArgumentParser, draft: bool = False) -> None:
-    p.add_argument("--server", metavar="PROFILE", type=server_option,
+def add_server_option(p: argparse.ArgumentParser, draft: bool = False, repeat: bool = False) -> None:
+    p.add_argument("--server", metavar="PROFILE", type=server_option, action="append" if repeat else "store",
                    help="replay a named engine version: ENGINE[@VERSION][:MODEL], e.g. sglang@0.5.12:deepseek_v2 "
-                        "or vllm (tpsim profiles lists them; default version: the latest known, model: --model's)")
+                        "or vllm (tpsim profiles lists them; default version: the latest known, model: --model's)"
+                        + ("; repeated: each one a configuration measured in one run, as --sweep's lines" if repeat
+                           else ""))
     if draft:
         p.add_argument("--draft-config", metavar="PATH",
                        help="with --server: take the ids from the draft's config.json as that engine reads it")

@@ -3,7 +3,7 @@ sequence, the capture the draft is fed on group rank 0 with the greedy tokens th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -55,19 +55,47 @@ def answers_job(ctx: RankContext, spec: RunSpec, prompts: list[list[int]], new_t
 def captures_job(ctx: RankContext, spec: RunSpec, tp: int, sequences: list[list[int]]) -> list[SequenceCapture] | None:
     """At TP=tp in the spec's mode, for each sequence: group rank 0's capture with the spec's strategy and the
     target's greedy tokens (None on the other ranks)."""
-    agree_on_run(ctx, spec, {"positions": [str(p) for p in spec.positions], "tp": tp, "sequences": len(sequences),
-                             "strategy": spec.strategy.value})
+    got = captures_many_job(ctx, spec, tp, sequences, [spec])
+    return None if got is None else got[0]
+
+
+def captures_many_job(ctx: RankContext, spec: RunSpec, tp: int, sequences: list[list[int]],
+                      specs: list[RunSpec]) -> list[list[SequenceCapture]] | None:
+    """captures_job for several specs at one TP (a sweep's configurations; `spec`: the one the pool was started
+    for, among them), in one pool: one model per spec that differs from another only in what it captures, and one
+    forward per sequence for all the positions of the specs that share a model and a capture strategy (each
+    spec's capture is its own positions' parts of it)."""
+    agree_on_run(ctx, spec, {"positions": [[str(p) for p in s.positions] for s in specs], "tp": tp,
+                                 "sequences": len(sequences), "strategy": [s.strategy.value for s in specs]})
     if not ctx.participates(tp):
         return None
     group = ctx.groups[tp]
-    model = spec_model(spec, group, _progress(ctx, tp), spec.mode)
-    out = []
-    with torch.no_grad():
-        for i, seq in enumerate(sequences):
-            ctx.progress(f"TP={tp}: sequence {i + 1}/{len(sequences)}")
-            parts, logits = run_captured_parts(model, own_tokens(seq, spec.mode, group), list(spec.positions),
-                                               spec.strategy)
-            identical, _ = _compare_ranks(group, parts, spec.mode, None, list(spec.positions))
-            out.append(SequenceCapture(torch.cat(parts, dim=-1).cpu(), identical is not False,
-                                       logits.argmax(-1).tolist()))
+    out: list[list[SequenceCapture]] = [[] for _ in specs]
+    for members in _sharing(specs):
+        spec = specs[members[0]]
+        union = list(dict.fromkeys(p for m in members for p in specs[m].positions))
+        model = spec_model(spec, group, _progress(ctx, tp), spec.mode)
+        with torch.no_grad():
+            for i, seq in enumerate(sequences):
+                ctx.progress(f"TP={tp}: sequence {i + 1}/{len(sequences)}")
+                parts, logits = run_captured_parts(model, own_tokens(seq, spec.mode, group), union, spec.strategy)
+                argmax = logits.argmax(-1).tolist()
+                for m in members:
+                    own = [parts[union.index(p)] for p in specs[m].positions]
+                    identical, _ = _compare_ranks(group, own, spec.mode, None, list(specs[m].positions))
+                    out[m].append(SequenceCapture(torch.cat(own, dim=-1).cpu(), identical is not False, argmax))
     return out if group.rank == 0 else None
+
+
+def _sharing(specs: list[RunSpec]) -> list[list[int]]:
+    """The specs' indices grouped by what one forward serves: the same spec but for its positions (compared, not
+    hashed: a config's dict fields do not hash)."""
+    groups: list[tuple[RunSpec, list[int]]] = []
+    for i, s in enumerate(specs):
+        key = replace(s, positions=())
+        at = next((members for k, members in groups if k == key), None)
+        if at is None:
+            groups.append((key, [i]))
+        else:
+            at.append(i)
+    return [members for _, members in groups]
