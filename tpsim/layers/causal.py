@@ -16,12 +16,14 @@ from tpsim.parallel.context import Keys
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      shards: Keys | None = None) -> torch.Tensor:
-    """q `[1, h, Tq, d]`, k and v `[1, h, Tk, d]` → `[1, h, Tq, d]`. `shards` None: Tq == Tk, query i
+    """q `[1, h, Tq, d]`, k and v `[1, h or kv, Tk, d]` (kv dividing h: grouped) → `[1, h, Tq, d]`. `shards` None: Tq == Tk, query i
     sees keys 0..i; else the queries are this rank's tokens and the keys all of them, masked by
     global token index (`Keys.causal_mask`: context parallelism, or the suffix after a cached prefix)."""
+    gqa = k.shape[1] != q.shape[1]  # query head i reads KV head i // (h / kv), in SDPA: no repeated copy of K, V
     if shards is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=shards.causal_mask(q.device), scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=shards.causal_mask(q.device), scale=scale,
+                                          enable_gqa=gqa)
 
 
 class HeadAttention(Tapped, nn.Module):
@@ -41,7 +43,7 @@ class HeadAttention(Tapped, nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                 shards: Keys | None) -> torch.Tensor:
-        """q, k, v `[T, h, d]`, this rank's heads (k, v one per query head) → o_proj's output."""
+        """q `[T, h, d]`, k and v `[T, h or kv, d]`, this rank's heads (kv: grouped) → o_proj's output."""
         # 4-D [1, h, T, d]: 3-D inputs send CUDA SDPA to its math fallback (30x slower at 8k tokens)
         q, k, v = (rearrange(t, "t h d -> 1 h t d") for t in (q, k, v))
         return self._project(rearrange(causal_attention(q, k, v, scale, shards), "1 h t d -> t (h d)"))

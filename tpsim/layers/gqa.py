@@ -89,8 +89,8 @@ class GQA(HeadAttention):
             first = None if shards is None else shards.offset
             return self._project(rearrange(self.sinks(q, k, v, self.window, self.head_dim ** -0.5, first),
                                            "t h d -> t (h d)"))
-        group = self.heads // self.kv_heads  # local query head i reads local KV head i // group
-        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        # local query head i reads local KV head i // (heads / kv_heads): SDPA's enable_gqa, bitwise the repeated
+        # K and V's result and 0.11 ms a layer faster at 8192 tokens on an H100 (benchmarks/probes/gqa_sdpa.py)
         return self._attend(q, k, v, self.head_dim ** -0.5, shards)
 
     def _heads(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
