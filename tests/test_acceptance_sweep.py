@@ -130,3 +130,29 @@ def test_repeated_server_is_a_sweep_and_the_table_names_each(draft):
                 "--server", "vllm@0.32.0")
     assert r.returncode in (0, 1), r
     assert "--server sglang@0.5.12" in r.stdout and "--server vllm@0.32.0" in r.stdout and "trained: AL" in r.stdout
+
+
+def test_configurations_at_tp_1_ride_along_with_the_trained_forward(draft, tmp_path, capsys):
+    """Served captures at TP 1 are taken in the trained capture's own pool and forward (where no answer was cut
+    short): a sweep of TP-1 configurations starts one pool in all, one more for a TP-2 configuration."""
+    import tpsim.app.acceptance as acceptance
+    import tpsim.app.sweep as sweep
+    calls = []
+
+    def counted(real):
+        def on_ranks(job, spec, world, **kwargs):
+            calls.append((job.__name__, world))
+            return real(job, spec, world, **kwargs)
+        return on_ranks
+
+    sweep_file = tmp_path / "sweep.txt"
+    sweep_file.write_text("--server sglang@0.5.12\n--server vllm@0.32.0 --draft-ids 1,2,3\n--server sglang@0.5.12 --tp 2\n")
+    with pytest.MonkeyPatch.context() as m:
+        for module in (acceptance, sweep):
+            m.setattr(module, "on_ranks", counted(module.on_ranks))
+        code = run_command(["acceptance", "--draft", str(draft), "--new-tokens", "12", "--sweep", str(sweep_file),
+                            "--json"], None)
+    assert code in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    assert all(c["served"]["acceptance_length"] is not None for c in out["configurations"])
+    assert calls == [("answers_job", 1), ("captures_many_job", 1), ("captures_many_job", 2)], calls

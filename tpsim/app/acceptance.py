@@ -26,7 +26,7 @@ from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.profiles.loader_lines import lookup
 from tpsim.profiles.prefix import RADIX, served_in_order
-from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job
+from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job, captures_many_job
 from tpsim.run.spec import RunSpec
 
 PROMPTS = BUILTIN_CONFIGS / "prompts"
@@ -154,10 +154,17 @@ class Prepared:
     notes: list[str]
     checkpoint: DraftCheckpoint
     target_embed: torch.Tensor
+    # served specs at TP 1 captured in the trained capture's forward, with their captures: kept only where every
+    # sequence was kept whole (then each is bitwise what its own forward gives: captures_many_job)
+    early: list[tuple[RunSpec, list[SequenceCapture]]] = field(default_factory=list)
+
+    def captured(self, spec: RunSpec, tp: int) -> list[SequenceCapture] | None:
+        """`spec`'s captures at `tp` taken along with the trained ones (a spec does not hold its TP)."""
+        return next((c for s, c in self.early if s == spec), None) if tp == 1 else None
 
 
 def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prompts: Prompts,
-            cost: Cost | None = None) -> Prepared | None:
+            cost: Cost | None = None, also: tuple[RunSpec, ...] = ()) -> Prepared | None:
     """The target's answers and the trained capture's acceptance (None on a torchrun rank other than 0); `cost`
     announced once the run is checked, before its first rank starts."""
     trained = trained_fed(caps)
@@ -174,16 +181,22 @@ def prepare(inputs: Inputs, caps: Captures, draft: DraftCheckpoint, k: int, prom
         if got is None:
             return None
         seqs += [Sequence(tuple(s), len(p)) for s, p in zip(got[0], prompts.to_answer)]
-    on_train = sequence_captures(train_spec, 1, seqs)
-    if on_train is None:
+    also = tuple(a for a in also if a != train_spec)
+    got = on_ranks(captures_many_job, train_spec, 1, tp=1, sequences=[list(q.tokens) for q in seqs],
+                   specs=[train_spec, *also])
+    if got is None:
         return None
+    on_train, *extra = next(r for r in got.values() if r is not None)
+    given = seqs
     seqs, on_train = _greedy(seqs, on_train, notes)
+    whole = all(len(a.tokens) == len(b.tokens) for a, b in zip(seqs, given))
+    early = list(zip((train_spec, *also), (on_train, *extra))) if whole else []
     embed = target_embedding(train_spec.source, train_spec.seed, train_spec.device).float()  # validated: present
     # as trained, on the target's embedding: SpecForge 0.2.0 loads it into the draft and freezes it
     # (specforge/algorithms/model_providers.py: load_embedding(target_model_path), freeze_embedding();
     # config/schema.py: load_target_embedding = True)
     model = build(draft, embed, train_spec.device).eval()
-    return Prepared(seqs, model, _measure(model, trained, on_train, seqs, k), k, notes, draft, embed)
+    return Prepared(seqs, model, _measure(model, trained, on_train, seqs, k), k, notes, draft, embed, early)
 
 
 @dataclass(frozen=True)
@@ -203,10 +216,15 @@ def plan_served(prep: Prepared, inputs: Inputs, caps: Captures) -> ServedPlan:
     embed, why = served_embedding(prep.checkpoint, inputs.request.ids.server or inputs.serve.name, prep.target_embed)
     stale, cache = stale_kv(inputs, prep.sequences)
     what = dataclasses.replace(what, embedding=why, cache=cache)
-    if what.failure is not None:
-        return ServedPlan(what, None, embed, stale)
-    spec, _ = inputs.request.spec(inputs.target.source, what.positions, (what.mode, what.strategy))
-    return ServedPlan(what, spec, embed, stale)
+    return ServedPlan(what, served_spec(inputs, what), embed, stale)
+
+
+def served_spec(inputs: Inputs, fed: Fed) -> RunSpec | None:
+    """The spec that replays `fed` (None: the engine feeds nothing); UsageError where it cannot run."""
+    if fed.failure is not None:
+        return None
+    return inputs.request.spec(inputs.target.source, fed.positions, (fed.mode, fed.strategy))[0]
+
 
 
 def measure_served(prep: Prepared, plan: ServedPlan, on_serve: list[SequenceCapture] | None) -> Measured:
@@ -224,7 +242,7 @@ def served(prep: Prepared, inputs: Inputs, caps: Captures) -> Measured | None:
     plan = plan_served(prep, inputs, caps)
     if plan.spec is None:
         return measure_served(prep, plan, None)
-    on_serve = sequence_captures(plan.spec, plan.fed.tp, prep.sequences)
+    on_serve = prep.captured(plan.spec, plan.fed.tp) or sequence_captures(plan.spec, plan.fed.tp, prep.sequences)
     return None if on_serve is None else measure_served(prep, plan, on_serve)
 
 
@@ -267,9 +285,12 @@ def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts,
             cost: Cost | None = None, as_served: Inputs | None = None) -> AcceptanceReport | None:
     """AL trained vs served (None on a torchrun rank other than 0); `as_served`: the inputs the engine serves from
     where they differ from training's (the draft config's ids rewritten), else `inputs`."""
-    prep = prepare(inputs, captures(inputs), draft, k, prompts, cost)
     as_served = as_served or inputs
     caps = captures(as_served)
+    fed = served_fed(as_served, caps, draft.config.capture_width)
+    spec = served_spec(as_served, fed)
+    also = (spec,) if spec is not None and fed.tp == 1 else ()  # taken along by the trained capture's forward
+    prep = prepare(inputs, captures(inputs), draft, k, prompts, cost, also)
     on_serve = None if prep is None else served(prep, as_served, caps)
     if on_serve is None:
         return None

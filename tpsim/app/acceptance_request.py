@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tpsim.app.acceptance import AcceptanceReport, measure, served_fed
+from tpsim.app.acceptance import AcceptanceReport, measure, served_fed, served_spec
 from tpsim.app.prompts import Prompts
 from tpsim.app.asks import EngineAsk, PromptsAsk, draft_path
 from tpsim.app.bounds import check_count, checked_cost
@@ -24,6 +24,7 @@ from tpsim.offline.align import DraftConfig, read_draft_config
 from tpsim.profiles.fingerprints import Unverified, unverified
 from tpsim.profiles.history import model_file_server
 from tpsim.profiles.returned import RETURNED, Returned
+from tpsim.run.spec import RunSpec
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class Configured:
     served: Inputs
     server: str
     replayed_as: str | None
+    spec: RunSpec | None  # what replays the served capture (None: the engine feeds the draft nothing)
+    tp: int
 
 
 def setup(req: AcceptanceRequest) -> Setup:
@@ -114,11 +117,8 @@ def configured(req: AcceptanceRequest, s: Setup) -> Configured:
                   ids=Ids(server=server))
     as_given = Inputs(trained, serve, served, s.config, run, s.target)
     as_served = as_given if req.draft_ids is None else with_draft_ids(as_given, req.draft_ids)
-    caps = captures(as_served)
-    fed = served_fed(as_served, caps, s.checkpoint.config.capture_width)
-    if fed.failure is None:
-        run.spec(s.target.source, fed.positions, (fed.mode, fed.strategy))
-    return Configured(as_given, as_served, server, replayed_as)
+    fed = served_fed(as_served, captures(as_served), s.checkpoint.config.capture_width)
+    return Configured(as_given, as_served, server, replayed_as, served_spec(as_served, fed), fed.tp)
 
 
 def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:

@@ -61,7 +61,8 @@ def run_sweep(req: SweepRequest) -> SweepResult | None:
             for c, line, where in zip(req.configurations, req.lines, req.places)]
     cost = checked_cost(s.prompts, first.steps, s.target.real, s.checkpoint.config, first.run,
                         max(c.tp for c in req.configurations), passes=1 + len(each))
-    prep = prepare(each[0].trained, captures(each[0].trained), s.checkpoint, first.steps, s.prompts, cost)
+    also = tuple(c.spec for c in each if c.spec is not None and c.tp == 1)  # along with the trained forward
+    prep = prepare(each[0].trained, captures(each[0].trained), s.checkpoint, first.steps, s.prompts, cost, also)
     if prep is None:
         return None
     shared = time.perf_counter()
@@ -90,19 +91,20 @@ def _configured(req: AcceptanceRequest, s: Setup, given: str) -> Configured:
 
 
 def _captured(plans: list[ServedPlan], prep: Prepared) -> list[tuple] | None:
-    """[(spec, its captures per sequence)], every distinct spec run once, one pool per TP (None on a torchrun rank
-    other than 0)."""
+    """[((spec, TP), its captures per sequence)], every distinct spec and TP run once, one pool per TP (None on a
+    torchrun rank other than 0)."""
     by_tp: dict[int, list] = {}
+    out: list[tuple] = [((spec, 1), c) for spec, c in prep.early]
     for p in plans:
-        if p.spec is not None and p.spec not in by_tp.setdefault(p.fed.tp, []):
+        if p.spec is not None and prep.captured(p.spec, p.fed.tp) is None and \
+                p.spec not in by_tp.setdefault(p.fed.tp, []):
             by_tp[p.fed.tp].append(p.spec)
-    out: list[tuple] = []
     for tp, specs in sorted(by_tp.items()):
         got = on_ranks(captures_many_job, specs[0], tp, specs=specs, tp=tp,
                        sequences=[list(q.tokens) for q in prep.sequences])
         if got is None:
             return None
-        out += zip(specs, next(r for r in got.values() if r is not None))
+        out += zip(((spec, tp) for spec in specs), next(r for r in got.values() if r is not None))
     return out
 
 
@@ -112,12 +114,12 @@ def _measured(prep: Prepared, plans: list[ServedPlan], got: list[tuple], lines: 
     seen: list[tuple] = []
     out = []
     for i, (p, line) in enumerate(zip(plans, lines)):
-        key = (p.spec, id(p.embed), [str(x) for x in p.stale], p.fed.embedding, p.fed.cache)
+        key = (p.spec, p.fed.tp, id(p.embed), [str(x) for x in p.stale], p.fed.embedding, p.fed.cache)
         again = next((m for k, m in seen if k == key), None) if p.spec is not None else None
         if again is not None:
             out.append(Measured(p.fed, again.acceptance, again.ranks_identical, again.rounds, again.captures))
         else:
-            on_serve = next((c for spec, c in got if spec == p.spec), None) if p.spec is not None else None
+            on_serve = next((c for at, c in got if at == (p.spec, p.fed.tp)), None) if p.spec else None
             out.append(measure_served(prep, p, on_serve))
             seen.append((key, out[-1]))
         a = out[-1].acceptance
