@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpsim.app.acceptance import measure, served_fed
+from tpsim.app.bounds import Cost, check_count, checked_cost
 from tpsim.app.prompts import Prompts
 from tpsim.app.draft_served import served_findings
 from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, known_defect, partial_reference, platform_refusals, reference
@@ -54,10 +55,12 @@ class Planned:
     capture_only: bool
     dtype: str
     unprofiled: str | None = None  # the installed version tpsim has no profile for, and why
+    cost: Cost | None = None  # tpsim's side of the measurement, checked against the bounds (None: capture only)
 
 
 def cmd_observe(args) -> int:
     check_timeout(args.timeout)
+    steps(args)  # bounded before the engine's interpreter is even asked its version
     limit = positive_int(args.engine_timeout, "--engine-timeout")
     custom_ops(args.custom_ops)
     read_draft_config(str(draft_path(args.draft)))
@@ -75,7 +78,7 @@ def engine_python(given: str | None) -> str:
 def plan(args, engine: tuple[str, str]) -> Planned:
     """The launch `args` ask for and tpsim's replay of it on the engine `engine` (distribution, version)."""
     server = f"{engine[0]}@{engine[1]}"
-    k, tp = positive_int(args.steps, "--steps"), served_tp(args)
+    k, tp = steps(args), served_tp(args)
     limit = None if args.sequences is None else positive_int(args.sequences, "--sequences")
     path = draft_path(args.draft)
     ckpt, config = read(path), read_draft_config(str(path))
@@ -96,7 +99,16 @@ def plan(args, engine: tuple[str, str]) -> Planned:
                     k=k, max_model_len=min(2048, target.real.max_position_embeddings),
                     dtype="float32" if args.dtype == "auto" else args.dtype, custom_ops=ops,
                     aux_ids=tuple(p.boundary for p in caps.replay.positions) if alone else None)
-    return Planned(inputs, caps, refusal, launch, prompts, ckpt, server, capture_only, args.dtype, unprofiled)
+    # as acceptance bounds its own: k leaves a verify round, the run fits the time and memory bounds (--ignore-limits)
+    cost = None if capture_only else checked_cost(prompts, k, target.real, ckpt.config, inputs.request, tp)
+    return Planned(inputs, caps, refusal, launch, prompts, ckpt, server, capture_only, args.dtype, unprofiled, cost)
+
+
+def steps(args) -> int:
+    """--steps: a count from 1 to MAX_TOKENS, as acceptance's (vLLM is launched with that many speculative tokens)."""
+    k = positive_int(args.steps, "--steps")
+    check_count(k, "--steps")
+    return k
 
 
 def replayed_as(server: str, model_type: str) -> tuple[Profile, str, str | None]:
@@ -128,7 +140,7 @@ def judge(p: Planned, observed: Observed) -> Observation:
             o.slots = identify(observed.aux[0][0], ref, tol, list(caps.replay.positions))
         o.ranks_identical = all(bool((r[0] == observed.aux[0][0]).all()) for r in observed.aux)
     if observed.refused is None and not p.capture_only:
-        o.report = measure(inputs, p.checkpoint, p.launch.k, p.prompts)
+        o.report = measure(inputs, p.checkpoint, p.launch.k, p.prompts, p.cost)
     compare(o, caps)
     return o
 

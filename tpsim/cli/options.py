@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from tpsim.base.errors import UsageError
 from tpsim.cli.choices import CONVENTIONS, DP_LOCAL_TOKENS, DP_PADDINGS, EP_OUTPUTS, GGUF_TARGETS, MODES
@@ -16,12 +17,17 @@ LIST_EXAMPLES = {"--tp": "1,2,4,8", "--layers": "-1,2,30", "--tokens": "1,2,3"}
 DEFAULT_TP = 2  # a run at one degree: the smallest that shards anything
 TP_RULE = "default 2, the smallest degree that shards; under torchrun the world size"
 SERVED_TP_RULE = "default 1, as an engine serves unless told; under torchrun the world size"
+# ASCII digits only, as a --prompts file's ids: int() also takes "1_0" and non-ASCII digits ("٣"), near-misses more
+# likely typos than counts
+ASCII_INTEGER = re.compile(r"\s*[-+]?[0-9]+\s*")
 
 
 # --- option values -------------------------------------------------------------------------
 
 def integer(text: str, option: str, low: int | None = None, example: str = "") -> int:
     try:
+        if isinstance(text, str) and not ASCII_INTEGER.fullmatch(text):
+            raise ValueError(text)
         v = int(text)
     except ValueError:
         raise UsageError(f"{option} {text!r} is not an integer{example}") from None
@@ -65,8 +71,8 @@ def seed_value(text: str) -> int:
 
 def int_list(text: str, option: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
+        return [integer(x, option) for x in text.split(",")]
+    except UsageError:
         raise UsageError(f"{option} {text!r} is not a comma-separated list of integers, "
                          f"e.g. {LIST_EXAMPLES.get(option, '1,2,3')}") from None
 

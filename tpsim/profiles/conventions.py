@@ -24,6 +24,7 @@ A convention's name is never a profile's: `sglang-ids` is the idealised numberin
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 from tpsim.base.errors import UsageError
@@ -149,6 +150,10 @@ def not_a_convention(name: str, option: str | None = None, rest: str = "", given
     return f"{head}unknown convention {name!r}; use one of {', '.join(CONVENTIONS)}"
 
 
+# ASCII digits only: int() also takes "1_0" and non-ASCII digits, near-misses more likely typos than ids
+ASCII_ID = re.compile(r"\s*[-+]?[0-9]+\s*")
+
+
 def parse_convention_ids(text: str, option: str) -> tuple[Convention, list[int] | None]:
     """`CONVENTION:IDS` or `CONVENTION:default` (as `option`, e.g. `--serve`, took it) ->
     (convention, ids; None for `default`). Every `CONVENTION:IDS` option parses here."""
@@ -161,11 +166,11 @@ def parse_convention_ids(text: str, option: str) -> tuple[Convention, list[int] 
     conv = check_convention(name.strip(), option, colon + ids)
     if ids.strip() == "default":
         return conv, None
-    try:
-        return conv, [int(x) for x in ids.split(",")]
-    except ValueError:
+    parts = ids.split(",")
+    if not all(ASCII_ID.fullmatch(x) for x in parts):
         raise UsageError(f"{option} {text!r}: {ids!r} is not a comma-separated list of integers or 'default'; "
-                         f"e.g. {example} (negative ids are fine: sglang-ids:-1,2,30)") from None
+                         f"e.g. {example} (negative ids are fine: sglang-ids:-1,2,30)")
+    return conv, [int(x) for x in parts]
 
 
 def refuse_convention_as_profile(text: str, option: str) -> str:

@@ -180,7 +180,10 @@ def lookup(text: str) -> ServedLoader:
     """`ENGINE[@VERSION][:MODEL]` -> the draft loader of that version (`:MODEL` is accepted and has no effect: one
     draft model file serves every target)."""
     spec, plus, _ = text.partition("+")
-    asked, _, version = spec.partition(":")[0].partition("@")
+    asked, at, version = spec.partition(":")[0].partition("@")
+    if at and not version:  # as a profile name: `sglang@` is refused rather than read as latest
+        raise UsageError(f"--server {text!r} has an @ and no version; give a release, a date "
+                         f"or latest (e.g. {asked}@latest), or drop the @")
     engine = registry.ALIASES.get(asked, asked)
     if engine == registry.CPU_BUILD:  # vLLM's CPU build loads the draft with vLLM's own loader
         engine, version = "vllm", version or registry.CPU_PUBLISHED

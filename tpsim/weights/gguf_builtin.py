@@ -65,7 +65,7 @@ def checkpoint_dir(name: str) -> Path:
     differ: a flipped byte in the cache is a rebuild, not a wrong answer later."""
     src = gguf_file(name)
     out = cache_root() / f"{name}-{src.stat().st_size}-{_sha256(src)[:16]}"
-    if (out / SUMS).is_file():
+    if (out / SUMS).exists():  # a file; anything else there (a directory) is damage too
         bad = _mismatched(out)
         if not bad:
             return out
@@ -74,7 +74,11 @@ def checkpoint_dir(name: str) -> Path:
         _remove(out, name)
     elif (out / "config.json").is_file() and not out.is_symlink():  # converted before the digests were kept
         if _tensors_as_written(out / "model.safetensors"):
-            _record(out)
+            try:
+                _record(out)
+            except OSError as e:
+                raise UsageError(f"--model {name}: cannot write {out / SUMS} ({e.strerror or e}); make {out} "
+                                 "writable, or set XDG_CACHE_HOME to a writable directory") from None
             return out
         print(f"tpsim: the cached {name} checkpoint {out} differs from what tpsim wrote: converting it again",
               file=sys.stderr, flush=True)
@@ -88,7 +92,11 @@ def checkpoint_dir(name: str) -> Path:
 
 def _mismatched(out: Path) -> list[str]:
     """The converted files whose sha256 is not the one recorded (or that are gone)."""
-    want = dict(line.split("  ", 1)[::-1] for line in (out / SUMS).read_text().splitlines() if "  " in line)
+    try:
+        text = (out / SUMS).read_text()
+    except (OSError, UnicodeDecodeError):  # a directory, unreadable, or bytes flipped into no text: damaged
+        return [SUMS]
+    want = dict(line.split("  ", 1)[::-1] for line in text.splitlines() if "  " in line)
     if not want:
         return [SUMS]
     return [f for f, digest in want.items() if not (out / f).is_file() or _sha256(out / f) != digest]
