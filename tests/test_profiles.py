@@ -272,7 +272,7 @@ def test_profiles_name_shows_the_one_profile_the_list_holds():
     from tpsim.cli.profiles import classified, entries, named, to_dict
     by_line = classified()
     for p, latest in entries():
-        got, last = named(p.name)
+        got, last, _ = named(p.name)
         assert got.name == p.name and last.name == latest.name
         assert to_dict(got, last, by_line[(p.engine, p.family)]) == to_dict(p, latest, by_line[(p.engine, p.family)])
         inside = [c.release for c in by_line[(p.engine, p.family)] if c.profile.name == p.name]

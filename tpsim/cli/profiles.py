@@ -10,7 +10,8 @@ from tpsim.cli.options import emit_json
 from tpsim.profiles import fingerprints, registry
 from tpsim.profiles.fingerprints import Classified, Status
 from tpsim.profiles.cited import Source
-from tpsim.profiles.profile import Behaviour, Profile, describe, differences
+from tpsim.profiles.history import ServerName
+from tpsim.profiles.profile import Behaviour, Line, Profile, describe, differences
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say, table
 
@@ -103,18 +104,17 @@ def print_sources(rows: list[tuple[Profile, Profile]], by_line: dict, header: bo
                 say(f"      | {line}")
 
 
-def named(text: str) -> tuple[Profile, Profile]:
-    """`ENGINE[@VERSION]:MODEL` -> (its profile, the latest of its line); a name that leaves the model file open
-    is refused, listing the files (a trainer's profiles are model-agnostic: no MODEL needed)."""
-    engine = registry.ALIASES.get(text.partition(":")[0].partition("@")[0].partition("+")[0],
-                                  text.partition(":")[0].partition("@")[0].partition("+")[0])
-    lines = [ln for ln in registry.LINES if ln.engine == engine]
-    if ":" not in text.partition("+")[0] and lines and all(ln.models for ln in lines):
+def named(text: str) -> tuple[Profile, Profile, Line]:
+    """`ENGINE[@VERSION]:MODEL` -> (its profile, the latest of its line, the line); a name that leaves the model file
+    open is refused, listing the files (a trainer's profiles are model-agnostic: no MODEL needed)."""
+    name = ServerName.of(text)
+    lines = [ln for ln in registry.LINES if ln.engine == name.engine]
+    if not name.model and lines and all(ln.models for ln in lines):
         raise UsageError(f"profile {text!r} names no model file; give {text.partition('+')[0]}:MODEL, MODEL one of "
                          f"{', '.join(ln.family for ln in lines)}")
     p = registry.lookup(text, "")
     line = next(ln for ln in registry.LINES if ln.engine == p.engine and ln.family == p.family)
-    return p, line.profiles()[-1]
+    return p, line.profiles()[-1], line
 
 
 def print_one(p: Profile, latest: Profile, releases: list[Classified]) -> None:
@@ -136,9 +136,8 @@ def print_one(p: Profile, latest: Profile, releases: list[Classified]) -> None:
 
 def cmd_profiles(args) -> int:
     if args.name is not None:
-        p, latest = named(args.name)
-        releases = fingerprints.classify_line(next(ln for ln in registry.LINES
-                                                   if ln.engine == p.engine and ln.family == p.family))
+        p, latest, line = named(args.name)
+        releases = fingerprints.classify_line(line)
         if args.json:
             emit_json(to_dict(p, latest, releases))
         else:
