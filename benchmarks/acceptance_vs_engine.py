@@ -473,7 +473,17 @@ def main(argv=None) -> int:
     skipped: dict[str, str] = {}
     engine_rows: dict[str, dict] = {}
     single_rows: dict[str, dict] = {}
-    sweep = noise = tp_probe = None
+    state = {"sweep": None, "noise": None, "tp_probe": None}
+
+    def save(complete: bool) -> dict:
+        """The JSON as measured so far (rewritten after each measurement: a run stopped early keeps it)."""
+        doc = assemble(configs, engine_rows, single_rows, state["sweep"], state["noise"],
+                       {**env, "loadavg_after": loadavg()}, skipped, state["tp_probe"])
+        doc.update(complete=complete, argv=["benchmarks/acceptance_vs_engine.py", *(sys.argv[1:] if argv is None else argv)],
+                   sweep_file=sweep_text(configs))
+        out.write_text(json.dumps(doc, indent=1, default=list) + "\n")
+        return doc
+
     progress(f"{len(configs)} configurations; ids written at {'.'.join(key)}; loadavg {env['loadavg_before']}")
     with tempfile.TemporaryDirectory(prefix="tpsim-bench-") as tmp:
         drafts = {c.name: draft_for(c, Path(tmp), key) for c in configs}
@@ -494,15 +504,19 @@ def main(argv=None) -> int:
                 engine_rows[c.name] = got[0]
                 if i == 0:
                     als = [g.get("al") for g in got]
-                    noise = {"configuration": c.name, "launches": len(got), "al": als,
-                             "seconds": [g.get("seconds") for g in got], "wall_s": [g.get("wall_s") for g in got],
-                             "spread": max(als) - min(als) if len(got) > 1 and None not in als else None,
-                             "runs": got}
+                    state["noise"] = {"configuration": c.name, "launches": len(got), "al": als,
+                                      "seconds": [g.get("seconds") for g in got],
+                                      "wall_s": [g.get("wall_s") for g in got],
+                                      "spread": max(als) - min(als) if len(got) > 1 and None not in als else None,
+                                      "runs": got}
+                save(False)
             if probe:
                 progress(f"engine at TP {', '.join(map(str, probe))} ({configs[0].name}'s draft, one prompt)")
-                tp_probe = probe_tp(args.engine_python, dataclasses.replace(launch, draft=drafts[configs[0].name], k=K),
-                                    probe, timeout)
-                for p in tp_probe:
+                state["tp_probe"] = probe_tp(args.engine_python,
+                                             dataclasses.replace(launch, draft=drafts[configs[0].name], k=K), probe,
+                                             timeout)
+                save(False)
+                for p in state["tp_probe"]:
                     progress(f"  TP {p['tp']}: " + ("served" if p.get("served") else
                                                     f"{p.get('refused') or p.get('failed') or p.get('error')}"))
         if args.skip_single:
@@ -513,6 +527,7 @@ def main(argv=None) -> int:
                 single_rows[c.name] = run_single(python, c, drafts[c.name])
                 s = single_rows[c.name]
                 progress(f"  AL {fmt(s.get('al'))}, {fmt(s.get('seconds'), '.1f')} s" + (f"; {s['error']}" if "error" in s else ""))
+                save(False)
         if args.skip_sweep:
             skipped["sweep"] = "--skip-sweep"
         elif not has_sweep(python):
@@ -521,13 +536,10 @@ def main(argv=None) -> int:
             progress(f"sweep skipped: {skipped['sweep']}")
         else:
             progress(f"tpsim acceptance --sweep ({len(configs)} configurations)")
-            sweep = run_sweep(python, configs, Path(tmp))
+            state["sweep"] = sweep = run_sweep(python, configs, Path(tmp))
+            save(False)
             progress(f"  {fmt(sweep['total_s'], '.1f')} s" + (f"; {sweep['error']}" if sweep.get("error") else ""))
-    env["loadavg_after"] = loadavg()
-    doc = assemble(configs, engine_rows, single_rows, sweep, noise, env, skipped, tp_probe)
-    doc["argv"] = ["benchmarks/acceptance_vs_engine.py", *(sys.argv[1:] if argv is None else argv)]
-    doc["sweep_file"] = sweep_text(configs)
-    out.write_text(json.dumps(doc, indent=1, default=list) + "\n")
+    doc = save(True)
     Console(width=200).print(table(doc))
     for line in summary_lines(doc):
         print(line)
