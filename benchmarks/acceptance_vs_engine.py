@@ -425,10 +425,29 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--probe-tp", default="2,3", help="TP degrees the engine is tried at (the first configuration's "
                                                        "draft, one prompt), to record whether it serves them "
                                                        "(default 2,3; none: no probe)")
+    ap.add_argument("--engine-from", metavar="JSON",
+                    help="take the engine's measurements (its rows, noise and TP probe) from an earlier result of this "
+                         "script instead of launching it (its date is recorded): the tpsim sides run again")
     ap.add_argument("--skip-engine", action="store_true", help="tpsim only")
     ap.add_argument("--skip-sweep", action="store_true", help="no `tpsim acceptance --sweep`")
     ap.add_argument("--skip-single", action="store_true", help="no one-configuration `tpsim acceptance` commands")
     return ap.parse_args(argv)
+
+
+def earlier_engine(path: str, configs: list[Config]) -> dict:
+    """The engine's side of an earlier result (--engine-from): every configuration asked for must be in it."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        rows = {r["configuration"]: r["engine"] for r in doc["configurations"] if r.get("engine")}
+        env = doc["environment"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"--engine-from {path}: not a result of this script ({type(e).__name__}: {e})") from None
+    missing = [c.name for c in configs if c.name not in rows]
+    if missing:
+        raise BadInput(f"--engine-from {path}: no engine measurement of {missing[0]} ({len(missing)} missing)")
+    return {"rows": {c.name: rows[c.name] for c in configs}, "noise": doc.get("engine_noise"),
+            "tp_probe": doc.get("engine_tp_probe"), "date": env.get("date"), "engine": env.get("engine"),
+            "loadavg_before": env.get("loadavg_before"), "loadavg_after": env.get("loadavg_after")}
 
 
 def count(text: str, name: str, least: int = 1) -> int:
@@ -458,7 +477,8 @@ def main(argv=None) -> int:
             raise BadInput(f"--out {out}: no such directory {out.parent}")
         key = served_key()
         engine = None
-        if not args.skip_engine:
+        earlier = None if args.engine_from is None else earlier_engine(args.engine_from, configs)
+        if not args.skip_engine and earlier is None:
             from tpsim.base.errors import UsageError
             from tpsim.engine.runner import engine_version
             try:
@@ -489,6 +509,13 @@ def main(argv=None) -> int:
         drafts = {c.name: draft_for(c, Path(tmp), key) for c in configs}
         if args.skip_engine:
             skipped["engine"] = "--skip-engine"
+        elif earlier is not None:
+            engine_rows.update(earlier["rows"])
+            state["noise"], state["tp_probe"] = earlier["noise"], earlier["tp_probe"]
+            env["engine_from"] = {"file": args.engine_from, "date": earlier["date"], "engine": earlier["engine"],
+                                  "loadavg_before": earlier["loadavg_before"], "loadavg_after": earlier["loadavg_after"]}
+            env["engine"] = earlier["engine"]
+            progress(f"engine: {len(earlier['rows'])} configurations from {args.engine_from} ({earlier['date']})")
         else:
             launch, _ = engine_template(args.engine_python)
             import dataclasses

@@ -527,3 +527,26 @@ def test_acceptance_vs_engine_bad_input_is_one_line(tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("acceptance_vs_engine: error:"), (argv, err)
     assert not out.exists()
     assert ave.main(["--help"]) == 0 and "--skip-sweep" in capsys.readouterr().out
+
+
+def test_acceptance_vs_engine_takes_the_engine_from_an_earlier_result(tmp_path, capsys):
+    """--engine-from: the engine's rows, noise and probe of an earlier run, nothing launched; a file that lacks a
+    configuration asked for is one line, exit 2."""
+    ave = script("acceptance_vs_engine")
+    configs, doc = _ave_fake(ave, n=3)
+    (tmp_path / "earlier.json").write_text(json.dumps(doc))
+    got = ave.earlier_engine(str(tmp_path / "earlier.json"), configs[:2])
+    assert got["rows"] == {c.name: doc["configurations"][i]["engine"] for i, c in enumerate(configs[:2])}
+    assert got["noise"] == doc["engine_noise"] and got["date"] == "d"
+    out = tmp_path / "r.json"
+    assert ave.main(["--configs", "4", "--engine-from", str(tmp_path / "earlier.json"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no engine measurement of ids 2,15,26 TP 1" in err[0] and not out.exists()
+    (tmp_path / "bad.json").write_text("{}")
+    assert ave.main(["--engine-from", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
+    assert "not a result of this script" in capsys.readouterr().err and not out.exists()
+    assert ave.main(["--configs", "2", "--engine-from", str(tmp_path / "earlier.json"), "--skip-single", "--skip-sweep",
+                     "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["complete"] and written["environment"]["engine_from"]["date"] == "d"
+    assert [r["engine"] for r in written["configurations"]] == [got["rows"][c.name] for c in configs[:2]]
