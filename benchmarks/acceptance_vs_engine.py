@@ -428,26 +428,36 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--engine-from", metavar="JSON",
                     help="take the engine's measurements (its rows, noise and TP probe) from an earlier result of this "
                          "script instead of launching it (its date is recorded): the tpsim sides run again")
+    ap.add_argument("--single-from", metavar="JSON",
+                    help="take the one-configuration tpsim commands' measurements from an earlier result of this "
+                         "script instead of running them (its date is recorded)")
     ap.add_argument("--skip-engine", action="store_true", help="tpsim only")
     ap.add_argument("--skip-sweep", action="store_true", help="no `tpsim acceptance --sweep`")
     ap.add_argument("--skip-single", action="store_true", help="no one-configuration `tpsim acceptance` commands")
     return ap.parse_args(argv)
 
 
-def earlier_engine(path: str, configs: list[Config]) -> dict:
-    """The engine's side of an earlier result (--engine-from): every configuration asked for must be in it."""
+def earlier_rows(path: str, configs: list[Config], side: str = "engine") -> dict:
+    """One side ("engine" or "tpsim_single") of an earlier result of this script (--engine-from, --single-from):
+    every configuration asked for must be in it."""
+    option = "--engine-from" if side == "engine" else "--single-from"
     try:
         doc = json.loads(Path(path).read_text())
-        rows = {r["configuration"]: r["engine"] for r in doc["configurations"] if r.get("engine")}
+        rows = {r["configuration"]: r[side] for r in doc["configurations"] if r.get(side)}
         env = doc["environment"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise BadInput(f"--engine-from {path}: not a result of this script ({type(e).__name__}: {e})") from None
+        raise BadInput(f"{option} {path}: not a result of this script ({type(e).__name__}: {e})") from None
     missing = [c.name for c in configs if c.name not in rows]
     if missing:
-        raise BadInput(f"--engine-from {path}: no engine measurement of {missing[0]} ({len(missing)} missing)")
+        what = "engine measurement" if side == "engine" else "tpsim measurement"
+        raise BadInput(f"{option} {path}: no {what} of {missing[0]} ({len(missing)} missing)")
     return {"rows": {c.name: rows[c.name] for c in configs}, "noise": doc.get("engine_noise"),
             "tp_probe": doc.get("engine_tp_probe"), "date": env.get("date"), "engine": env.get("engine"),
             "loadavg_before": env.get("loadavg_before"), "loadavg_after": env.get("loadavg_after")}
+
+
+def earlier_engine(path: str, configs: list[Config]) -> dict:
+    return earlier_rows(path, configs, "engine")
 
 
 def count(text: str, name: str, least: int = 1) -> int:
@@ -478,6 +488,7 @@ def main(argv=None) -> int:
         key = served_key()
         engine = None
         earlier = None if args.engine_from is None else earlier_engine(args.engine_from, configs)
+        earlier_single = None if args.single_from is None else earlier_rows(args.single_from, configs, "tpsim_single")
         if not args.skip_engine and earlier is None:
             from tpsim.base.errors import UsageError
             from tpsim.engine.runner import engine_version
@@ -548,6 +559,13 @@ def main(argv=None) -> int:
                                                     f"{p.get('refused') or p.get('failed') or p.get('error')}"))
         if args.skip_single:
             skipped["tpsim single"] = "--skip-single"
+        elif earlier_single is not None:
+            single_rows.update(earlier_single["rows"])
+            env["single_from"] = {"file": args.single_from, "date": earlier_single["date"],
+                                  "loadavg_before": earlier_single["loadavg_before"],
+                                  "loadavg_after": earlier_single["loadavg_after"]}
+            progress(f"tpsim single: {len(earlier_single['rows'])} configurations from {args.single_from} "
+                     f"({earlier_single['date']})")
         else:
             for c in configs:
                 progress(f"tpsim acceptance {c.name}")

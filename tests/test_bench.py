@@ -550,3 +550,20 @@ def test_acceptance_vs_engine_takes_the_engine_from_an_earlier_result(tmp_path, 
     written = json.loads(out.read_text())
     assert written["complete"] and written["environment"]["engine_from"]["date"] == "d"
     assert [r["engine"] for r in written["configurations"]] == [got["rows"][c.name] for c in configs[:2]]
+
+
+def test_acceptance_vs_engine_takes_tpsims_side_from_an_earlier_result(tmp_path, capsys):
+    ave = script("acceptance_vs_engine")
+    configs, doc = _ave_fake(ave, n=3)
+    (tmp_path / "earlier.json").write_text(json.dumps(doc))
+    out = tmp_path / "r.json"
+    assert ave.main(["--configs", "4", "--single-from", str(tmp_path / "earlier.json"), "--skip-engine",
+                     "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--single-from" in err[0] and "no tpsim measurement of" in err[0] and not out.exists()
+    assert ave.main(["--configs", "3", "--engine-from", str(tmp_path / "earlier.json"), "--single-from",
+                     str(tmp_path / "earlier.json"), "--skip-sweep", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["environment"]["single_from"]["date"] == "d"
+    assert [r["tpsim_single"] for r in written["configurations"]] == [r["tpsim_single"] for r in doc["configurations"]]
+    assert [r["ratio_single"] for r in written["configurations"]] == [r["ratio_single"] for r in doc["configurations"]]
