@@ -453,7 +453,8 @@ def earlier_rows(path: str, configs: list[Config], side: str = "engine") -> dict
         raise BadInput(f"{option} {path}: no {what} of {missing[0]} ({len(missing)} missing)")
     return {"rows": {c.name: rows[c.name] for c in configs}, "noise": doc.get("engine_noise"),
             "tp_probe": doc.get("engine_tp_probe"), "date": env.get("date"), "engine": env.get("engine"),
-            "loadavg_before": env.get("loadavg_before"), "loadavg_after": env.get("loadavg_after")}
+            "loadavg_before": env.get("loadavg_before"), "loadavg_after": env.get("loadavg_after"),
+            "how": doc.get("how")}
 
 
 def earlier_engine(path: str, configs: list[Config]) -> dict:
@@ -524,7 +525,8 @@ def main(argv=None) -> int:
             engine_rows.update(earlier["rows"])
             state["noise"], state["tp_probe"] = earlier["noise"], earlier["tp_probe"]
             env["engine_from"] = {"file": args.engine_from, "date": earlier["date"], "engine": earlier["engine"],
-                                  "loadavg_before": earlier["loadavg_before"], "loadavg_after": earlier["loadavg_after"]}
+                                  "loadavg_before": earlier["loadavg_before"], "loadavg_after": earlier["loadavg_after"],
+                                  "how": earlier["how"]}
             env["engine"] = earlier["engine"]
             progress(f"engine: {len(earlier['rows'])} configurations from {args.engine_from} ({earlier['date']})")
         else:
