@@ -42,6 +42,7 @@ from tpsim.app.acceptance_request import AcceptanceRequest, configured, setup  #
 from tpsim.app.asks import EngineAsk  # noqa: E402
 from tpsim.app.draft_served import target_embedding  # noqa: E402
 from tpsim.app.triage import captures  # noqa: E402
+from tpsim.bench.environment import git_commit  # noqa: E402
 from tpsim.draft.acceptance import paired  # noqa: E402
 from tpsim.draft.checkpoint import build  # noqa: E402
 from tpsim.parallel.group import TPGroup  # noqa: E402
@@ -132,8 +133,7 @@ def main(argv=None) -> int:
                               "torch": torch.__version__, "python": platform.python_version(),
                               "cpu_count": os.cpu_count(), "loadavg_before": before,
                               "loadavg_after": os.getloadavg(),
-                              "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                           text=True, cwd=ROOT).stdout.strip()}}
+                              "git_commit": git_commit()}}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -40,6 +40,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from tpsim.bench.environment import git_commit
+
 ROOT = Path(__file__).resolve().parent.parent
 DRAFT_NAME = "smollm2-135m-eagle3"
 DRAFT = ROOT / "configs" / "drafts" / DRAFT_NAME
@@ -387,17 +389,6 @@ def summary_lines(doc: dict) -> list[str]:
 
 
 # --- environment and main -------------------------------------------------------------------------------------
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "") \
-            if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
 
 def loadavg():
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None

@@ -73,7 +73,6 @@ import importlib
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -85,6 +84,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .`
 import torch  # noqa: E402
 
 from tpsim.base import ui  # noqa: E402
+from tpsim.bench.environment import git_commit  # noqa: E402
 from tpsim.bench.flops import FLOP_FORMULA, active_params, forward_flops, tp_all_reduces  # noqa: E402
 from tpsim.bench.hf import HF_ATTENTION, build_models, hf_attention, hf_unsupported  # noqa: E402
 from tpsim.bench.scaling import tp_table  # noqa: E402
@@ -180,17 +180,6 @@ def load_model_config(text: str, overrides: list[str]) -> ModelConfig:
 
 
 # --- environment ------------------------------------------------------------------------------------------------
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "") \
-            if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
 
 def environment(device: torch.device) -> dict:
     env = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
