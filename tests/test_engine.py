@@ -100,6 +100,10 @@ def nested(ids):
     return change
 
 
+def llama_arch(c):
+    c["architectures"] = ["LlamaForCausalLM"]
+
+
 def aux_off(c):
     c["eagle_config"]["use_aux_hidden_state"] = False
 
@@ -148,6 +152,12 @@ CASES = [
          False, "ids out of order: captured in layer order"),
     Case("smollm2-tp3-vocab", SMOL + CAPTURE + ("--tp", "3"), shipped(), ("refused", "4096 is not divisible by 3"), True,
          "draft vocabulary 4096 at TP 3: refused at start-up"),
+    Case("smollm2-served-as-eagle", SMOL + CAPTURE + ("--speculative-algorithm", "eagle"), shipped(),
+         ("refused", "Model architectures ['EagleLlamaForCausalLMEagle3'] are not supported for now"), True,
+         "the EAGLE-3 draft under method eagle: its class renamed EagleLlamaForCausalLMEagle3, refused at start-up"),
+    Case("smollm2-llama-arch-as-eagle", SMOL + CAPTURE + ("--speculative-algorithm", "eagle"), shipped(llama_arch),
+         ("refused", "There is no module or parameter named 'd2t' in LlamaModel"), False,
+         "the same draft saved as LlamaForCausalLM under method eagle: the EAGLE-1 class fails on its tensors"),
     Case("smollm2-tp3-vocab-top", SMOL + CAPTURE + ("--tp", "3"), shipped(top([2, 15, 27])),
          ("refused", "4096 is not divisible by 3"), False, "the same refusal whatever the ids"),
     Case("smollm2-own-embed", SMOL + AL3, shipped(top([2, 15, 27]), tensors=random_embed),

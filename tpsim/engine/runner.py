@@ -28,6 +28,10 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache per CPU rank
 ERROR = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
 WORKER_ERROR = re.compile(r"Worker failed with error '(.+)'")
 NOT_A_CAUSE = ("Engine core initialization failed",)
+# where vLLM's error texts go on to list what it has (every registered architecture, every parameter): cut there
+LISTINGS = (" Supported architectures:", " The available parameters belonging to")
+# a pydantic ValidationError from vLLM's config classes names the ValueError its validator raised
+VALIDATION = re.compile(r"Value error, (.+)$", re.M)
 FIND_VLLM = ("import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n    try:\n        print(d, m.version(d))\n"
              "        break\n    except m.PackageNotFoundError:\n        pass\nelse:\n    raise SystemExit(1)")
 LOG_FACTS = ("Using auxiliary layers from speculative config", "Model Runner V2", "model runner v2",
@@ -47,6 +51,7 @@ class Launch:
     max_tokens: tuple[int, ...]
     tp: int = 1
     k: int = 3
+    method: str = "eagle3"  # speculative_config's method
     dtype: str = "float32"
     prefix_caching: bool = False
     attention_backend: str | None = None
@@ -143,7 +148,7 @@ def _read(folder: Path, log: str) -> Observed:
     facts = tuple(dict.fromkeys(line.split("] ", 1)[-1].strip() for line in lines
                                 if any(f in line for f in LOG_FACTS)))
     if result["refused"] is not None:
-        return Observed(result["vllm"], refused=root_cause(lines) or result["refused"], log=facts)
+        return Observed(result["vllm"], refused=gist(root_cause(lines) or result["refused"]), log=facts)
     aux = []
     for rank in range(len(result["capture_ids"])):
         aux.append(tuple(torch.from_numpy(np.load(folder / f"aux.rank{rank}.seq{s}.npy"))
@@ -162,6 +167,15 @@ def _worker_error(lines: list[str], raised: str) -> str:
     """A failure while serving in the worker's own words (the engine core reports it as EngineDeadError)."""
     found = (m.group(1) for line in lines if (m := WORKER_ERROR.search(line)))
     return next(found, raised)
+
+
+def gist(text: str) -> str:
+    """An error's own words without the listing vLLM appends; a config ValidationError as its validator's ValueError."""
+    m = text.startswith("ValidationError") and VALIDATION.search(text)
+    text = f"ValueError: {m.group(1)}" if m else text
+    for cut in LISTINGS:
+        text = text.split(cut)[0]
+    return text.strip()
 
 
 def root_cause(lines: list[str]) -> str | None:

@@ -31,7 +31,7 @@ def launch(req: dict):
     from vllm import LLM
     extra = {"attention_backend": req["attention_backend"]} if req.get("attention_backend") else {}
     if req["draft"] is not None:
-        extra["speculative_config"] = {"method": "eagle3", "model": req["draft"], "num_speculative_tokens": req["k"]}
+        extra["speculative_config"] = {"method": req.get("method", "eagle3"), "model": req["draft"], "num_speculative_tokens": req["k"]}
     if req["custom_ops"]:
         extra["compilation_config"] = {"custom_ops": req["custom_ops"]}
     return LLM(model=req["target"], skip_tokenizer_init=True, dtype=req["dtype"], seed=0,

