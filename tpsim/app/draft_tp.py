@@ -94,12 +94,16 @@ def embed_verdict(pool: RankPool, draft: torch.Tensor | None, target: torch.Tens
     return [DraftFinding(
         DraftDefect.EMBED_VERDICT,
         f"replayed on {tp} gloo ranks, each comparing its own vocab shard of embed_tokens with the target's "
-        f"({names}): rank{'s' * (len(shares) > 1)} {', '.join(map(str, shares))} share the target's embed_tokens "
-        f"module, rank{'s' * (len(keeps) > 1)} {', '.join(map(str, keeps))} keep the draft's own; {effect} "
+        f"({names}): {_ranks(shares, 'shares', 'share')} the target's embed_tokens module, "
+        f"{_ranks(keeps, 'keeps', 'keep')} the draft's own; {effect} "
         "(vllm issue #50158)",
-        f"{cited.VLLM_VERDICT}; {cited.VLLM_SHARE}",
+        f"{cited.VLLM_VERDICT} _maybe_share_embeddings",
         f"copy the target's embed_tokens.weight into the draft (every rank then shares; replayed), or serve with "
         f"{cited.PR_50280} (every rank keeps the draft's; replayed)", "embed_tokens.weight", s.name)]
+
+
+def _ranks(ranks: list[int], one: str, many: str) -> str:
+    return f"rank {ranks[0]} {one}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} {many}"
 
 
 # --- 3. SGLang's greedy verify -------------------------------------------------------------------------------------

@@ -59,6 +59,10 @@ BUG_CLASSES = {
     "returned-rows": "hidden states returned per request with fewer rows than tokens (a return path that drops them)",
     "micro-batch-merge": "micro-batches whose (hidden, aux) outputs the engine merges as plain tensors: it fails",
     "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
+    "draft-vocab-split": "a draft vocabulary whose padded rows do not split over TP: the engine refuses to start",
+    "draft-embed-verdict": "TP ranks judge the draft's embed_tokens against the target's on their own shards: they "
+                           "build different drafts",
+    "verify-no-broadcast": "a greedy verify with no TP broadcast: ranks accept different draft counts, then deadlock",
 }
 
 
