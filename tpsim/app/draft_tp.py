@@ -15,7 +15,8 @@ from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.profiles import draft_tp as cited
 from tpsim.profiles.draft_tp import Platform
 from tpsim.profiles.loaders import ServedLoader
-from tpsim.profiles.registry import version_key
+from tpsim.profiles.cited import Change
+from tpsim.profiles.registry import RELEASES, version_key, when
 from tpsim.run import draft_tp_jobs as jobs
 from tpsim.weights.seeded import init_tensor
 
@@ -36,10 +37,20 @@ def on_ranks(pool: RankPool, job, **kwargs) -> list:
 
 # --- 1. the vocabulary split -------------------------------------------------------------------------------------
 
-def vocab_replay(pool: RankPool, vocab: int, hidden: int, engine: str, seed: int = 0) -> tuple[str | None, bool]:
-    """(the engine's refusal or None, whether the sharded draft's logits equal the unsharded draft's on `tp` ranks
-    (True where refused: nothing runs))."""
-    split, tp = cited.VOCAB_SPLITS[engine], pool.world
+def split_of(s: ServedLoader, platform: Platform | None) -> cited.VocabSplit:
+    """How `s` pads the draft's vocabulary on `platform` (None: a GPU)."""
+    engine, _, version = s.name.partition("@")
+    engine = s.line.engine
+    later = when(engine, version or "latest").has(Change((), "", None, cited.SGLANG_PADS_EVERYWHERE, {}),
+                                                  RELEASES[engine]) if engine == "sglang" else False
+    return cited.vocab_split(engine, later, platform is Platform.CPU)
+
+
+def vocab_replay(pool: RankPool, vocab: int, hidden: int, split: cited.VocabSplit, seed: int = 0) \
+        -> tuple[str | None, bool]:
+    """(the engine's refusal or None, whether the sharded draft's logits equal the unsharded draft's on the pool's
+    ranks (True where refused: nothing runs))."""
+    tp = pool.world
     refused = split.refusal(vocab, tp)
     if refused:
         return refused, True
@@ -50,17 +61,33 @@ def vocab_replay(pool: RankPool, vocab: int, hidden: int, engine: str, seed: int
     return None, all(torch.allclose(r, full, rtol=1e-5, atol=1e-6) and torch.equal(r, every[0]) for r in every)
 
 
-def vocab_note(pool: RankPool, ckpt: DraftCheckpoint, s: ServedLoader) -> str | None:
-    """For an engine that accepts the split: what the replay on `tp` ranks showed (vLLM's refusal is
-    draft_served.vocab_split's finding)."""
-    engine, vocab, tp = s.line.engine, ckpt.config.draft_vocab_size, pool.world
-    refused, same = vocab_replay(pool, vocab, min(ckpt.config.hidden_size, 64), engine)
-    if refused or tp == 1:
-        return None
-    rows = cited.VOCAB_SPLITS[engine].rows(vocab, tp)
-    return (f"{s.name} splits the draft's lm_head ({vocab} rows padded to {rows}, {rows // tp} a rank) over TP {tp}: "
-            f"replayed on {tp} gloo ranks, the sharded logits {'equal' if same else 'DIFFER FROM'} the unsharded "
-            f"draft's [{cited.VOCAB_SPLITS[engine].pads_by_tp.source}]")
+def vocab_findings(pool: RankPool, ckpt: DraftCheckpoint, s: ServedLoader, platform: Platform | None,
+                   notes: list[str]) -> list[DraftFinding]:
+    """SGLang's refusal of the split (vLLM's is draft_served.vocab_split's finding); where the engine accepts it, a
+    note of the replay on the pool's ranks."""
+    vocab, tp, hidden = ckpt.config.draft_vocab_size, pool.world, min(ckpt.config.hidden_size, 64)
+    split = split_of(s, platform)
+    refused, same = vocab_replay(pool, vocab, hidden, split)
+    where = (platform or Platform.CUDA).value
+    if not refused:
+        rows = split.rows(vocab, tp)
+        notes.append(f"{s.name} on {where} splits the draft's lm_head ({vocab} rows padded to {rows}, {rows // tp} a "
+                     f"rank) over TP {tp}: replayed on {tp} gloo ranks, the sharded logits "
+                     f"{'equal' if same else 'DIFFER FROM'} the unsharded draft's [{split.pads_by_tp.source}]")
+        return []
+    if s.line.engine != "sglang":
+        return []
+    fixed = cited.vocab_split("sglang", True, False)
+    _, clears = vocab_replay(pool, vocab, hidden, fixed)
+    rows = fixed.rows(vocab, tp)
+    assert clears  # the fix, replayed
+    return [DraftFinding(
+        DraftDefect.LOADER_REFUSES, f"the draft's lm_head has draft_vocab_size {vocab}, padded to 64 only off CPU, "
+        f"which does not split over TP {tp}: {s.name} on {where} does not start (\"{refused}\")",
+        f"{split.pads_by_tp.source}; {cited.SGLANG_DIVIDE}",
+        f"serve with sglang {cited.SGLANG_PADS_EVERYWHERE} or later, which pads it by 64 x TP on every platform "
+        f"({rows} rows, {rows // tp} a rank: replayed on {tp} gloo ranks, the sharded logits equal the unsharded "
+        f"draft's), or at a TP that divides {-(-vocab // 64) * 64}", "lm_head.weight", s.name)]
 
 
 # --- 2. the embed_tokens verdict per rank ------------------------------------------------------------------------

@@ -20,9 +20,7 @@ def tp_findings(ckpt: DraftCheckpoint, servers: list[ServedLoader], target: torc
     out: list[DraftFinding] = []
     with draft_tp.ranks(tp) as pool:
         for s in servers:
-            note = draft_tp.vocab_note(pool, ckpt, s)
-            if note:
-                notes.append(note)
+            out += draft_tp.vocab_findings(pool, ckpt, s, platform, notes)
             if ckpt.weights:
                 out += draft_tp.embed_verdict(pool, ckpt.tensors.get("embed_tokens.weight"), target, s)
             out += draft_tp.verify_findings(pool, s, platform)

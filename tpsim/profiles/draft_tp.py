@@ -24,17 +24,26 @@ VLLM_SPLIT = Source(
     "VocabParallelEmbedding.__init__ pads to padding_size (64) only, then divides by tp_size; llama_eagle3.py builds "
     "the draft's lm_head as ParallelLMHead( self.config.draft_vocab_size, ...)", "VocabParallelEmbedding.__init__",
     "self.num_embeddings_per_partition = divide( self.num_embeddings_padded, self.tp_size )")
-SGLANG_SPLIT = Source(
+SGLANG_SPLIT_CPU = Source(
     SGLANG, "python/sglang/srt/layers/vocab_parallel_embedding.py", "v0.5.6",
-    "VocabParallelEmbedding.__init__ multiplies the padding by tp_size when the padded vocabulary does not split: the "
-    "same draft starts (read the same in every release 0.5.6 .. 0.5.23)", "VocabParallelEmbedding.__init__",
+    "VocabParallelEmbedding.__init__ multiplies the padding by tp_size, on CPU only, when the padded vocabulary does "
+    "not split (0.5.6 .. 0.5.21); elsewhere divide's assert refuses it", "VocabParallelEmbedding.__init__",
+    "if ( _is_cpu and pad_vocab_size(self.org_vocab_size, padding_size) % self.tp_size != 0 ): "
+    "padding_size *= self.tp_size", reviewed=("v0.5.21",))
+SGLANG_SPLIT = Source(
+    SGLANG, "python/sglang/srt/layers/vocab_parallel_embedding.py", "v0.5.22",
+    "from 0.5.22 the padding grows by tp_size on every platform: the same draft starts", "VocabParallelEmbedding.__init__",
     "if pad_vocab_size(self.org_vocab_size, padding_size) % self.tp_size != 0: padding_size *= self.tp_size",
     reviewed=("v0.5.23",))
+SGLANG_DIVIDE = Source(SGLANG, "python/sglang/srt/distributed/utils.py", "v0.5.6", "the split's assert",
+                       "ensure_divisibility",
+                       'assert numerator % denominator == 0, "{} is not divisible by {}".format( numerator, denominator )')
+SGLANG_PADS_EVERYWHERE = "0.5.22"
 
 
 @dataclass(frozen=True)
 class VocabSplit:
-    """How an engine pads the draft's `draft_vocab_size` rows before splitting them over TP."""
+    """How an engine version pads the draft's `draft_vocab_size` rows before splitting them over TP."""
 
     engine: str
     pads_by_tp: Cited[bool]  # True: the padding grows to PAD * tp when PAD alone does not split
@@ -49,8 +58,14 @@ class VocabSplit:
         return None if rows % tp == 0 else f"AssertionError: {rows} is not divisible by {tp}"
 
 
-VOCAB_SPLITS = {"vllm": VocabSplit("vllm", Cited(False, VLLM_SPLIT, "AssertionError: {rows} is not divisible by {tp}")),
-                "sglang": VocabSplit("sglang", Cited(True, SGLANG_SPLIT))}
+def vocab_split(engine: str, pads_everywhere: bool, cpu: bool) -> VocabSplit:
+    """`engine` (`pads_everywhere`: an SGLang at SGLANG_PADS_EVERYWHERE or later) on a CPU (`cpu`) or elsewhere."""
+    if engine == "vllm":
+        return VocabSplit(engine, Cited(False, VLLM_SPLIT))
+    if pads_everywhere:
+        return VocabSplit(engine, Cited(True, SGLANG_SPLIT))
+    return VocabSplit(engine, Cited(cpu, SGLANG_SPLIT_CPU))
+
 
 # --- 2. the embed_tokens verdict, per rank ---------------------------------------------------------------------
 
@@ -60,7 +75,7 @@ VLLM_VERDICT = Source(
     "draft's, and acts on that verdict alone (no collective): vllm issue #50158 (v0.26.0, TP 2: rank 0 kept, rank 1 "
     "shared); PR #50280 (open, no release) takes a MIN over the TP group first",
     "SpecDecodeBaseProposer._maybe_share_embeddings",
-    "and torch.equal( target_embed_tokens.weight.cpu(), self.model.model.embed_tokens.weight.cpu(), ): "
+    "and torch.equal( target_embed_tokens.weight.cpu(), self.model.model.embed_tokens.weight.cpu(), ) ): "
     "share_embeddings = True")
 VLLM_SHARE = Source(VLLM, "vllm/v1/spec_decode/llm_base_proposer.py", "v0.32.0",
                     "a rank whose verdict is equal replaces its draft's embed_tokens module by the target's",
