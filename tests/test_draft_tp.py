@@ -175,7 +175,16 @@ def test_sglang_pads_by_tp_on_cpu_then_everywhere(release):
     assert " ".join(cited.SGLANG_DIVIDE.quote.split()) in divide
 
 
-@pytest.mark.parametrize("source", [cited.VLLM_DIVIDE, cited.VLLM_SPLIT, cited.VLLM_VERDICT, cited.VLLM_SHARE],
+def test_no_eagle_proposer_reads_the_draft_tp():
+    """vllm issue #31345 as read: the EAGLE proposer's files never name draft_parallel_config."""
+    if not VLLM.exists():
+        pytest.skip(f"no vLLM 0.32.0 wheel at {VLLM} (make engine)")
+    for name in ("llm_base_proposer.py", "eagle.py"):
+        assert "draft_parallel_config" not in (VLLM / "v1/spec_decode" / name).read_text()
+
+
+@pytest.mark.parametrize("source", [cited.VLLM_DIVIDE, cited.VLLM_SPLIT, cited.VLLM_VERDICT, cited.VLLM_SHARE,
+                                    cited.VLLM_DRAFT_TP],
                          ids=lambda s: s.symbol)
 def test_every_vllm_quote_is_in_the_wheel(source):
     f = VLLM / source.path.removeprefix("vllm/")

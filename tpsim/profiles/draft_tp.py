@@ -24,6 +24,14 @@ VLLM_SPLIT = Source(
     "VocabParallelEmbedding.__init__ pads to padding_size (64) only, then divides by tp_size; llama_eagle3.py builds "
     "the draft's lm_head as ParallelLMHead( self.config.draft_vocab_size, ...)", "VocabParallelEmbedding.__init__",
     "self.num_embeddings_per_partition = divide( self.num_embeddings_padded, self.tp_size )")
+# vllm issue #31345: in 0.32.0 only the draft-model, standalone and DSpark proposers read draft_parallel_config; the
+# EAGLE proposer (v1/spec_decode/llm_base_proposer.py, eagle.py) never does, so the draft's layers take the target's
+# TP group, and the config check accepts 1 or the target's TP without acting on it
+VLLM_DRAFT_TP = Source(
+    VLLM, "vllm/config/speculative.py", "v0.32.0", "_verify_and_get_draft_tp accepts 1 or the target's TP; no EAGLE "
+    "proposer file reads draft_parallel_config (grep of the 0.32.0 wheel; vllm issue #31345)",
+    "SpeculativeConfig._verify_and_get_draft_tp",
+    "elif speculative_draft_tensor_parallel_size not in ( 1, target_parallel_config.tensor_parallel_size, ):")
 SGLANG_SPLIT_CPU = Source(
     SGLANG, "python/sglang/srt/layers/vocab_parallel_embedding.py", "v0.5.6",
     "VocabParallelEmbedding.__init__ multiplies the padding by tp_size, on CPU only, when the padded vocabulary does "
