@@ -200,6 +200,11 @@ def test_platform_without_an_sglang_server_is_one_line():
     assert_one_line_error(r, ["--platform cpu", "--server sglang@0.5.17"])
 
 
+def test_platform_at_tp_1_is_one_line():
+    r = run_cli("draft", "smollm2-135m-eagle3", "--server", "sglang@0.5.17", "--platform", "cpu")
+    assert_one_line_error(r, ["--platform cpu", "--tp 2"])
+
+
 def test_an_unknown_platform_is_one_line():
     assert_one_line_error(run_cli("draft", "smollm2-135m-eagle3", "--server", "sglang@0.5.17", "--platform", "tpu"),
                           ["--platform"])

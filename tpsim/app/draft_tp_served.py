@@ -9,6 +9,7 @@ from tpsim.app import draft_tp
 from tpsim.draft.checkpoint import DraftCheckpoint
 from tpsim.draft.findings import DraftFinding
 from tpsim.profiles.draft_tp import Platform
+from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.loaders import ServedLoader
 
 
@@ -16,6 +17,9 @@ def tp_findings(ckpt: DraftCheckpoint, servers: list[ServedLoader], target: torc
                 platform: Platform | None, notes: list[str]) -> list[DraftFinding]:
     """The findings of every server in `servers` at TP `tp` (none at TP 1); `notes` gets what was replayed clean."""
     if tp == 1:
+        return []
+    if under_torchrun():  # the ranks are torchrun's: a pool of N more per rank would replay nothing new
+        notes.append("the draft under TP is replayed on a self-started pool: run tpsim draft without torchrun")
         return []
     out: list[DraftFinding] = []
     with draft_tp.ranks(tp) as pool:

@@ -37,7 +37,11 @@ def request(args) -> DraftRequest | CopyRequest:
     if platform is not None and not any(s.split("@")[0] == "sglang" for s in servers):
         raise UsageError(f"--platform {platform.value} chooses SGLang's verify branch: name an SGLang version with "
                          "--server (e.g. --server sglang@0.5.17), or leave --platform out")
-    return DraftRequest(args.path, args.model, servers, served_tp(args), platform)
+    tp = served_tp(args)
+    if platform is not None and tp == 1:
+        raise UsageError(f"--platform {platform.value} replays SGLang's verify over TP ranks: give --tp 2 or more "
+                         "(at TP 1 every rank is the one rank)")
+    return DraftRequest(args.path, args.model, servers, tp, platform)
 
 
 def cmd_draft(args) -> int:
