@@ -5,7 +5,7 @@ it alone; the printer prints the `DraftResult`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpsim.app.asks import draft_path
@@ -13,6 +13,8 @@ from tpsim.base.errors import UsageError
 from tpsim.app.draft_copy import copy_draft
 from tpsim.app.draft_engines import every_release, ids_findings
 from tpsim.app.draft_served import served_findings, target_embedding
+from tpsim.app.draft_tp_served import tp_findings
+from tpsim.profiles.draft_tp import Platform
 from tpsim.draft.checkpoint import inspect, read
 from tpsim.draft.findings import DraftFinding
 from tpsim.offline.align import read_draft_config
@@ -38,6 +40,7 @@ class DraftRequest:
     model: str | None = None
     servers: tuple[str, ...] = ()
     tp: int = 1
+    platform: Platform | None = None  # where SGLang serves it (its verify branch): None, not replayed
 
     def __post_init__(self) -> None:
         for s in self.servers:  # an unknown engine or version: one line, before anything is read
@@ -66,6 +69,7 @@ class DraftResult:
     not_checked: list[str]
     config_alone: bool
     target_hidden: int | None
+    replayed: list[str] = field(default_factory=list)  # what the draft under TP showed on real ranks
 
 
 def run_draft(req: DraftRequest) -> DraftResult:
@@ -77,8 +81,10 @@ def run_draft(req: DraftRequest) -> DraftResult:
     ckpt = read(draft_path(req.path), config_alone=True)
     found = inspect(ckpt, hidden)
     embed = None if source is None or not ckpt.weights else target_embedding(source)
+    replayed: list[str] = []
     if servers:
         found = served_findings(ckpt, found, servers, embed, req.tp) + ids_findings(ckpt, servers, model_type, layers)
+        found += tp_findings(ckpt, servers, embed, req.tp, req.platform, replayed)
     else:
         found = every_release(ckpt, found, embed, req.tp, model_type, layers)
     names = [s.name for s in servers] or [f"every {e} release read ({LINES[e].oldest} to {LINES[e].newest})"
@@ -87,7 +93,7 @@ def run_draft(req: DraftRequest) -> DraftResult:
         ([] if source is None else [WROTE])
     unchecked = ([] if ckpt.weights else [UNCHECKED]) + ([IDS] if source is None else []) + [TRIAGE]
     return DraftResult([f for f in found if not f.warning], [f for f in found if f.warning], names, assumed,
-                       unchecked, not ckpt.weights, hidden)
+                       unchecked, not ckpt.weights, hidden, replayed)
 
 
 def run_copy(req: CopyRequest) -> list[str]:

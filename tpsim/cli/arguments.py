@@ -142,7 +142,11 @@ def draft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", action="append", metavar="PROFILE",
                    help="say what this engine version's EAGLE-3 draft loader does with the draft: ENGINE[@VERSION], "
                         "e.g. sglang@0.5.12 or vllm (repeatable or comma-separated; default: the layout alone)")
-    add_served_tp(p, "the TP degree the engine serves the draft at (the vocabulary's split)")
+    add_served_tp(p, "the TP degree the engine serves the draft at (the vocabulary's split, each rank's embed_tokens "
+                     "verdict and SGLang's verify, replayed on that many gloo ranks)")
+    p.add_argument("--platform", choices=["cuda", "hip", "cpu", "npu", "xpu"],
+                   help="where SGLang serves the draft: replay its verify at --tp on real ranks (CPU, HIP, NPU and XPU "
+                        "take the greedy branch on every verify; CUDA when every request is greedy)")
     p.add_argument("--copy", metavar="DIR", help="copy the draft (e.g. a built-in by name) to DIR, a new directory, "
                                                  "and check nothing: the examples that edit a draft start here")
     add_force(p)

@@ -17,8 +17,10 @@ from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json
 from tpsim.cli.parser import refuse_without
 from tpsim.cli.run_args import served_tp
+from tpsim.profiles.draft_tp import Platform
 
-CHECKING = {"model": "--model", "server": "--server", "tp": "--tp", "json": "--json", "summary": "--summary"}
+CHECKING = {"model": "--model", "server": "--server", "tp": "--tp", "json": "--json", "summary": "--summary",
+            "platform": "--platform"}
 
 
 def request(args) -> DraftRequest | CopyRequest:
@@ -31,7 +33,15 @@ def request(args) -> DraftRequest | CopyRequest:
                              "afterwards)")
         return CopyRequest(args.path, args.copy, args.force)
     servers = tuple(t for given in args.server or [] for t in given.split(","))
-    return DraftRequest(args.path, args.model, servers, served_tp(args))
+    platform = None if args.platform is None else Platform(args.platform)
+    if platform is not None and not any(s.split("@")[0] == "sglang" for s in servers):
+        raise UsageError(f"--platform {platform.value} chooses SGLang's verify branch: name an SGLang version with "
+                         "--server (e.g. --server sglang@0.5.17), or leave --platform out")
+    tp = served_tp(args)
+    if platform is not None and tp == 1:
+        raise UsageError(f"--platform {platform.value} replays SGLang's verify over TP ranks: give --tp 2 or more "
+                         "(at TP 1 every rank is the one rank)")
+    return DraftRequest(args.path, args.model, servers, tp, platform)
 
 
 def cmd_draft(args) -> int:
@@ -44,7 +54,8 @@ def cmd_draft(args) -> int:
         print(f"tpsim draft: {verdict(r)}" + (f" ({'; '.join(f.title for f in r.findings)})" if r.findings else ""))
     elif args.json:
         emit_json({"ok": not r.findings, "path": req.path, "model": req.model, "target_hidden_size": r.target_hidden,
-                   "servers": r.servers, "tp": req.tp, "assumed": r.assumed, "config_alone": r.config_alone,
+                   "servers": r.servers, "tp": req.tp, "replayed": r.replayed, "assumed": r.assumed,
+                   "config_alone": r.config_alone,
                    "not_checked": r.not_checked, "warnings": [f.to_dict() for f in r.warnings],
                    "findings": [f.to_dict() for f in r.findings]})
     else:
@@ -67,6 +78,8 @@ def print_draft(r: DraftResult, req: DraftRequest) -> None:
         say_finding(i, f.title, f.cause, [f.source], f.fix)
     for w in r.warnings:
         say(f"WARNING: {w.title}: {w.cause}; safeguard: {w.fix}")
+    for note in r.replayed:
+        say(f"replayed: {note}")
     say()
     say(verdict(r))
     for u in r.not_checked:

@@ -26,6 +26,8 @@ class DraftDefect(Enum):
     IDS_UNREAD = "ids-unread"  # the config's layer ids sit where that engine version does not read them (or fail)
     IDS_MISREAD = "ids-misread"  # that version reads the ids, and captures other layers than the trainer did
     IDS_LUCKY = "ids-unread-default-coincides"  # ids-unread, but that version's default captures the same layers
+    EMBED_VERDICT = "embed-verdict-split"  # TP ranks disagree on whether embed_tokens is the target's (vllm #50158)
+    VERIFY_NO_BROADCAST = "verify-no-broadcast"  # ranks accept their own count of drafts (sglang #31071)
     UNVERIFIED = "unverified"  # the draft relies on loader behaviour tpsim has not read for that version
 
 
