@@ -18,7 +18,7 @@ from sglang_src import body, no_sources, released_function
 from tpsim.app import draft_tp
 from tpsim.parallel.pool import RankPool
 from tpsim.profiles import draft_tp as cited
-from tpsim.profiles.draft_tp import Platform
+from tpsim.profiles.profile import Platform
 from tpsim.profiles.registry import version_key
 from tpsim.run import draft_tp_jobs as jobs
 

@@ -15,15 +15,16 @@ from tpsim.app.bounds import Cost, announce
 from tpsim.app.prompts import Prompts, Sequence
 from tpsim.app.draft_served import same_embedding, target_embedding
 from tpsim.app.ranks import on_ranks
-from tpsim.app.served_flags import flag_behaviour
+from tpsim.app.served_flags import flag_behaviour, served_as_eagle
 from tpsim.app.triage import Captures, Inputs, captures
 from tpsim.base.errors import UsageError
-from tpsim.capture.positions import Position
+from tpsim.capture.positions import Position, PositionKind
 from tpsim.config.loader import BUILTIN_CONFIGS
 from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, paired, rounds
 from tpsim.draft.checkpoint import DraftCheckpoint, build
 from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
+from tpsim.profiles.algorithm import EagleServed, eagle_served
 from tpsim.profiles.loader_lines import lookup
 from tpsim.profiles.prefix import RADIX, served_in_order
 from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job, captures_many_job
@@ -134,6 +135,12 @@ def served_fed(inputs: Inputs, caps: Captures, fc_width: int) -> Fed:
     draft nothing)."""
     H = inputs.target.source.cfg.hidden_size
     rep, got, mode, tp = caps.replay, caps.config, caps.mode, inputs.served.tp
+    eagle = served_as_eagle(inputs.serve, inputs.served, inputs.draft.raw)
+    if eagle is not None:  # no aux states: the engine hands the draft `final`, which it reads past fc or fails on
+        held, shape = eagle
+        skips = held.value is EagleServed.WIDTH_TEST and shape.hidden == H
+        failure = None if skips else eagle_served(held.value, shape, held.server)
+        return Fed("served", (Position(PositionKind.FINAL),), mode.mode, mode.strategy, tp, failure)
     failure = got.failure if got.off else rep.failure
     if failure is None and not rep.positions:
         failure = f"{inputs.serve.name} captures nothing from these ids"

@@ -14,7 +14,7 @@ from tpsim.app.draft_copy import copy_draft
 from tpsim.app.draft_engines import every_release, ids_findings
 from tpsim.app.draft_served import served_findings, target_embedding
 from tpsim.app.draft_tp_served import tp_findings
-from tpsim.profiles.draft_tp import Platform
+from tpsim.profiles.profile import Platform
 from tpsim.draft.checkpoint import inspect, read
 from tpsim.draft.findings import DraftFinding
 from tpsim.offline.align import read_draft_config

@@ -13,7 +13,7 @@ from tpsim.parallel.pool import RankPool
 from tpsim.draft.checkpoint import DraftCheckpoint
 from tpsim.draft.findings import DraftDefect, DraftFinding
 from tpsim.profiles import draft_tp as cited
-from tpsim.profiles.draft_tp import Platform
+from tpsim.profiles.profile import Platform
 from tpsim.profiles.loaders import ServedLoader
 from tpsim.profiles.cited import Change
 from tpsim.profiles.registry import RELEASES, version_key, when

@@ -8,7 +8,7 @@ import torch
 from tpsim.app import draft_tp
 from tpsim.draft.checkpoint import DraftCheckpoint
 from tpsim.draft.findings import DraftFinding
-from tpsim.profiles.draft_tp import Platform
+from tpsim.profiles.profile import Platform
 from tpsim.parallel.torchrun import under_torchrun
 from tpsim.profiles.loaders import ServedLoader
 

