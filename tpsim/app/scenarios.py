@@ -59,6 +59,8 @@ BUG_CLASSES = {
     "returned-rows": "hidden states returned per request with fewer rows than tokens (a return path that drops them)",
     "micro-batch-merge": "micro-batches whose (hidden, aux) outputs the engine merges as plain tensors: it fails",
     "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
+    "mtp-feedback-norm": "an MTP/NextN head fed the pre-norm hidden where it was trained on the post-norm one (or the "
+                         "reverse), at step 0 or between steps",
 }
 
 
