@@ -95,7 +95,7 @@ def _served(servers: list[str], arch: str) -> list[tuple[str, str]]:
     if servers:
         out = []
         for s in servers:
-            engine, _, release = s.partition("@")
+            engine, _, release = s.partition(":")[0].partition("@")
             engine = engine.removesuffix("-cpu")
             if engine not in ("vllm", "sglang") or not release:
                 raise UsageError(f"--server {s!r}: an MTP head is judged per release: write vllm@0.32.0 or "
