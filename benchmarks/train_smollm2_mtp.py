@@ -3,10 +3,13 @@
 target's greedy answers, tpsim's TP-1 forward, SpecForge's TTT loss, the same draft vocab rule), with one
 captured state instead of three: `final` (the output of model.norm), what DeepSeek-V3's MTP module and the
 NextN heads were trained on at step 0 (docs/mtp.md). The head is tpsim's one-layer draft with
-num_aux_hidden_states 1: step 0 projects the target's hidden at t and reads the embedding of token t+1, later
-steps feed back the layer's own pre-norm output (the recipe's TTT loop), as an MTP head chained over steps.
+num_aux_hidden_states 1: step 0 projects the target's hidden at t and reads the embedding of token t+1; later
+steps feed back the layer's own POST-norm output (`norm_output`: the recipe's TTT loop with the hidden normed before
+it is fed back, as vLLM's deepseek_mtp.py and SGLang's deepseek_nextn.py recycle it), so the head is post-norm
+at every step.
 
-    .venv/bin/python benchmarks/train_smollm2_mtp.py --quick    # the committed head: a few minutes on 2 cores
+    .venv/bin/python benchmarks/train_smollm2_mtp.py --prompts 160 --epochs 3   # the committed head: 23 min on 2 busy cores
+    .venv/bin/python benchmarks/train_smollm2_mtp.py --quick    # 3 min, a weaker head (its step-0 drop near 2 SE)
 
 Saved (float16) at configs/drafts/smollm2-135m-mtp/, its log at benchmarks/results/smollm2-mtp-train.json.
 """
@@ -36,16 +39,37 @@ LOG = ROOT / "benchmarks" / "results" / "smollm2-mtp-train.json"
 def head_config(vd: int) -> dict:
     raw = recipe.draft_config(vd, [])
     del raw["eagle_config"]
-    raw.update({"num_aux_hidden_states": 1, "num_nextn_predict_layers": 1, "mtp_hidden_state": {"step0": "post-norm", "later": "pre-norm"},
+    raw.update({"num_aux_hidden_states": 1, "num_nextn_predict_layers": 1, "mtp_hidden_state": "post-norm", "norm_output": True,
                 "tpsim_trained": "benchmarks/train_smollm2_mtp.py (the built-in draft's recipe on the target's "
                                  "final post-norm hidden)"})
     return raw
 
 
+def ttt_loss(head, cap, ids, target_p, valid, steps: int):
+    """The recipe's TTT loss (train_smollm2_draft.ttt_loss) with each step's output normed before it is fed back."""
+    from tpsim.draft.attention import DraftCache
+    T = ids.shape[0] - 1
+    cache, pos = DraftCache(), torch.arange(T)
+    hidden, losses, accs = head.project(cap[:T]), [], []
+    for s in range(steps):
+        tokens = torch.cat([ids[1 + s:], ids.new_zeros(s)])[:T]
+        out = head.midlayer(pos + s, head.embed_tokens(tokens), hidden, cache)
+        normed = head.norm(out)
+        logits = head.lm_head(normed)
+        p = torch.cat([target_p[1 + s:], target_p.new_zeros(s, target_p.shape[1])])[:T]
+        m = torch.cat([valid[1 + s:], valid.new_zeros(s)])[:T].float()
+        m[T - s:] = 0
+        lp = F.log_softmax(logits.float(), dim=-1)
+        losses.append(-(p * lp).sum(-1).mul(m).sum() / m.sum().clamp_min(1))
+        accs.append(((logits.argmax(-1) == p.argmax(-1)).float() * m).sum() / m.sum().clamp_min(1))
+        hidden = normed
+    return losses, accs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="48 prompts, 96 tokens, 2 epochs")
-    ap.add_argument("--prompts", type=int, default=320)
+    ap.add_argument("--prompts", type=int, default=160)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--ttt", type=int, default=4)
@@ -98,7 +122,7 @@ def main() -> int:
         rng.shuffle(order)
         for i in order:
             cap, full, p, valid = data[i]
-            losses, accs = recipe.ttt_loss(head, cap, full, p.float(), valid, args.ttt)
+            losses, accs = ttt_loss(head, cap, full, p.float(), valid, args.ttt)
             loss = sum(0.8 ** s * l for s, l in enumerate(losses))
             opt.zero_grad()
             loss.backward()
@@ -121,7 +145,7 @@ def main() -> int:
     (args.out / "config.json").write_text(json.dumps(cfg_raw, indent=2) + "\n")
     final = log[-len(data):]
     args.log.write_text(json.dumps({
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": {k: str(v.resolve().relative_to(ROOT)) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "prompts": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs), "positions": [str(p) for p in positions],
         "minutes": round((time.time() - t0) / 60, 1), "threads": torch.get_num_threads(),
         "final_acc_per_step": [round(sum(r["acc"][s] for r in final) / len(final), 4) for s in range(args.ttt)],

@@ -1,6 +1,7 @@
 """The cost of an MTP feed mismatch, measured (issue 53 deliver 2): the committed MTP-style head for SmolLM2-135M,
-trained on the final post-norm hidden, accepts fewer tokens when fed the pre-norm block output at step 0, by more
-than two standard errors of the paired difference, and the committed result says the same (~20 s on 2 cores)."""
+trained post-norm at every step, accepts fewer tokens when fed the pre-norm block output at step 0, and when fed its
+own pre-norm output back at steps 1+, each by more than two standard errors of the paired difference; the committed
+result is what this measures (~20 s on 2 cores)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ PROMPTS = ROOT / "configs" / "prompts" / "smollm2-135m.json"
 RESULT = ROOT / "benchmarks" / "results" / "mtp-feedback-cpu.json"
 
 
-def test_pre_norm_at_step_0_drops_acceptance():
+def test_pre_norm_feeds_drop_acceptance():
     m = measure(HEAD, PROMPTS, k=3)
-    mean, se = m.difference("step0-pre-norm")
-    assert m.trained.rounds > 500
-    assert mean < -2 * se, (mean, se)
-    assert m.fed["step0-pre-norm"].length < m.trained.length
     committed = json.loads(RESULT.read_text())
-    assert committed["step0-pre-norm"]["paired_difference"] == round(mean, 4)
-    assert committed["trained"]["acceptance_length"] == round(m.trained.length, 4)
+    assert m.trained.rounds > 500
+    assert abs(committed["trained"]["acceptance_length"] - m.trained.length) < 0.005
+    for label in ("step0-pre-norm", "later-pre-norm"):
+        mean, se = m.difference(label)
+        assert mean < -2 * se, (label, mean, se)
+        assert m.fed[label].length < m.trained.length
+        assert abs(committed[label]["paired_difference"] - mean) < 0.005  # the committed run, to rounding and ties
