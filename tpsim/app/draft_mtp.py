@@ -142,7 +142,8 @@ def mtp_findings(head: MtpHead, servers: list[str]) -> tuple[list[MtpFinding], l
             found.append(MtpFinding(
                 f"{engine}@{release} feeds the MTP head ({head.architecture}) the {fed.value} hidden at {step}, "
                 f"trained on the {trained.value} one",
-                f"the head reads a tensor it never saw in training (the final norm's per-channel weight is not undone "
-                f"by its hnorm): nothing fails, acceptance drops; {COST}",
+                f"read from {engine} {release}'s released code (not observed: no engine run): the head reads a tensor "
+                f"it never saw in training (the final norm's per-channel weight is not undone by its hnorm): nothing "
+                f"fails, acceptance drops; {COST}",
                 (f"{source} {source.symbol}: {source.quote}",), _fix(head, engine)))
     return found, unverified
