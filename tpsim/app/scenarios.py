@@ -64,6 +64,8 @@ BUG_CLASSES = {
     "draft-embed-verdict": "TP ranks judge the draft's embed_tokens against the target's on their own shards: they "
                            "build different drafts",
     "verify-no-broadcast": "a greedy verify with no TP broadcast: ranks accept different draft counts, then deadlock",
+    "mtp-feedback-norm": "an MTP/NextN head fed the pre-norm hidden where it was trained on the post-norm one (or the "
+                         "reverse), at step 0 or between steps",
 }
 
 

@@ -10,9 +10,12 @@ Exit 0 nothing found, 1 findings, 2 bad input.
 
 from __future__ import annotations
 
+from tpsim.app.asks import draft_path
+from tpsim.app.draft_mtp import mtp_config
 from tpsim.app.draft_request import CopyRequest, DraftRequest, DraftResult, run_copy, run_draft
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
+from tpsim.cli.draft_mtp import cmd_mtp
 from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json
 from tpsim.cli.parser import refuse_without
@@ -49,6 +52,8 @@ def cmd_draft(args) -> int:
     if isinstance(req, CopyRequest):
         say(f"copied {req.path} ({', '.join(run_copy(req))}) to {req.dest}")
         return 0
+    if (raw := mtp_config(draft_path(req.path))) is not None:  # an MTP head: what it is fed, not an EAGLE-3 loader
+        return cmd_mtp(draft_path(req.path), raw, list(req.servers), args.json, args.summary)
     r = run_draft(req)
     if args.summary:
         print(f"tpsim draft: {verdict(r)}" + (f" ({'; '.join(f.title for f in r.findings)})" if r.findings else ""))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from tpsim.app.acceptance import Measured
 from tpsim.app.asks import draft_path
+from tpsim.app.draft_mtp import mtp_config
 from tpsim.app.remedies import Plan
 from tpsim.app.triage import Triage
 from tpsim.app.triage_request import TriageRequest, TriageResult, run_triage
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
+from tpsim.cli.draft_mtp import cmd_mtp
 from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json, positive_int
 from tpsim.cli.run_args import one_tp, request_from
@@ -36,6 +38,10 @@ def request(args) -> TriageRequest:
 
 
 def cmd_triage(args) -> int:
+    head = args.draft or args.draft_config
+    if head and (raw := mtp_config(draft_path(head))) is not None:  # an MTP head: what it is fed (docs/mtp.md)
+        return cmd_mtp(draft_path(head), raw, [args.server] if args.server else [], args.json, args.summary,
+                       "triage")
     req = request(args)
     r = run_triage(req)
     if r is None:  # a torchrun rank other than 0
