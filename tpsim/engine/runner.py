@@ -26,6 +26,7 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache per CPU rank
        "OMP_NUM_THREADS": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # LLM.apply_model sends a function
        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 ERROR = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
+WORKER_RANK = re.compile(r"^\(Worker_TP(\d+) ")
 WORKER_ERROR = re.compile(r"Worker failed with error '(.+)'")
 NOT_A_CAUSE = ("Engine core initialization failed",)
 # where vLLM's error texts go on to list what it has (every registered architecture, every parameter): cut there
@@ -97,6 +98,7 @@ class Observed:
     generated: tuple[tuple[int, ...], ...] = ()
     counts: Counts | None = None
     log: tuple[str, ...] = ()  # the lines of vLLM's log that say what it chose (LOG_FACTS)
+    rank_log: tuple[tuple[int, str], ...] = ()  # those a TP worker logged, with its rank (each rank decides alone)
     load_s: float = 0.0
     generate_s: float = 0.0
 
@@ -147,8 +149,11 @@ def _read(folder: Path, log: str) -> Observed:
     lines = log.splitlines()
     facts = tuple(dict.fromkeys(line.split("] ", 1)[-1].strip() for line in lines
                                 if any(f in line for f in LOG_FACTS)))
+    ranked = tuple((int(m.group(1)), line.split("] ", 1)[-1].strip()) for line in lines
+                   if (m := WORKER_RANK.search(line)) and any(f in line for f in LOG_FACTS))
     if result["refused"] is not None:
-        return Observed(result["vllm"], refused=gist(root_cause(lines) or result["refused"]), log=facts)
+        return Observed(result["vllm"], refused=gist(root_cause(lines) or result["refused"]), log=facts,
+                        rank_log=ranked)
     aux = []
     for rank in range(len(result["capture_ids"])):
         aux.append(tuple(torch.from_numpy(np.load(folder / f"aux.rank{rank}.seq{s}.npy"))
@@ -159,7 +164,7 @@ def _read(folder: Path, log: str) -> Observed:
     ids = result["capture_ids"][0]
     failed = result.get("failed") and _worker_error(lines, result["failed"])
     return Observed(result["vllm"], None, failed, result["runner"], None if ids is None else tuple(ids), tuple(aux),
-                    tuple(tuple(s["generated"]) for s in result["sequences"]), counts, facts,
+                    tuple(tuple(s["generated"]) for s in result["sequences"]), counts, facts, ranked,
                     result["load_s"], result["generate_s"])
 
 
