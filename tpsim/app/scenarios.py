@@ -64,6 +64,9 @@ BUG_CLASSES = {
     "draft-embed-verdict": "TP ranks judge the draft's embed_tokens against the target's on their own shards: they "
                            "build different drafts",
     "verify-no-broadcast": "a greedy verify with no TP broadcast: ranks accept different draft counts, then deadlock",
+    "dflash-fallback-ids": "a DFlash draft without target_layer_ids: the engine computes other taps than trained",
+    "dspark-not-extracted": "a DSpark draft on a runner that never turns on the target's aux outputs",
+    "dflash-last-layer-index": "the last decoder layer in a DFlash draft's ids indexes past the model's layers",
 }
 
 

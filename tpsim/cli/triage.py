@@ -13,7 +13,9 @@ from tpsim.app.asks import draft_path
 from tpsim.app.remedies import Plan
 from tpsim.app.triage import Triage
 from tpsim.app.triage_request import TriageRequest, TriageResult, run_triage
+from tpsim.app.block_draft import block_config
 from tpsim.base.errors import UsageError
+from tpsim.cli.block_draft import run_block
 from tpsim.base.ui import say
 from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json, positive_int
@@ -36,6 +38,9 @@ def request(args) -> TriageRequest:
 
 
 def cmd_triage(args) -> int:
+    block = block_config(args.draft_config or args.draft)
+    if block is not None and args.server is not None:  # a DFlash or DSpark draft (tpsim.cli.block_draft)
+        return run_block(args, *block, "triage")
     req = request(args)
     r = run_triage(req)
     if r is None:  # a torchrun rank other than 0
