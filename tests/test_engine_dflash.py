@@ -137,8 +137,9 @@ def predicted(c: Case, folder: Path, t):
     raw = json.loads((folder / "config.json").read_text())
     cfg = t.source.cfg
     if c.method == "eagle3":
-        got = read_ids(for_target(SERVER, cfg.model_type), raw)
-        return tuple(got.ids), ""
+        profile = for_target(SERVER, cfg.model_type)
+        got = read_ids(profile, raw).ids or profile.behaviour.defaults.value.ids(cfg.num_hidden_layers)
+        return tuple(got), ""
     tp = taps(SERVER, read_block_draft(raw, str(folder)), raw, cfg.num_hidden_layers, cfg.model_type, cfg.hidden_size)
     return tp.ids, tp.failure
 
