@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from test_draft_checkpoint import clean_tensors, write
 from tpsim.app.observe import MATCH, identify, reference
@@ -85,6 +85,23 @@ def dflash_draft(folder: Path, ids, layers: int = 1) -> Path:
     return folder
 
 
+def dspark_draft(folder: Path, ids) -> Path:
+    """A seeded Qwen3 DSpark draft (qwen3_dspark.py: the DFlash layers plus a low-rank Markov head), its ids at
+    the top-level target_layer_ids."""
+    dflash_draft(folder, ids)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["Qwen3DSparkModel"]
+    config["target_layer_ids"] = config["dflash_config"].pop("target_layer_ids")
+    config["markov_rank"] = 16
+    t = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    t |= {"markov_head.markov_w1.weight": torch.randn(1000, 16, generator=g) * 0.02,
+          "markov_head.markov_w2.weight": torch.randn(1000, 16, generator=g) * 0.02}
+    save_file(t, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
 def eagle3_draft(folder: Path, ids, eagle_config: dict | None) -> Path:
     """An EAGLE-3 draft for the tiny Qwen3 whose ids sit only at dflash_config.target_layer_ids."""
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
@@ -123,6 +140,9 @@ CASES = [
          "eagle3", ((2, 4, 5),), False,
          "an EAGLE-3 draft with an eagle_config holding no ids: runner v1 reads eagle_config's (absent) key last and "
          "drops the dflash ids: the model default"),
+    Case("dspark-runner-v1-refused", lambda f: dspark_draft(f, [0, 3, 5]), "dspark",
+         ("refused", "Model Runner V1 does not support: dspark speculative decoding"), False,
+         "a Qwen3 DSpark draft where runner v1 serves: refused at start-up"),
 ]
 SELECTED = [c for c in CASES if ALL or c.ci]
 
@@ -161,8 +181,9 @@ def observed(tmp_path_factory):
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps({"engine": SERVER, "engine_seconds": round(seconds, 1), "cases": [
             {"case": c.name, "what": c.what, "engine_ids": list(out[c.name][1].capture_ids or ()),
-             "engine_failed": out[c.name][1].failed, "tpsim_ids": list(out[c.name][0][0] or ()),
-             "tpsim_failure": out[c.name][0][1]} for c in SELECTED]}, indent=1) + "\n")
+             "engine_failed": out[c.name][1].failed or out[c.name][1].refused,
+             "tpsim_ids": list(out[c.name][0][0] or ()), "tpsim_failure": out[c.name][0][1]} for c in SELECTED]},
+            indent=1) + "\n")
     return out, ref
 
 
@@ -170,6 +191,9 @@ def observed(tmp_path_factory):
 def test_vllm_taps_what_tpsim_replays(observed, case):
     out, ref = observed
     (ids, failure), o = out[case.name]
+    if case.expect[0] == "refused":  # refused at start-up: in the engine's words, and in tpsim's replay of them
+        assert o.refused is not None and case.expect[1] in o.refused and case.expect[1] in failure, (o.refused, failure)
+        return
     assert o.refused is None and o.runner == "v1", o
     assert o.capture_ids == case.expect[0] == ids, (o.capture_ids, ids)
     if len(case.expect) > 1:  # the first forward fails: in the engine's words, and in tpsim's replay of them

@@ -90,9 +90,11 @@ def check(raw: dict, path: str, servers: list[str], L: int, model_type: str,
 def finding(c: BlockCheck, raw: dict, t: Taps) -> BlockFinding | None:
     srcs = tuple(cited(s) for s in t.sources)
     if t.nothing:
-        return BlockFinding(f"DSpark draft: the target never extracts its aux states [{t.server}]",
-                            f"{t.server} {t.how}: runner v1 turns on the target's aux outputs for eagle3 and dflash "
-                            f"only; the {c.draft.taps} target layers the draft reads are never captured", srcs,
+        return BlockFinding(f"DSpark draft on model runner v1: refused at start-up [{t.server}]",
+                            f"{t.server} ({t.how}): {t.failure}; behind that check runner v1 turns on the target's aux "
+                            f"outputs for eagle3 and dflash only: the {c.draft.taps} target layers the draft reads "
+                            "would never be captured (vllm issue #50851; silent in a release without the check, which "
+                            "is UNVERIFIED)", srcs,
                             fix_release(c, raw, t, (RUNNER_V2,), "the vLLM runner v2 serves (a CUDA GPU with Triton)"))
     if t.failure:
         return BlockFinding(f"{_failure_title(t)} [{t.server}]", f"{t.server} ({t.how}): {t.failure}", srcs,

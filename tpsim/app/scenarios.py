@@ -65,7 +65,7 @@ BUG_CLASSES = {
                            "build different drafts",
     "verify-no-broadcast": "a greedy verify with no TP broadcast: ranks accept different draft counts, then deadlock",
     "dflash-fallback-ids": "a DFlash draft without target_layer_ids: the engine computes other taps than trained",
-    "dspark-not-extracted": "a DSpark draft on a runner that never turns on the target's aux outputs",
+    "dspark-runner-v1": "a DSpark draft where vLLM's runner v1 serves: it never extracts the aux states, or refuses",
     "dflash-last-layer-index": "the last decoder layer in a DFlash draft's ids indexes past the model's layers",
 }
 

