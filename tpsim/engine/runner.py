@@ -58,7 +58,6 @@ class Launch:
     max_model_len: int = 2048
     aux_ids: tuple[int, ...] | None = None
     custom_ops: tuple[str, ...] = ()
-    method: str = "eagle3"  # vLLM's speculative method: "dflash" for a DFlash draft (tests/test_engine_dflash.py)
 
     def to_json(self) -> dict:
         d = asdict(self)
