@@ -66,6 +66,9 @@ BUG_CLASSES = {
     "verify-no-broadcast": "a greedy verify with no TP broadcast: ranks accept different draft counts, then deadlock",
     "mtp-feedback-norm": "an MTP/NextN head fed the pre-norm hidden where it was trained on the post-norm one (or the "
                          "reverse), at step 0 or between steps",
+    "dflash-fallback-ids": "a DFlash draft without target_layer_ids: the engine computes other taps than trained",
+    "dspark-runner-v1": "a DSpark draft where vLLM's runner v1 serves: it never extracts the aux states, or refuses",
+    "dflash-last-layer-index": "the last decoder layer in a DFlash draft's ids indexes past the model's layers",
 }
 
 

@@ -12,7 +12,10 @@ import sys
 from tpsim.app.acceptance import AcceptanceReport, Measured
 from tpsim.app.acceptance_request import AcceptanceRequest, AcceptanceResult, run_acceptance
 from tpsim.app.triage import Triage
+from tpsim.app.asks import draft_path
+from tpsim.app.block_draft import block_config
 from tpsim.base.errors import UsageError
+from tpsim.cli.block_draft import refuse_acceptance
 from tpsim.base.ui import say
 from tpsim.cli.options import emit_json, int_list, positive_int
 from tpsim.cli.run_args import request_from, served_tp
@@ -37,6 +40,9 @@ def request(args) -> AcceptanceRequest:
 def cmd_acceptance(args) -> int:
     if args.sweep is not None or len(args.server or ()) > 1:
         return cmd_sweep(args, request)
+    block = block_config(args.draft and str(draft_path(args.draft)))
+    if block is not None:
+        refuse_acceptance(args.draft, block[0])
     req = request(args)
     r = run_acceptance(req)
     if r is None:  # a torchrun rank other than 0

@@ -8,7 +8,9 @@ Exit 0 aligned, 1 not aligned, 2 bad input, 3 a rank failed.
 from __future__ import annotations
 
 from tpsim.app.align_request import AlignRequest, AlignResult, run_align
+from tpsim.app.block_draft import block_config
 from tpsim.base.errors import UsageError
+from tpsim.cli.block_draft import run_block
 from tpsim.base.ui import say, table
 from tpsim.cli.options import EXECUTION_OPTIONS, emit_json, positive_int
 from tpsim.cli.parser import refuse_without
@@ -31,6 +33,9 @@ def request(args) -> AlignRequest:
 
 
 def cmd_align(args) -> int:
+    block = block_config(args.draft_config)
+    if block is not None:  # a DFlash or DSpark draft: the taps each engine takes (tpsim.cli.block_draft)
+        return run_block(args, *block, "align")
     req = request(args)
     r = run_align(req)
     if r is None:  # a torchrun rank other than 0

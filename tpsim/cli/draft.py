@@ -16,6 +16,8 @@ from tpsim.app.draft_request import CopyRequest, DraftRequest, DraftResult, run_
 from tpsim.base.errors import UsageError
 from tpsim.base.ui import say
 from tpsim.cli.draft_mtp import cmd_mtp
+from tpsim.app.block_draft import block_config
+from tpsim.cli.block_draft import run_block
 from tpsim.cli.findings import say_finding
 from tpsim.cli.options import emit_json
 from tpsim.cli.parser import refuse_without
@@ -48,6 +50,9 @@ def request(args) -> DraftRequest | CopyRequest:
 
 
 def cmd_draft(args) -> int:
+    block = None if args.copy is not None else block_config(args.path)
+    if block is not None:  # a DFlash or DSpark draft: the taps each engine takes (tpsim.cli.block_draft)
+        return run_block(args, *block, "draft")
     req = request(args)
     if isinstance(req, CopyRequest):
         say(f"copied {req.path} ({', '.join(run_copy(req))}) to {req.dest}")

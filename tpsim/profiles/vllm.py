@@ -67,7 +67,8 @@ CONFIG_V1_20 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(("dflash_config", "ta
     'isinstance(dflash_config, dict): layer_ids = dflash_config.get("target_layer_ids")',
     "runner v1: the top-level key, then dflash_config.target_layer_ids as written (no +1); still not the nested "
     "eagle_config key; the same code to 0.21.0"))
-CONFIG_V1 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(NESTED), DFLASH_TARGET), Empty.DEFAULT, OFF_FLAG), src(
+CONFIG_V1 = Cited(ConfigRead((ConfigKey(TOP), ConfigKey(NESTED), DFLASH_TARGET), Empty.DEFAULT, OFF_FLAG,
+                            decided_by=("eagle_config",)), src(
     MRV1, "0.22.0", "GPUModelRunner._get_eagle3_aux_layers_from_config",
     'if eagle_config and isinstance(eagle_config, dict): layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")',
     "runner v1: the top-level key, else eagle_config's nested key (when eagle_config is a dict it wins over "
