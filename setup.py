@@ -7,6 +7,7 @@ setup(
     packages=[*find_packages(include=["tpsim", "tpsim.*"]), "tpsim.builtin"],
     package_dir={"tpsim.builtin": "configs"},
     package_data={"tpsim.builtin": ["*.yaml", "*.tsv", "scenarios/*.yaml", "scenarios/*.json", "scenarios/*/config.json",
+                                    "scenarios/*/*.yaml",
                                     "scenarios/*/*.safetensors", "drafts/*.json",
                                     "drafts/*/config.json", "drafts/*/*.safetensors", "prompts/*.json"],
                   "tpsim.cli": ["commands.toml"]},

@@ -22,6 +22,7 @@ from tpsim.draft.acceptance import Acceptance, has_round
 from tpsim.draft.checkpoint import DraftCheckpoint
 from tpsim.draft.config import DraftConfig
 from tpsim.draft.findings import DraftDefect
+from tpsim.profiles.profile import Served
 from tpsim.modes import Strategy, TensorParallel
 from tpsim.profiles.loader_lines import LINES, lookup
 
@@ -79,7 +80,7 @@ def _served(positions: int, fc_width: int):
     replay = SimpleNamespace(positions=[f"out({i})" for i in range(positions)], failure=None,
                              width_text=lambda h: f"{positions} x {h}")
     inputs = SimpleNamespace(target=SimpleNamespace(source=SimpleNamespace(cfg=SimpleNamespace(hidden_size=H))),
-                             served=SimpleNamespace(tp=1), serve=SimpleNamespace(name="sglang@0.5.12"))
+                             served=Served(tp=1), serve=SimpleNamespace(name="sglang@0.5.12"))
     caps = SimpleNamespace(replay=replay, config=SimpleNamespace(off=False, failure=None),
                            mode=SimpleNamespace(mode=TensorParallel(), strategy=Strategy.MODEL_LEVEL))
     return served_fed(inputs, caps, fc_width)

@@ -175,8 +175,11 @@ def test_missing_extra_is_a_one_line_error():
 def test_nothing_dequantized_is_in_the_repository(smol):
     assert not smol[1].resolve().is_relative_to(ROOT.resolve())
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    trained = "configs/drafts/smollm2-135m-eagle3/model.safetensors"  # the draft tpsim trained (issue 36: <= 25 MB)
-    planted = "configs/scenarios/five-aux-states/model.safetensors"  # a 16-wide draft a scenario plants (10 KB)
-    assert not [f for f in tracked if f.endswith((".safetensors", ".gguf")) and f not in (trained, planted)]
-    assert (ROOT / planted).stat().st_size < 64 << 10
-    assert all((ROOT / f).stat().st_size < (25 if f == trained else 5) << 20 for f in tracked if (ROOT / f).is_file())
+    # the drafts tpsim trained on SmolLM2 (issue 36: <= 25 MB each): the EAGLE-3 draft and the MTP-style head
+    trained = ("configs/drafts/smollm2-135m-eagle3/model.safetensors", "configs/drafts/smollm2-135m-mtp/model.safetensors")
+    # tiny drafts scenarios plant (a 16-wide draft of five aux states; an embedding split across TP ranks)
+    planted = ("configs/scenarios/five-aux-states/model.safetensors",
+               "configs/scenarios/embed-verdict-split/model.safetensors")
+    assert not [f for f in tracked if f.endswith((".safetensors", ".gguf")) and f not in (*trained, *planted)]
+    assert all((ROOT / f).stat().st_size < 64 << 10 for f in planted)
+    assert all((ROOT / f).stat().st_size < (25 if f in trained else 5) << 20 for f in tracked if (ROOT / f).is_file())

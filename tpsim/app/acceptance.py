@@ -26,6 +26,7 @@ from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
 from tpsim.profiles.algorithm import EagleServed, eagle_served
 from tpsim.profiles.loader_lines import lookup
+from tpsim.profiles.profile import SpecAlgorithm
 from tpsim.profiles.prefix import RADIX, served_in_order
 from tpsim.run.acceptance import SequenceCapture, answers_job, captures_job, captures_many_job
 from tpsim.run.spec import RunSpec
@@ -135,7 +136,8 @@ def served_fed(inputs: Inputs, caps: Captures, fc_width: int) -> Fed:
     draft nothing)."""
     H = inputs.target.source.cfg.hidden_size
     rep, got, mode, tp = caps.replay, caps.config, caps.mode, inputs.served.tp
-    eagle = served_as_eagle(inputs.serve, inputs.served, inputs.draft.raw)
+    eagle = served_as_eagle(inputs.serve, inputs.served, inputs.draft.raw) \
+        if inputs.served.algorithm is SpecAlgorithm.EAGLE else None
     if eagle is not None:  # no aux states: the engine hands the draft `final`, which it reads past fc or fails on
         held, shape = eagle
         skips = held.value is EagleServed.WIDTH_TEST and shape.hidden == H
