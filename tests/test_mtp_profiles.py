@@ -24,7 +24,7 @@ CITED = sorted({(f.engine, c.source) for f in mtp.FEEDS for c in (f.step0, f.lat
 def vllm_body(release: str, path: str, symbol: str) -> str:
     f = (WHEEL if release == "0.32.0" else VLLM_SRC / f"vllm-{release}") / path
     if not f.exists():
-        pytest.skip(f"no vLLM {release} source at {f}")
+        no_sources(f"no vLLM {release} source at {f} (`make vllm-src`)")
     text = f.read_text()
     node: ast.AST | None = ast.parse(text)
     for part in symbol.split("."):

@@ -25,30 +25,32 @@ from tpsim.profiles.sglang_server import READ  # noqa: E402
 DONE = ".unpacked"  # written last: a release half unpacked is fetched again
 
 
-def unpack(wheel: Path, into: Path) -> int:
+def unpack(wheel: Path, into: Path, prefix: str = "sglang/srt/") -> int:
     n = 0
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
-            if name.startswith("sglang/srt/") and name.endswith(".py"):
+            if name.startswith(prefix) and name.endswith(".py"):
                 z.extract(name, into)
                 n += 1
     (into / DONE).write_text(wheel.name + "\n")
     return n
 
 
-def fetch(release: str, cache: Path) -> str | None:
-    into = cache / f"sglang-{release}"
+def fetch(release: str, cache: Path, dist: str = "sglang", prefix: str = "sglang/srt/",
+          name: str = "sglang") -> str | None:
+    """`dist==release`'s wheel's Python files under `prefix` into cache/NAME-RELEASE (None, or why not)."""
+    into = cache / f"{name}-{release}"
     if (into / DONE).exists():
         return None
     wheels = cache / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-                          "-d", str(wheels), f"sglang=={release}"], capture_output=True, text=True)
-    wheel = next(iter(sorted(wheels.glob(f"sglang-{release}-*.whl"))), None)
+                          "-d", str(wheels), f"{dist}=={release}"], capture_output=True, text=True)
+    wheel = next(iter(sorted(wheels.glob(f"{dist.replace('-', '_')}-{release}-*.whl"))), None)
     if got.returncode or wheel is None:
-        return f"sglang=={release}: {(got.stderr.strip().splitlines() or ['no wheel'])[-1]}"
-    unpack(wheel, into)
-    wheel.unlink()  # the sources are what the tests read; the wheel is 5-10 MB each
+        return f"{dist}=={release}: {(got.stderr.strip().splitlines() or ['no wheel'])[-1]}"
+    unpack(wheel, into, prefix)
+    wheel.unlink()  # the sources are what the tests read; the wheels are 5-100 MB each
     return None
 
 
