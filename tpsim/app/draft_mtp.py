@@ -59,7 +59,7 @@ def mtp_config(path: Path) -> dict | None:
         return None
     try:
         raw = json.loads(cfg.read_text())
-    except (ValueError, OSError):
+    except (ValueError, OSError, RecursionError):
         return None  # the draft reader says what is wrong with it
     if not isinstance(raw, dict) or not any(isinstance(raw.get(m), int) and raw[m] > 0 for m in MARKS):
         return None
