@@ -160,6 +160,37 @@ def ttt_loss(draft, cap, ids, target_p, valid, steps: int):
     return losses, accs
 
 
+def fit(draft, data: list, loss_of, args, rng: random.Random, step=None, epoch_end=None) -> list[dict]:
+    """SpecForge's optimisation of every parameter but the (frozen) embedding: AdamW, 50 warm-up steps then a
+    cosine, gradients clipped to 0.5, the TTT steps' losses weighted 0.8**i; the rows in a shuffled order per epoch.
+    `loss_of(draft, cap, ids, target_p, valid, ttt)` -> (losses, accuracies) per TTT step; `step(log)` after each
+    update, `epoch_end(epoch, log)` after each epoch. Returns the log: per update, its epoch, losses and accuracies."""
+    params = [p for n, p in draft.named_parameters() if not n.startswith("embed_tokens")]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    total = args.epochs * len(data)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * i / total)))
+    log: list[dict] = []
+    for epoch in range(args.epochs):
+        order = list(range(len(data)))
+        rng.shuffle(order)
+        for i in order:
+            cap, full, p, valid = data[i]
+            losses, accs = loss_of(draft, cap, full, p.float(), valid, args.ttt)
+            loss = sum(0.8 ** s * l for s, l in enumerate(losses))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            sched.step()
+            log.append({"epoch": epoch, "loss": [round(float(l.detach()), 4) for l in losses],
+                        "acc": [round(float(a), 4) for a in accs]})
+            if step:
+                step(log)
+        if epoch_end:
+            epoch_end(epoch, log)
+    return log
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer prompts, tokens and epochs")
@@ -216,30 +247,14 @@ def main() -> int:
     embed = load_file(str(checkpoint_dir("smollm2-135m") / "model.safetensors"))["model.embed_tokens.weight"]
     cfg_raw = draft_config(len(used), ids)
     draft = init_draft(cfg_raw, d2t, embed, args.seed)
-    params = [p for n, p in draft.named_parameters() if not n.startswith("embed_tokens")]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    total = args.epochs * len(data)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * i / total)))
-    log = []
     with progress() as bar:
-        task = bar.add_task("training (TTT)", total=total, info="")
-        for epoch in range(args.epochs):
-            order = list(range(len(data)))
-            rng.shuffle(order)
-            for i in order:
-                cap, full, p, valid = data[i]
-                losses, accs = ttt_loss(draft, cap, full, p.float(), valid, args.ttt)
-                loss = sum(0.8 ** s * l for s, l in enumerate(losses))
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 0.5)
-                opt.step()
-                sched.step()
-                log.append({"epoch": epoch, "loss": [round(float(l.detach()), 4) for l in losses],
-                            "acc": [round(float(a), 4) for a in accs]})
-                recent = log[-50:]
-                bar.update(task, advance=1, info="acc " + " ".join(
-                    f"{sum(r['acc'][s] for r in recent) / len(recent):.2f}" for s in range(args.ttt)))
+        task = bar.add_task("training (TTT)", total=args.epochs * len(data), info="")
+
+        def step(log: list[dict]) -> None:
+            recent = log[-50:]
+            bar.update(task, advance=1, info="acc " + " ".join(
+                f"{sum(r['acc'][s] for r in recent) / len(recent):.2f}" for s in range(args.ttt)))
+        log = fit(draft, data, ttt_loss, args, rng, step)
 
     out, prompts_out, log_out = args.out, args.prompts_out, args.log
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -111,29 +110,12 @@ def main() -> int:
     embed = load_file(str(checkpoint_dir("smollm2-135m") / "model.safetensors"))["model.embed_tokens.weight"]
     cfg_raw = head_config(len(used))
     head = recipe.init_draft(cfg_raw, d2t, embed, args.seed)
-    params = [p for n, p in head.named_parameters() if not n.startswith("embed_tokens")]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    total = args.epochs * len(data)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * i / total)))
-    log = []
-    for epoch in range(args.epochs):
-        order = list(range(len(data)))
-        rng.shuffle(order)
-        for i in order:
-            cap, full, p, valid = data[i]
-            losses, accs = ttt_loss(head, cap, full, p.float(), valid, args.ttt)
-            loss = sum(0.8 ** s * l for s, l in enumerate(losses))
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 0.5)
-            opt.step()
-            sched.step()
-            log.append({"epoch": epoch, "loss": [round(float(l.detach()), 4) for l in losses],
-                        "acc": [round(float(a), 4) for a in accs]})
+
+    def epoch_end(epoch: int, log: list[dict]) -> None:
         recent = log[-len(data):]
         print(f"epoch {epoch}: acc " + " ".join(f"{sum(r['acc'][s] for r in recent) / len(recent):.2f}"
                                                  for s in range(args.ttt)) + f" ({time.time() - t0:.0f} s)", flush=True)
+    log = recipe.fit(head, data, ttt_loss, args, rng, epoch_end=epoch_end)
 
     args.out.mkdir(parents=True, exist_ok=True)
     from tpsim.draft.weights import tensors_of

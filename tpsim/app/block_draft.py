@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpsim.draft.findings import TitledFinding
 from tpsim.base.errors import UsageError, read_text
 from tpsim.capture.positions import Position
 from tpsim.config.loader import BUILTIN_CONFIGS
@@ -18,14 +19,6 @@ from tpsim.profiles.block_taps import taps
 from tpsim.profiles.dflash import SGLANG_READ, Taps, out_of
 
 RUNNER_V2 = "vllm@0.32.0"  # where runner v2 serves (a CUDA GPU with Triton): it extracts a DSpark draft's states
-
-
-@dataclass(frozen=True)
-class BlockFinding:
-    title: str
-    cause: str
-    sources: tuple[str, ...]
-    fix: str
 
 
 @dataclass
@@ -41,7 +34,7 @@ class BlockCheck:
     trained_from: str
     hidden: int | None = None  # the target's hidden size, where known: failures in the engine's numbers
     served: list[Taps] = field(default_factory=list)
-    findings: list[BlockFinding] = field(default_factory=list)
+    findings: list[TitledFinding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -87,23 +80,23 @@ def check(raw: dict, path: str, servers: list[str], L: int, model_type: str,
     return c
 
 
-def finding(c: BlockCheck, raw: dict, t: Taps) -> BlockFinding | None:
+def finding(c: BlockCheck, raw: dict, t: Taps) -> TitledFinding | None:
     srcs = tuple(cited(s) for s in t.sources)
     if t.nothing:
-        return BlockFinding(f"DSpark draft on model runner v1: refused at start-up [{t.server}]",
+        return TitledFinding(f"DSpark draft on model runner v1: refused at start-up [{t.server}]",
                             f"{t.server} ({t.how}): {t.failure}; behind that check runner v1 turns on the target's aux "
                             f"outputs for eagle3 and dflash only: the {c.draft.taps} target layers the draft reads "
                             "would never be captured (vllm issue #50851; silent in a release without the check, which "
                             "is UNVERIFIED)", srcs,
                             fix_release(c, raw, t, (RUNNER_V2,), "the vLLM runner v2 serves (a CUDA GPU with Triton)"))
     if t.failure:
-        return BlockFinding(f"{_failure_title(t)} [{t.server}]", f"{t.server} ({t.how}): {t.failure}", srcs,
+        return TitledFinding(f"{_failure_title(t)} [{t.server}]", f"{t.server} ({t.how}): {t.failure}", srcs,
                             fix_failure(c, raw, t))
     if c.trained is None or t.positions == c.trained:
         return None
     wrong = [i for i, (a, b) in enumerate(zip(t.positions, c.trained)) if a != b]
     kind = "the fallback reads other layers" if t.fallback else "the ids read capture other layers"
-    return BlockFinding(
+    return TitledFinding(
         f"DFlash taps: {kind} [{t.server}]",
         f"{t.server} {t.how}: {_pos(t.positions)}; the draft was trained on {_pos(c.trained)} ({c.trained_from}): "
         f"slot{'s' * (len(wrong) > 1)} {', '.join(map(str, wrong))} of {len(t.positions)} differ; the weights load "

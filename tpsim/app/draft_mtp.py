@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpsim.draft.findings import TitledFinding
 from tpsim.base.errors import UsageError
 from tpsim.profiles.mtp import FEEDS, SAME_HEAD, MtpFeed, Norm, feed, releases_feeding
 
@@ -42,7 +43,7 @@ class MtpHead:
 
 
 @dataclass(frozen=True)
-class MtpFinding:
+class TitledFinding:
     title: str
     cause: str
     sources: tuple[str, ...]
@@ -125,7 +126,7 @@ def _fix(head: MtpHead, engine: str) -> str:
             f"and write it in {KEY} (no replayed fix)")
 
 
-def mtp_findings(head: MtpHead, servers: list[str]) -> tuple[list[MtpFinding], list[str]]:
+def mtp_findings(head: MtpHead, servers: list[str]) -> tuple[list[TitledFinding], list[str]]:
     """The findings, and the servers whose feed is not read (UNVERIFIED)."""
     found, unverified = [], []
     served = _served(servers, head.architecture)
@@ -139,7 +140,7 @@ def mtp_findings(head: MtpHead, servers: list[str]) -> tuple[list[MtpFinding], l
                               "UNVERIFIED (not read; docs/mtp.md lists the releases read)")
             continue
         for step, fed, trained, source in _mismatch(head, f):
-            found.append(MtpFinding(
+            found.append(TitledFinding(
                 f"{engine}@{release} feeds the MTP head ({head.architecture}) the {fed.value} hidden at {step}, "
                 f"trained on the {trained.value} one",
                 f"read from {engine} {release}'s released code (not observed: no engine run): the head reads a tensor "

@@ -55,3 +55,14 @@ class DraftFinding:
 
     def line(self) -> str:
         return f"{self.defect.value}: {self.cause} [{self.source}] fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class TitledFinding:
+    """A finding about a draft tpsim reads but does not load (a DFlash or DSpark draft's taps, an MTP head's feed):
+    its headline, why, the released code that shows it, and the fix (replayed by the command that prints it)."""
+
+    title: str
+    cause: str
+    sources: tuple[str, ...]
+    fix: str
