@@ -140,7 +140,8 @@ def init_draft(cfg_raw: dict, d2t: torch.Tensor, embed: torch.Tensor, seed: int)
 
 
 def ttt_loss(draft, cap, ids, target_p, valid, steps: int):
-    """SpecForge's TTT loss on one sequence: rows 0..T-2 (row t: capture t, token t+1, target at t+1)."""
+    """SpecForge's TTT loss on one sequence: rows 0..T-2 (row t: capture t, token t+1, target at t+1); each step's
+    output fed to the next pre-norm, or normed under the draft config's norm_output (the MTP-style head)."""
     from tpsim.draft.attention import DraftCache
     T = ids.shape[0] - 1
     cache, pos = DraftCache(), torch.arange(T)
@@ -149,14 +150,15 @@ def ttt_loss(draft, cap, ids, target_p, valid, steps: int):
         n = T - s  # rows whose step-s input token t+1+s and target t+1+s exist
         tokens = torch.cat([ids[1 + s:], ids.new_zeros(s)])[:T]
         out = draft.midlayer(pos + s, draft.embed_tokens(tokens), hidden, cache)
-        logits = draft.lm_head(draft.norm(out))
+        normed = draft.norm(out)
+        logits = draft.lm_head(normed)
         p = torch.cat([target_p[1 + s:], target_p.new_zeros(s, target_p.shape[1])])[:T]
         m = torch.cat([valid[1 + s:], valid.new_zeros(s)])[:T].float()
         m[n:] = 0
         lp = F.log_softmax(logits.float(), dim=-1)
         losses.append(-(p * lp).sum(-1).mul(m).sum() / m.sum().clamp_min(1))
         accs.append(((logits.argmax(-1) == p.argmax(-1)).float() * m).sum() / m.sum().clamp_min(1))
-        hidden = out
+        hidden = normed if draft.cfg.norm_output else out  # what the next step is fed (Eagle3Draft._run)
     return losses, accs
 
 

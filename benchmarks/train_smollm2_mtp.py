@@ -44,27 +44,6 @@ def head_config(vd: int) -> dict:
     return raw
 
 
-def ttt_loss(head, cap, ids, target_p, valid, steps: int):
-    """The recipe's TTT loss (train_smollm2_draft.ttt_loss) with each step's output normed before it is fed back."""
-    from tpsim.draft.attention import DraftCache
-    T = ids.shape[0] - 1
-    cache, pos = DraftCache(), torch.arange(T)
-    hidden, losses, accs = head.project(cap[:T]), [], []
-    for s in range(steps):
-        tokens = torch.cat([ids[1 + s:], ids.new_zeros(s)])[:T]
-        out = head.midlayer(pos + s, head.embed_tokens(tokens), hidden, cache)
-        normed = head.norm(out)
-        logits = head.lm_head(normed)
-        p = torch.cat([target_p[1 + s:], target_p.new_zeros(s, target_p.shape[1])])[:T]
-        m = torch.cat([valid[1 + s:], valid.new_zeros(s)])[:T].float()
-        m[T - s:] = 0
-        lp = F.log_softmax(logits.float(), dim=-1)
-        losses.append(-(p * lp).sum(-1).mul(m).sum() / m.sum().clamp_min(1))
-        accs.append(((logits.argmax(-1) == p.argmax(-1)).float() * m).sum() / m.sum().clamp_min(1))
-        hidden = normed
-    return losses, accs
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="48 prompts, 96 tokens, 2 epochs")
@@ -115,7 +94,7 @@ def main() -> int:
         recent = log[-len(data):]
         print(f"epoch {epoch}: acc " + " ".join(f"{sum(r['acc'][s] for r in recent) / len(recent):.2f}"
                                                  for s in range(args.ttt)) + f" ({time.time() - t0:.0f} s)", flush=True)
-    log = recipe.fit(head, data, ttt_loss, args, rng, epoch_end=epoch_end)
+    log = recipe.fit(head, data, recipe.ttt_loss, args, rng, epoch_end=epoch_end)
 
     args.out.mkdir(parents=True, exist_ok=True)
     from tpsim.draft.weights import tensors_of

@@ -42,17 +42,6 @@ class MtpHead:
     declared: bool  # mtp_hidden_state given
 
 
-@dataclass(frozen=True)
-class TitledFinding:
-    title: str
-    cause: str
-    sources: tuple[str, ...]
-    fix: str
-
-    def to_dict(self) -> dict:
-        return {"title": self.title, "cause": self.cause, "sources": list(self.sources), "fix": self.fix}
-
-
 def mtp_config(path: Path) -> dict | None:
     """The config of `path` (a directory or its config.json) when it declares MTP layers, else None."""
     cfg = path / "config.json" if path.is_dir() else path

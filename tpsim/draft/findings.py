@@ -66,3 +66,6 @@ class TitledFinding:
     cause: str
     sources: tuple[str, ...]
     fix: str
+
+    def to_dict(self) -> dict:
+        return {"title": self.title, "cause": self.cause, "sources": list(self.sources), "fix": self.fix}
