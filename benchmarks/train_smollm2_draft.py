@@ -162,6 +162,48 @@ def ttt_loss(draft, cap, ids, target_p, valid, steps: int):
     return losses, accs
 
 
+def draft_vocab(seqs, size: int):
+    """SpecForge's draft vocabulary: the `size` most frequent answer tokens (topped up in id order), as
+    (counts, used ids, d2t offsets, t2d mask)."""
+    counts = Counter(t for _, a in seqs for t in a)
+    top = [t for t, _ in counts.most_common(size)]
+    top += [t for t in range(49152) if t not in set(top)][:size - len(top)]
+    used = torch.tensor(sorted(top))
+    t2d = torch.zeros(49152, dtype=torch.bool)
+    t2d[used] = True
+    return counts, used, used - torch.arange(len(used)), t2d
+
+
+def sample(prompt: list[int], answer: list[int], cap, logits, used, t2d):
+    """One sequence's training rows: (capture, tokens, the target's distribution over the draft vocab, the rows
+    trained: those whose next token is an answer token the draft vocab holds)."""
+    full = torch.tensor(prompt + answer)
+    valid = torch.zeros(len(full), dtype=torch.bool)
+    valid[len(prompt) - 1:-1] = True  # rows whose next token is an answer token
+    valid &= t2d[logits.argmax(-1)]
+    return cap, full, F.softmax(logits[:, used].float(), dim=-1).half(), valid
+
+
+def target_embedding() -> torch.Tensor:
+    """SmolLM2's embed_tokens (frozen in training, not saved: the engines load the target's)."""
+    from safetensors.torch import load_file
+    from tpsim.weights.gguf_builtin import checkpoint_dir
+    return load_file(str(checkpoint_dir("smollm2-135m") / "model.safetensors"))["model.embed_tokens.weight"]
+
+
+def save_draft(draft, cfg_raw: dict, t2d, out: Path) -> None:
+    """The draft as SpecForge exports it (float16, no embed_tokens, t2d) and its config."""
+    from safetensors.torch import save_file
+    from tpsim.draft.weights import tensors_of
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {n: t.half().contiguous() if t.is_floating_point() else t
+               for n, t in tensors_of(draft).items() if not n.startswith("embed_tokens")}
+    tensors["t2d"] = t2d
+    save_file(tensors, str(out / "model.safetensors"), {"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # save_file's mode is 0600: the wheel ships this file
+    (out / "config.json").write_text(json.dumps(cfg_raw, indent=2) + "\n")
+
+
 def fit(draft, data: list, loss_of, args, rng: random.Random, step=None, epoch_end=None) -> list[dict]:
     """SpecForge's optimisation of every parameter but the (frozen) embedding: AdamW, 50 warm-up steps then a
     cosine, gradients clipped to 0.5, the TTT steps' losses weighted 0.8**i; the rows in a shuffled order per epoch.
@@ -208,7 +250,6 @@ def main() -> int:
     ap.add_argument("--prompts-out", type=Path, default=PROMPTS)
     ap.add_argument("--log", type=Path, default=LOG)
     args = ap.parse_args()
-    from tpsim.capture import Position
     from tpsim.profiles.conventions import Convention, default_ids, resolve
     t0 = time.time()
     rng = random.Random(args.seed)
@@ -222,13 +263,7 @@ def main() -> int:
 
     seqs = generate(prompts, args.new_tokens, batch=32)
     evals = generate(EVAL, 128, batch=12)
-    counts = Counter(t for _, a in seqs for t in a)
-    top = [t for t, _ in counts.most_common(args.draft_vocab)]
-    top += [t for t in range(49152) if t not in set(top)][:args.draft_vocab - len(top)]
-    used = torch.tensor(sorted(top))
-    d2t = used - torch.arange(len(used))
-    t2d = torch.zeros(49152, dtype=torch.bool)
-    t2d[used] = True
+    counts, used, d2t, t2d = draft_vocab(seqs, args.draft_vocab)
     covered = sum(c for t, c in counts.items() if t2d[t]) / sum(counts.values())
     print(f"{len(seqs)} answers, {sum(len(a) for _, a in seqs)} answer tokens; draft vocab {len(used)} covers "
           f"{covered:.1%} of them")
@@ -237,18 +272,11 @@ def main() -> int:
     with progress() as bar:
         task = bar.add_task("capturing (tpsim, TP 1)", total=len(seqs), info="")
         for (prompt, answer), (cap, logits) in zip(seqs, capture(seqs, positions)):
-            full = torch.tensor(prompt + answer)
-            valid = torch.zeros(len(full), dtype=torch.bool)
-            valid[len(prompt) - 1:-1] = True  # rows whose next token is an answer token
-            valid &= t2d[logits.argmax(-1)]
-            data.append((cap, full, F.softmax(logits[:, used].float(), dim=-1).half(), valid))
+            data.append(sample(prompt, answer, cap, logits, used, t2d))
             bar.update(task, advance=1)
 
-    from tpsim.weights.gguf_builtin import checkpoint_dir
-    from safetensors.torch import load_file, save_file
-    embed = load_file(str(checkpoint_dir("smollm2-135m") / "model.safetensors"))["model.embed_tokens.weight"]
     cfg_raw = draft_config(len(used), ids)
-    draft = init_draft(cfg_raw, d2t, embed, args.seed)
+    draft = init_draft(cfg_raw, d2t, target_embedding(), args.seed)
     with progress() as bar:
         task = bar.add_task("training (TTT)", total=args.epochs * len(data), info="")
 
@@ -259,14 +287,7 @@ def main() -> int:
         log = fit(draft, data, ttt_loss, args, rng, step)
 
     out, prompts_out, log_out = args.out, args.prompts_out, args.log
-    out.mkdir(parents=True, exist_ok=True)
-    from tpsim.draft.weights import tensors_of
-    tensors = {n: t.half().contiguous() if t.is_floating_point() else t
-               for n, t in tensors_of(draft).items() if not n.startswith("embed_tokens")}
-    tensors["t2d"] = t2d
-    save_file(tensors, str(out / "model.safetensors"), {"format": "pt"})
-    (out / "model.safetensors").chmod(0o644)  # save_file's mode is 0600: the wheel ships this file
-    (out / "config.json").write_text(json.dumps(cfg_raw, indent=2) + "\n")
+    save_draft(draft, cfg_raw, t2d, out)
     prompts_out.parent.mkdir(parents=True, exist_ok=True)
     prompts_out.write_text(json.dumps({
         "model": "smollm2-135m", "made_by": "benchmarks/train_smollm2_draft.py",

@@ -21,11 +21,9 @@ import json
 import random
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_smollm2_draft as recipe  # noqa: E402  (the built-in draft's data, captures and loss)
@@ -68,27 +66,13 @@ def main() -> int:
         args.new_tokens, args.epochs = 96, 2
     positions = [Position(PositionKind.FINAL)]
     seqs = recipe.generate(prompts, args.new_tokens, batch=32)
-    counts = Counter(t for _, a in seqs for t in a)
-    top = [t for t, _ in counts.most_common(args.draft_vocab)]
-    top += [t for t in range(49152) if t not in set(top)][:args.draft_vocab - len(top)]
-    used = torch.tensor(sorted(top))
-    d2t = used - torch.arange(len(used))
-    t2d = torch.zeros(49152, dtype=torch.bool)
-    t2d[used] = True
-    data = []
-    for (prompt, answer), (cap, logits) in zip(seqs, recipe.capture(seqs, positions)):
-        full = torch.tensor(prompt + answer)
-        valid = torch.zeros(len(full), dtype=torch.bool)
-        valid[len(prompt) - 1:-1] = True
-        valid &= t2d[logits.argmax(-1)]
-        data.append((cap, full, F.softmax(logits[:, used].float(), dim=-1).half(), valid))
+    _, used, d2t, t2d = recipe.draft_vocab(seqs, args.draft_vocab)
+    data = [recipe.sample(prompt, answer, cap, logits, used, t2d)
+            for (prompt, answer), (cap, logits) in zip(seqs, recipe.capture(seqs, positions))]
     print(f"{len(seqs)} answers captured at {positions[0]} in {time.time() - t0:.0f} s", flush=True)
 
-    from safetensors.torch import load_file, save_file
-    from tpsim.weights.gguf_builtin import checkpoint_dir
-    embed = load_file(str(checkpoint_dir("smollm2-135m") / "model.safetensors"))["model.embed_tokens.weight"]
     cfg_raw = head_config(len(used))
-    head = recipe.init_draft(cfg_raw, d2t, embed, args.seed)
+    head = recipe.init_draft(cfg_raw, d2t, recipe.target_embedding(), args.seed)
 
     def epoch_end(epoch: int, log: list[dict]) -> None:
         recent = log[-len(data):]
@@ -96,14 +80,7 @@ def main() -> int:
                                                  for s in range(args.ttt)) + f" ({time.time() - t0:.0f} s)", flush=True)
     log = recipe.fit(head, data, recipe.ttt_loss, args, rng, epoch_end=epoch_end)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    from tpsim.draft.weights import tensors_of
-    tensors = {n: t.half().contiguous() if t.is_floating_point() else t
-               for n, t in tensors_of(head).items() if not n.startswith("embed_tokens")}
-    tensors["t2d"] = t2d
-    save_file(tensors, str(args.out / "model.safetensors"), {"format": "pt"})
-    (args.out / "model.safetensors").chmod(0o644)
-    (args.out / "config.json").write_text(json.dumps(cfg_raw, indent=2) + "\n")
+    recipe.save_draft(head, cfg_raw, t2d, args.out)
     final = log[-len(data):]
     args.log.write_text(json.dumps({
         "args": {k: str(v.resolve().relative_to(ROOT)) if isinstance(v, Path) else v for k, v in vars(args).items()},
