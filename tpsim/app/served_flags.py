@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tpsim.draft.config import aux_count, check_keys
 from tpsim.profiles.algorithm import EAGLE_SERVED, FLAG, DraftShape, eagle_served
 from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.history import Held, History
@@ -94,14 +95,12 @@ def algorithm_findings(serve: Profile, served: Served, raw: dict) -> list[Findin
 
 def draft_shape(raw: dict) -> DraftShape:
     """The draft config's architectures, hidden sizes and the width its fc takes (aux states x target width)."""
-    hidden = raw.get("hidden_size") if isinstance(raw.get("hidden_size"), int) else 0
-    target = raw.get("target_hidden_size") if isinstance(raw.get("target_hidden_size"), int) else hidden
-    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_aux_hidden_state_layer_ids")
-    count = raw.get("num_aux_hidden_states") or (len(ids) if isinstance(ids, list) and ids else 3)
+    keys = check_keys(raw, "draft config")
+    hidden = keys.get("hidden_size") or 0
+    target = keys.get("target_hidden_size") or hidden
+    vocab, draft_vocab = keys.get("vocab_size"), keys.get("draft_vocab_size")
     archs = raw.get("architectures") if isinstance(raw.get("architectures"), list) else []
-    vocab, draft_vocab = raw.get("vocab_size"), raw.get("draft_vocab_size")
-    return DraftShape(tuple(str(a) for a in archs), hidden, target, target * count,
+    return DraftShape(tuple(str(a) for a in archs), hidden, target, target * aux_count(keys),
                       isinstance(draft_vocab, int) and isinstance(vocab, int) and draft_vocab < vocab)
 
 

@@ -242,8 +242,7 @@ class DraftConfig:
     def _of(cls, keys: dict) -> "DraftConfig":
         """The config of `keys` (flat, checked): an absent or null key its default."""
         h, heads = keys["hidden_size"], keys["num_attention_heads"]
-        eagle = keys.get("eagle_config") or {}
-        ids = eagle.get(KEY, keys.get(KEY))
+        eagle, ids = keys.get("eagle_config") or {}, layer_ids(keys)
         return cls(
             hidden_size=h, intermediate_size=keys["intermediate_size"], num_attention_heads=heads,
             num_key_value_heads=_given(keys, "num_key_value_heads", heads),
@@ -251,7 +250,7 @@ class DraftConfig:
             vocab_size=keys["vocab_size"], draft_vocab_size=_given(keys, "draft_vocab_size", keys["vocab_size"]),
             target_hidden_size=_given(keys, "target_hidden_size", h), rms_norm_eps=_given(keys, "rms_norm_eps", 1e-6),
             rope_theta=_given(keys, "rope_theta", 10000.0), rope_scaling=keys.get("rope_scaling"),
-            num_aux=_given(keys, "num_aux_hidden_states", len(ids) if ids else 3),
+            num_aux=aux_count(keys),
             fc_norm=keys.get("fc_norm") is True, norm_before_fc=keys.get("norm_before_fc") is True,
             norm_before_residual=keys.get("norm_before_residual") is True, norm_output=keys.get("norm_output") is True,
             aux_layer_ids=tuple(ids) if ids else None,
@@ -272,6 +271,17 @@ class DraftConfig:
     @property
     def capture_width(self) -> int:
         return self.num_aux * self.target_hidden_size
+
+
+def layer_ids(keys: dict) -> list[int] | None:
+    """The draft's layer ids, eagle_config's over the top-level key (flat, checked keys)."""
+    return (keys.get("eagle_config") or {}).get(KEY, keys.get(KEY))
+
+
+def aux_count(keys: dict) -> int:
+    """How many aux states the draft's fc takes: num_aux_hidden_states, else one per layer id, else 3."""
+    ids = layer_ids(keys)
+    return _given(keys, "num_aux_hidden_states", len(ids) if ids else 3)
 
 
 def _given(keys: dict, key: str, default):
