@@ -123,21 +123,24 @@ def test_weights_identical_at_every_tp():
 
 
 @settings(max_examples=20, deadline=None)
-@given(T=st.integers(1, 64), shift=st.integers(1, 5000), yarn=st.booleans())
-def test_rope_tables_are_shared_only_for_the_same_positions(T, shift, yarn):
-    """DeepseekRotaryEmbedding.cos_sin: two layers with the same settings share the table of one
-    positions tensor; other positions (even of equal shape) get their own, equal to a table
-    computed from scratch."""
-    from tpsim.layers.rope import DeepseekRotaryEmbedding
+@given(T=st.integers(1, 64), shift=st.integers(1, 5000), yarn=st.booleans(), neox=st.booleans())
+def test_rope_tables_are_shared_only_for_the_same_positions(T, shift, yarn, neox):
+    """RopeTable.cos_sin (DeepSeek's interleaved and NeoX's halves): two layers with the same settings
+    share the table of one positions tensor; other positions (even of equal shape) get their own,
+    equal to a table computed from scratch; the two styles never share one."""
+    from tpsim.layers.rope import DeepseekRotaryEmbedding, NeoxRotaryEmbedding, RopeTable
     scaling = {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
                "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707} if yarn else None
-    a, b = (DeepseekRotaryEmbedding(16, 10000.0, scaling, torch.device("cpu")) for _ in range(2))
+    kind, other = (NeoxRotaryEmbedding, DeepseekRotaryEmbedding) if neox else (DeepseekRotaryEmbedding,
+                                                                                NeoxRotaryEmbedding)
+    a, b = (kind(16, 10000.0, scaling, torch.device("cpu")) for _ in range(2))
     p = torch.arange(T)
     first = a.cos_sin(p)
     assert all(x is y for x, y in zip(first, b.cos_sin(p)))  # computed once for both layers
+    assert not any(x is y for x, y in zip(first, other(16, 10000.0, scaling, torch.device("cpu")).cos_sin(p)))
     q = p + shift
     moved = b.cos_sin(q)
-    DeepseekRotaryEmbedding._tables.clear()
-    fresh = DeepseekRotaryEmbedding(16, 10000.0, scaling, torch.device("cpu")).cos_sin(q)
+    RopeTable._tables.clear()
+    fresh = kind(16, 10000.0, scaling, torch.device("cpu")).cos_sin(q)
     assert all(torch.equal(x, y) for x, y in zip(moved, fresh))
     assert not torch.equal(moved[0], first[0])

@@ -82,7 +82,7 @@ class GQA(HeadAttention):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, shards: Keys | None = None) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         self.tap("q", q)
-        q, k, v = region(self._heads, positions, q, k, v)
+        q, k, v = region(self._heads, self.rotary_emb.cos_sin(positions), q, k, v)  # the table outside the region
         if shards is not None:
             k, v = shards.gather(torch.cat([k, v], dim=-1), f"{self.prefix}.kv_gather").chunk(2, dim=-1)
         if self.sinks is not None:
@@ -93,7 +93,7 @@ class GQA(HeadAttention):
         # K and V's result and 0.11 ms a layer faster at 8192 tokens on an H100 (benchmarks/probes/gqa_sdpa.py)
         return self._attend(q, k, v, self.head_dim ** -0.5, shards)
 
-    def _heads(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+    def _heads(self, rope: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v `[T, heads * d]` → `[T, heads, d]`, q and k normed per head (Qwen3) and rotated: on the compiled
         path one region (fused.region), as eager it was a dozen kernels a layer over q and k, 13% of Llama-3.1-8B's
@@ -101,5 +101,5 @@ class GQA(HeadAttention):
         q, k, v = (rearrange(t, "t (h d) -> t h d", d=self.head_dim) for t in (q, k, v))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb.rotate(rope, q, k)
         return q, k, v

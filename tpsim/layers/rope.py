@@ -52,32 +52,41 @@ def yarn(inv_freq: torch.Tensor, base: float, scaling: dict) -> tuple[torch.Tens
     return inv_freq, mscale
 
 
-class DeepseekRotaryEmbedding(nn.Module):
-    """Interleaved rotation of the rope part of MLA's q and k. `cos_sin(positions)` is computed once
-    per positions tensor and shared by every layer built with the same rope settings (the layers of
-    one forward get one positions tensor): compiled with the rotation instead, the cos and sin were
-    recomputed for each of the heads' elements in every layer."""
+class RopeTable(nn.Module):
+    """The cos and sin of one positions tensor, `cos_sin(positions)`: computed once and shared by every
+    layer built with the same rope settings (the layers of one forward get one positions tensor).
+    Compiled with the rotation instead, the cos and sin were recomputed for each of the heads'
+    elements in every layer (Llama-3.1-8B at 8192 tokens on an H200: 9.1 ms of 229.8)."""
 
     _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # key → (positions, cos, sin)
 
-    def __init__(self, rope_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
+    def __init__(self, style: str, dim: int, base: float, rope_scaling: dict | None, inv_freq: torch.Tensor,
+                 mscale: float, device: torch.device):
         super().__init__()
-        inv_freq = 1.0 / base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
-        self.mscale = 1.0
-        if rope_scaling:
-            inv_freq, self.mscale = yarn(inv_freq, base, rope_scaling)
+        self.mscale = mscale
         self.register_buffer("inv_freq", inv_freq.float().to(device), persistent=False)
-        self.key = (rope_dim, base, repr(sorted((rope_scaling or {}).items())), str(torch.device(device)))
+        self.key = (style, dim, base, repr(sorted((rope_scaling or {}).items())), str(torch.device(device)))
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions `[T]` → (cos, sin) `[T, 1, rope_dim/2]` float32, scaled by mscale."""
+        """positions `[T]` → (cos, sin) `[T, 1, dim/2]` float32, scaled by mscale."""
         held = self._tables.get(self.key)
         if held is not None and held[0] is positions:  # the table holds positions, so `is` cannot see a reused id
             return held[1], held[2]
-        freqs = positions.float()[:, None] * self.inv_freq[None]  # [T, rope_dim/2]
+        freqs = positions.float()[:, None] * self.inv_freq[None]  # [T, dim/2]
         cos, sin = (freqs.cos() * self.mscale)[:, None], (freqs.sin() * self.mscale)[:, None]
         self._tables[self.key] = (positions, cos, sin)
         return cos, sin
+
+
+class DeepseekRotaryEmbedding(RopeTable):
+    """Interleaved rotation of the rope part of MLA's q and k."""
+
+    def __init__(self, rope_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
+        inv_freq = 1.0 / base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
+        mscale = 1.0
+        if rope_scaling:
+            inv_freq, mscale = yarn(inv_freq, base, rope_scaling)
+        super().__init__("interleaved", rope_dim, base, rope_scaling, inv_freq, mscale, device)
 
     @staticmethod
     def rotate(cos_sin: tuple[torch.Tensor, torch.Tensor], *xs: torch.Tensor) -> list[torch.Tensor]:
@@ -97,27 +106,30 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(wavelen > old / low, inv_freq / factor, torch.where(wavelen < old / high, inv_freq, blended))
 
 
-class NeoxRotaryEmbedding(nn.Module):
+class NeoxRotaryEmbedding(RopeTable):
     """Rotary embedding on whole heads, halves rotated (GPT-NeoX style: Llama, Qwen), with no
     scaling, `llama3` or `yarn` scaling."""
 
     def __init__(self, head_dim: int, base: float, rope_scaling: dict | None, device: torch.device):
-        super().__init__()
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
-        self.mscale = 1.0
+        mscale = 1.0
         if kind == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, rope_scaling)
         elif kind == "yarn":
-            inv_freq, self.mscale = yarn(inv_freq, base, rope_scaling)
+            inv_freq, mscale = yarn(inv_freq, base, rope_scaling)
         elif kind != "default":
             raise ValueError(f"rope_scaling type {kind!r} is not supported for this attention (default, llama3, yarn)")
-        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+        super().__init__("halves", head_dim, base, rope_scaling, inv_freq, mscale, device)
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor):
         """positions `[T]`; each x `[T, heads, head_dim]` → rotated, same shape and dtype."""
-        freqs = positions.float()[:, None] * self.inv_freq[None]
-        cos, sin = (freqs.cos() * self.mscale)[:, None], (freqs.sin() * self.mscale)[:, None]  # [T, 1, head_dim/2]
+        return self.rotate(self.cos_sin(positions), *xs)
+
+    @staticmethod
+    def rotate(cos_sin: tuple[torch.Tensor, torch.Tensor], *xs: torch.Tensor) -> list[torch.Tensor]:
+        """each x `[T, heads, head_dim]` → its halves rotated by the table `cos_sin`, same shape and dtype."""
+        cos, sin = cos_sin
         out = []
         for x in xs:
             a, b = x.float().chunk(2, dim=-1)
