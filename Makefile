@@ -60,7 +60,7 @@ bench: $(VENV)/.installed-test
 
 # the whole engine matrix (make test runs its representative part): docs/testing.md
 conformance: $(VENV)/.installed-test $(ENGINE)/.installed
-	TPSIM_CONFORMANCE=all $(PY) -m pytest -q tests/test_engine.py tests/test_engine_dflash.py tests/test_engine_draft_tp.py
+	TPSIM_CONFORMANCE=all $(PY) -m pytest -q tests/test_engine.py tests/test_engine_dflash.py tests/test_engine_draft_tp.py tests/test_engine_mtp.py
 
 clean:
 	rm -rf $(VENV) $(ENGINE) .pytest_cache .hypothesis
