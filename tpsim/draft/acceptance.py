@@ -22,17 +22,18 @@ from tpsim.draft.model import Eagle3Draft
 
 
 def chains(draft: Eagle3Draft, capture: torch.Tensor, tokens: torch.Tensor, k: int,
-           stale: tuple[int, int] | None = None) -> torch.Tensor:
+           stale: tuple[int, int] | None = None, fc: bool = True) -> torch.Tensor:
     """`capture` `[S, W]` and `tokens` `[S]` of one sequence → `[S-1, k]`: row t's greedy chain, the target
     ids the draft proposes for positions t+2 .. t+k+1 when the target has sampled token t+1. `stale` (row r,
     token x): step 0 at row r was run with token x for r+1, not this sequence's (a KV reused from another
-    request: tpsim.profiles.prefix); every later row attends to that key and value."""
+    request: tpsim.profiles.prefix); every later row attends to that key and value. `fc` False: the capture is read
+    unprojected (`Eagle3Draft.project`)."""
     rows = tokens.shape[0] - 1
     cache, paired = DraftCache(), tokens[1:].clone()
     if stale is not None:
         paired[stale[0]] = stale[1]
     with torch.no_grad():
-        step = draft.first(capture[:rows], paired, torch.arange(rows, device=tokens.device), cache)
+        step = draft.first(capture[:rows], paired, torch.arange(rows, device=tokens.device), cache, fc)
         out = [draft.proposals(step)]
         for _ in range(k - 1):
             step = draft.next(step, out[-1], cache)

@@ -57,11 +57,13 @@ class Eagle3Draft(nn.Module):
         self.lm_head = ReplicatedLinear(h, cfg.draft_vocab_size, group, "lm_head", dtype)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long, device=group.device))
 
-    def project(self, capture: torch.Tensor) -> torch.Tensor:
-        """`[T, num_aux*Ht]` → `[T, H]`: step 0's hidden. A capture as wide as the embedding, not as fc's input, passes
-        unprojected: SGLang's llama_eagle3.py runs fc only `if hidden_states.shape[-1] != embeds.shape[-1]`, which
-        an EAGLE-3 draft served under --speculative-algorithm EAGLE meets (it is handed the target's `final`)."""
-        if capture.shape[-1] == self.cfg.hidden_size != self.cfg.capture_width:
+    def project(self, capture: torch.Tensor, fc: bool = True) -> torch.Tensor:
+        """`[T, num_aux*Ht]` → `[T, H]`: step 0's hidden. `fc` False: the capture passes unprojected, as wide as the
+        embedding (SGLang's width test, tpsim.profiles.algorithm.FC_GATE: llama_eagle3.py runs fc only `if
+        hidden_states.shape[-1] != embeds.shape[-1]`)."""
+        if not fc:
+            if capture.shape[-1] != self.cfg.hidden_size:
+                raise ValueError(f"an unprojected capture must be {self.cfg.hidden_size} wide, not {capture.shape[-1]}")
             return capture
         if self.input_norm is not None:
             capture = self.input_norm(capture)
@@ -77,9 +79,9 @@ class Eagle3Draft(nn.Module):
         return DraftStep(normed if self.cfg.norm_output else out, self.lm_head(normed), positions)
 
     def first(self, capture: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-              cache: DraftCache) -> DraftStep:
-        """Step 0: capture row t with `tokens[t]`, already paired (`pairing.pair`: token t+1)."""
-        return self._run(self.project(capture), tokens, positions, cache)
+              cache: DraftCache, fc: bool = True) -> DraftStep:
+        """Step 0: capture row t with `tokens[t]`, already paired (`pairing.pair`: token t+1); `fc`: as `project`."""
+        return self._run(self.project(capture, fc), tokens, positions, cache)
 
     def next(self, prev: DraftStep, tokens: torch.Tensor, cache: DraftCache) -> DraftStep:
         """Step s > 0: row i fed its own previous pre-norm hidden (fc skipped) and `tokens[i]`, the token

