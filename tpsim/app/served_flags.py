@@ -94,7 +94,8 @@ def fc_findings(serve: Profile, served: Served, raw: dict, target_hidden: int, s
     if served.algorithm is SpecAlgorithm.EAGLE or not slots or not shape.eagle3 or \
             fc_runs(serve.engine, width, shape.hidden):
         return []
-    count = lookup(served.server or serve.name).loader.aux_count
+    loader = lookup(served.server or serve.name).loader  # None: a release before the oldest read (UNVERIFIED)
+    count = None if loader is None else loader.aux_count
     ids = raw.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids") if isinstance(
         raw.get("eagle_config"), dict) else None
     if count is None or count.value.count(raw.get("num_aux_hidden_states"), tuple(ids or ())) != slots:
