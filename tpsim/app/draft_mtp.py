@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tpsim.draft.findings import TitledFinding
 from tpsim.base.errors import UsageError
-from tpsim.profiles.mtp import FEEDS, SAME_HEAD, MtpFeed, Norm, feed, releases_feeding
+from tpsim.profiles.mtp import FEEDS, SAME_HEAD, MtpFeed, Norm, feed, releases_feeding, version
 
 MARKS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 KEY = "mtp_hidden_state"
@@ -102,6 +102,14 @@ def _mismatch(head: MtpHead, f: MtpFeed) -> list[tuple[str, Norm, Norm, object]]
             (("step 0", f.step0, head.step0), ("steps 1+", f.later, head.later)) if fed.value is not trained]
 
 
+def _seen(f, engine: str, release: str) -> str:
+    """Where the feed `f` at `release` comes from: the code read, and the engine run where one observed it."""
+    if (engine, version(release)) in f.observed:
+        return (f"read from {engine} {release}'s released code and observed on its CPU build "
+                "(tests/test_engine_mtp.py)")
+    return f"read from {engine} {release}'s released code (not observed: no engine run)"
+
+
 def _fix(head: MtpHead, engine: str) -> str:
     """A release read that feeds the head as trained (the same engine first), replayed through `feed` again."""
     for e in (engine, *({"vllm", "sglang"} - {engine})):
@@ -132,7 +140,7 @@ def mtp_findings(head: MtpHead, servers: list[str]) -> tuple[list[TitledFinding]
             found.append(TitledFinding(
                 f"{engine}@{release} feeds the MTP head ({head.architecture}) the {fed.value} hidden at {step}, "
                 f"trained on the {trained.value} one",
-                f"read from {engine} {release}'s released code (not observed: no engine run): the head reads a tensor "
+                f"{_seen(f, engine, release)}: the head reads a tensor "
                 f"it never saw in training (the final norm's per-channel weight is not undone by its hnorm): nothing "
                 f"fails, acceptance drops; {COST}",
                 (f"{source} {source.symbol}: {source.quote}",), _fix(head, engine)))

