@@ -3,11 +3,11 @@ DeepSeek-V2-Lite's shapes (64 experts, top 6, hidden 2048, moe_intermediate 1408
 2048, 768), 8192 tokens, uniform random routing, bf16, one GPU; against torch._grouped_mm + silu * up. Medians of
 CUDA-event timings; one line per setting, and JSON to the path given (default: none)."""
 import json
-import statistics
 import sys
 
 import torch
 
+from cuda_timing import timed  # benchmarks/probes/, the script's folder
 from tpsim.layers import fused, triton_kernels as tk
 
 SHAPES = {"v2-lite": (64, 6, 2048, 1408), "qwen3-30b-a3b": (128, 8, 2048, 768)}
@@ -19,16 +19,6 @@ TILES = [dict(BM=128, BH=128, BK=64, GROUP=4, num_warps=8, num_stages=3),  # the
          dict(BM=64, BH=128, BK=64, GROUP=4, num_warps=4, num_stages=4),
          dict(BM=128, BH=128, BK=128, GROUP=4, num_warps=8, num_stages=2),
          dict(BM=256, BH=64, BK=64, GROUP=4, num_warps=8, num_stages=3)]
-
-
-def timed(fn, n=20):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
 
 
 def main(out: str | None) -> None:

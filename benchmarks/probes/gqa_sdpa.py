@@ -1,18 +1,10 @@
 """Probe: GQA attention at Llama-3.1-8B's shapes (32 query heads, 8 KV heads, head_dim 128), one sequence:
 K/V repeated per query head then SDPA, against SDPA's own enable_gqa, and the backend each picks. Medians of
 CUDA-event timings; prints one line per variant."""
-import statistics
 import torch
 import torch.nn.functional as F
 
-def timed(fn, n=20):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+from cuda_timing import timed  # benchmarks/probes/, the script's folder
 
 for T in (4096, 8192):
     q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
