@@ -75,12 +75,14 @@ def test_the_embedding_acceptance_measures_on_is_the_one_tpsim_draft_names(serve
 H = 8
 
 
-def _served(positions: int, fc_width: int):
-    """served_fed's inputs: a replay capturing `positions` states of a hidden size H, nothing else wrong."""
+def _served(positions: int, fc_width: int, engine: str = "sglang", embed: int = 100 * H):
+    """served_fed's inputs: a replay capturing `positions` states of a hidden size H for a draft whose embedding is
+    `embed` wide, served by `engine`, nothing else wrong."""
     replay = SimpleNamespace(positions=[f"out({i})" for i in range(positions)], failure=None,
                              width_text=lambda h: f"{positions} x {h}")
     inputs = SimpleNamespace(target=SimpleNamespace(source=SimpleNamespace(cfg=SimpleNamespace(hidden_size=H))),
-                             served=Served(tp=1), serve=SimpleNamespace(name="sglang@0.5.12"))
+                             served=Served(tp=1), serve=SimpleNamespace(name=f"{engine}@0.5.12", engine=engine),
+                             draft=SimpleNamespace(raw={"hidden_size": embed}))
     caps = SimpleNamespace(replay=replay, config=SimpleNamespace(off=False, failure=None),
                            mode=SimpleNamespace(mode=TensorParallel(), strategy=Strategy.MODEL_LEVEL))
     return served_fed(inputs, caps, fc_width)
@@ -96,7 +98,19 @@ def test_a_served_capture_of_another_width_than_fc_is_not_measured(positions, au
     fed = _served(positions, aux * H)
     assert (fed.failure is None) is (positions == aux), fed
     if fed.failure is not None:
-        assert f"{positions} x {H}" in fed.failure
+        assert f"{positions} x {H}" in fed.failure and f"takes {aux * H}" in fed.failure
+
+
+@settings(max_examples=30, deadline=None)
+@given(positions=st.integers(1, 6), aux=st.integers(1, 6), engine=st.sampled_from(["sglang", "vllm"]))
+@example(positions=1, aux=1, engine="sglang")  # a one-state draft as wide as its target: SGLang skips fc
+def test_only_sglang_reads_a_capture_as_wide_as_the_embedding_past_fc(positions, aux, engine):
+    """Planted bug: the fc gate taken from the widths alone (as Eagle3Draft.project once did) or for every engine.
+    SGLang skips fc for a capture as wide as the draft's embedding, whatever fc takes, and nothing fails; vLLM runs
+    fc on it, and its width check stands."""
+    fed = _served(positions, aux * H, engine, embed=positions * H)
+    assert fed.fc is (engine != "sglang"), fed
+    assert (fed.failure is None) is (engine == "sglang" or positions == aux), fed
 
 
 def _acceptance(accepted: list[int]) -> Acceptance:
