@@ -24,7 +24,7 @@ from tpsim.draft.acceptance import Acceptance, chains, greedy_prefix, paired, ro
 from tpsim.draft.checkpoint import DraftCheckpoint, build
 from tpsim.draft.model import Eagle3Draft
 from tpsim.modes import Mode, Strategy, TensorParallel
-from tpsim.profiles.algorithm import EagleServed, eagle_served, fc_runs
+from tpsim.profiles.algorithm import eagle_served, fc_runs
 from tpsim.profiles.loader_lines import lookup
 from tpsim.profiles.profile import SpecAlgorithm
 from tpsim.profiles.prefix import RADIX, served_in_order
@@ -143,15 +143,15 @@ def served_fed(inputs: Inputs, caps: Captures, fc_width: int) -> Fed:
         if inputs.served.algorithm is SpecAlgorithm.EAGLE else None
     if eagle is not None:  # no aux states: the engine hands the draft `final`, which it reads past fc or fails on
         held, shape = eagle
-        skips = held.value is EagleServed.WIDTH_TEST and shape.hidden == H
-        failure = None if skips else eagle_served(held.value, shape, held.server)
-        return Fed("served", (Position(PositionKind.FINAL),), mode.mode, mode.strategy, tp, failure, fc=not skips)
+        fc = fc_runs(inputs.serve.engine, H, shape.hidden)
+        failure = eagle_served(held.value, shape, held.server) if fc else None
+        return Fed("served", (Position(PositionKind.FINAL),), mode.mode, mode.strategy, tp, failure, fc=fc)
     failure = got.failure if got.off else rep.failure
     if failure is None and not rep.positions:
         failure = f"{inputs.serve.name} captures nothing from these ids"
-    fc = fc_runs(inputs.serve.engine, len(rep.positions) * H, embed)
-    if failure is None and fc and len(rep.positions) * H != fc_width:
-        n = len(rep.positions)  # the draft's own fc width: the replay's slots count the ids, not what fc was built for
+    n = len(rep.positions)
+    fc = fc_runs(inputs.serve.engine, n * H, embed)
+    if failure is None and fc and n * H != fc_width:  # the draft's own fc width, not the replay's count of ids
         failure = f"the capture is {n} x {H} = {n * H} wide where the draft's fc takes {fc_width}: the draft's fc fails on it"
     return Fed("served", tuple(rep.positions), mode.mode, mode.strategy, tp, failure, fc=fc)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpsim.draft.config import aux_count, check_keys
+from tpsim.draft.config import KEY, aux_count, check_keys
 from tpsim.profiles.algorithm import EAGLE_SERVED, FC_GATE, FLAG, DraftShape, eagle_served, fc_runs
 from tpsim.profiles.findings import Finding, Kind
 from tpsim.profiles.history import Held, History
@@ -17,7 +17,7 @@ from tpsim.profiles.pd_versions import PD
 from tpsim.profiles.prefix import RADIX, RadixKeys
 from tpsim.profiles.profile import Profile, Served, SpecAlgorithm
 from tpsim.profiles.registry import CPU_BUILD
-from tpsim.profiles.ubatch import UBATCH, UbatchMerge
+from tpsim.profiles.ubatch import UBATCH
 
 
 HISTORY_OF = {Kind.PREFIX_CACHE: RADIX, Kind.PD_HANDOFF: PD, Kind.UBATCH_MERGE: UBATCH}  # kept outside the model files
@@ -96,9 +96,9 @@ def fc_findings(serve: Profile, served: Served, raw: dict, target_hidden: int, s
         return []
     loader = lookup(served.server or serve.name).loader  # None: a release before the oldest read (UNVERIFIED)
     count = None if loader is None else loader.aux_count
-    ids = raw.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids") if isinstance(
-        raw.get("eagle_config"), dict) else None
-    if count is None or count.value.count(raw.get("num_aux_hidden_states"), tuple(ids or ())) != slots:
+    keys = check_keys(raw, "draft config")
+    ids = (keys.get("eagle_config") or {}).get(KEY)  # SGLang counts eagle_config's ids only
+    if count is None or count.value.count(keys.get("num_aux_hidden_states"), tuple(ids or ())) != slots:
         return []
     gate = FC_GATE[serve.engine]
     return [Finding(Kind.FC_SKIPPED,
