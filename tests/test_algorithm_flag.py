@@ -196,9 +196,7 @@ def test_a_one_state_draft_as_wide_as_its_target_costs_acceptance_on_sglang_only
     from test_smollm2 import MISSING
     if MISSING:
         pytest.skip(f"{', '.join(MISSING)} not installed (the real small target)")
-    import sys
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_engine import one_state, one_state_fc, shipped
+    from smollm2_drafts import one_state, one_state_fc, shipped
     folder = shipped(one_state, tensors=one_state_fc)(tmp_path / "one-state")
     argv = ("acceptance", "--model", "smollm2-135m", "--draft", str(folder), "--train", "specforge-ids:14", "--tp",
             "1", "--json")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from smollm2_drafts import one_state, one_state_fc, shipped
 from test_draft_checkpoint import clean_tensors, write
 from tpsim.cli.main import build_parser
 from tpsim.cli.observe import amx, engine_python, judge, plan
@@ -26,7 +27,6 @@ from tpsim.draft.config import DraftConfig
 from tpsim.engine.runner import engine_version, run
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "configs" / "drafts" / "smollm2-135m-eagle3"
 ALL = os.environ.get("TPSIM_CONFORMANCE") == "all"
 RESULTS = ROOT / "benchmarks" / "results" / "engine-conformance.json"
 TABLE = ROOT / "docs" / "conformance.md"
@@ -52,23 +52,6 @@ TINY_DRAFT = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"
               "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 1024,
               "vocab_size": 1000, "draft_vocab_size": 512, "target_hidden_size": 128,
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 6], "use_aux_hidden_state": True}}
-
-
-def shipped(change=None, tensors=None):
-    """The trained SmolLM2 draft with its config changed (`change(config)`) or tensors added."""
-    def make(folder: Path) -> Path:
-        folder.mkdir(parents=True)
-        config = json.loads((SHIPPED / "config.json").read_text())
-        (change or (lambda c: None))(config)
-        (folder / "config.json").write_text(json.dumps(config))
-        if tensors is None:
-            os.symlink(SHIPPED / "model.safetensors", folder / "model.safetensors")
-        else:
-            from safetensors.torch import load_file, save_file
-            t = load_file(str(SHIPPED / "model.safetensors"))
-            save_file({**t, **tensors(t)}, str(folder / "model.safetensors"))
-        return folder
-    return make
 
 
 def tiny(change=None, embed=False, hidden=128):
@@ -110,17 +93,6 @@ def aux_off(c):
 def norm_before_fc(c):
     c["eagle_aux_hidden_state_layer_ids"] = [2, 15, 27]
     c["norm_before_fc"] = True
-
-
-def one_state(c):
-    """One aux state, out(13) where vLLM reads its ids: fc 576 -> 576, as wide as the draft's embedding."""
-    c["eagle_aux_hidden_state_layer_ids"] = [14]
-    c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [14]
-
-
-def one_state_fc(t):
-    """The shipped fc's block for out(14) alone (times 3: the share the other two blocks carried)."""
-    return {"fc.weight": (t["fc.weight"][:, 576:1152].float() * 3).half().contiguous()}
 
 
 def random_embed(t):
