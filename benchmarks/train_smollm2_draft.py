@@ -20,6 +20,10 @@
 
     .venv/bin/python benchmarks/train_smollm2_draft.py --templates 16 --new-tokens 128 --epochs 3 --seed 1  # the built-in draft: ~45 min on 2 cores
     .venv/bin/python benchmarks/train_smollm2_draft.py --quick    # a few minutes, a weaker draft
+    # the built-in one-state draft (smollm2-135m-eagle3-one-state), ~11 min:
+    .venv/bin/python benchmarks/train_smollm2_draft.py --templates 8 --new-tokens 128 --epochs 2 --seed 1 --ids 14 \
+        --top-level-ids --out configs/drafts/smollm2-135m-eagle3-one-state --prompts-out /tmp/prompts.json \
+        --log benchmarks/results/smollm2-draft-one-state-train.json
 Needs `pip install -e '.[smollm2,test]'` (transformers for the data's generation).
 """
 
@@ -101,7 +105,7 @@ def generate(prompts: list[str], new_tokens: int, batch: int) -> list[tuple[list
 
 
 def capture(seqs, positions):
-    """tpsim's TP-1 forward per sequence: (capture [T, 3*576], target logits [T, V]) on the fly."""
+    """tpsim's TP-1 forward per sequence: (capture [T, states*576], target logits [T, V]) on the fly."""
     from tpsim.config.loader import load_config
     from tpsim.parallel.group import TPGroup
     from tpsim.run.jobs import build_model, run_captured
@@ -249,6 +253,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--prompts-out", type=Path, default=PROMPTS)
     ap.add_argument("--log", type=Path, default=LOG)
+    ap.add_argument("--ids", default="default", help="SpecForge layer ids the draft is trained on, comma-separated "
+                    "(default: SpecForge's default for 30 layers, 1,14,26); e.g. 14 for a one-state draft")
+    ap.add_argument("--top-level-ids", action="store_true", help="also write the ids at the config's top level, the "
+                    "key vLLM's runner v2 reads (the shipped three-state draft has eagle_config's only)")
     args = ap.parse_args()
     from tpsim.profiles.conventions import Convention, default_ids, resolve
     t0 = time.time()
@@ -257,9 +265,9 @@ def main() -> int:
     rng.shuffle(prompts)
     if args.quick:
         prompts, args.new_tokens, args.epochs = prompts[:args.quick_prompts], 96, 2
-    ids = default_ids(Convention.SPECFORGE, 30)
+    ids = default_ids(Convention.SPECFORGE, 30) if args.ids == "default" else [int(i) for i in args.ids.split(",")]
     positions = [p for p in resolve(Convention.SPECFORGE, ids, 30).positions]
-    print(f"specforge-ids:default on 30 layers = {ids} -> {', '.join(map(str, positions))}")
+    print(f"specforge-ids:{args.ids} on 30 layers = {ids} -> {', '.join(map(str, positions))}")
 
     seqs = generate(prompts, args.new_tokens, batch=32)
     evals = generate(EVAL, 128, batch=12)
@@ -276,6 +284,8 @@ def main() -> int:
             bar.update(task, advance=1)
 
     cfg_raw = draft_config(len(used), ids)
+    if args.top_level_ids:
+        cfg_raw["eagle_aux_hidden_state_layer_ids"] = ids
     draft = init_draft(cfg_raw, d2t, target_embedding(), args.seed)
     with progress() as bar:
         task = bar.add_task("training (TTT)", total=args.epochs * len(data), info="")

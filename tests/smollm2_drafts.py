@@ -9,20 +9,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "configs" / "drafts" / "smollm2-135m-eagle3"
+ONE_STATE = ROOT / "configs" / "drafts" / "smollm2-135m-eagle3-one-state"  # trained on out(14) alone
 
 
-def shipped(change=None, tensors=None):
-    """The trained SmolLM2 draft with its config changed (`change(config)`) or tensors added."""
+def shipped(change=None, tensors=None, source=SHIPPED):
+    """A trained SmolLM2 draft (the shipped one unless `source`) with its config changed (`change(config)`) or
+    tensors added."""
     def make(folder: Path) -> Path:
         folder.mkdir(parents=True)
-        config = json.loads((SHIPPED / "config.json").read_text())
+        config = json.loads((source / "config.json").read_text())
         (change or (lambda c: None))(config)
         (folder / "config.json").write_text(json.dumps(config))
         if tensors is None:
-            os.symlink(SHIPPED / "model.safetensors", folder / "model.safetensors")
+            os.symlink(source / "model.safetensors", folder / "model.safetensors")
         else:
             from safetensors.torch import load_file, save_file
-            t = load_file(str(SHIPPED / "model.safetensors"))
+            t = load_file(str(source / "model.safetensors"))
             save_file({**t, **tensors(t)}, str(folder / "model.safetensors"))
         return folder
     return make

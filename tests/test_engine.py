@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from smollm2_drafts import one_state, one_state_fc, shipped
+from smollm2_drafts import ONE_STATE, one_state, one_state_fc, shipped
 from test_draft_checkpoint import clean_tensors, write
 from tpsim.cli.main import build_parser
 from tpsim.cli.observe import amx, engine_python, judge, plan
@@ -141,8 +141,12 @@ CASES = [
          ("refused", "There is no module or parameter named 'd2t' in LlamaModel"), False,
          "the same draft saved as LlamaForCausalLM under method eagle: the EAGLE-1 class fails on its tensors"),
     Case("smollm2-one-state", ("--model", "smollm2-135m", "--train", "specforge-ids:14") + AL3,
-         shipped(one_state, tensors=one_state_fc), ("out(13)",), True,
+         shipped(one_state, tensors=one_state_fc), ("out(13)",), False,
          "one aux state as wide as the draft: vLLM runs fc on it (SGLang's width test would skip it), and tpsim's AL "
+         "with fc run is the engine's"),
+    Case("smollm2-one-state-trained", ("--model", "smollm2-135m", "--train", "specforge-ids:14") + AL3,
+         shipped(source=ONE_STATE), ("out(13)",), True,
+         "a draft trained on out(14) alone (smollm2-135m-eagle3-one-state): vLLM runs fc on out(13), and tpsim's AL "
          "with fc run is the engine's"),
     Case("smollm2-tp3-vocab-top", SMOL + CAPTURE + ("--tp", "3"), shipped(top([2, 15, 27])),
          ("refused", "4096 is not divisible by 3"), False, "the same refusal whatever the ids"),
