@@ -175,8 +175,11 @@ def test_missing_extra_is_a_one_line_error():
 def test_nothing_dequantized_is_in_the_repository(smol):
     assert not smol[1].resolve().is_relative_to(ROOT.resolve())
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    # the drafts tpsim trained on SmolLM2 (issue 36: <= 25 MB each): the EAGLE-3 draft and the MTP-style head
-    trained = ("configs/drafts/smollm2-135m-eagle3/model.safetensors", "configs/drafts/smollm2-135m-mtp/model.safetensors")
+    # the drafts tpsim trained on SmolLM2 (issue 36: <= 25 MB each): the EAGLE-3 drafts (three aux states, one) and
+    # the MTP-style head
+    trained = ("configs/drafts/smollm2-135m-eagle3/model.safetensors",
+               "configs/drafts/smollm2-135m-eagle3-one-state/model.safetensors",
+               "configs/drafts/smollm2-135m-mtp/model.safetensors")
     # tiny drafts scenarios plant (a 16-wide draft of five aux states; an embedding split across TP ranks)
     planted = ("configs/scenarios/five-aux-states/model.safetensors",
                "configs/scenarios/embed-verdict-split/model.safetensors")
