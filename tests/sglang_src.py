@@ -64,3 +64,26 @@ def released_function(release: str, path: str, name: str, **scope):
     namespace = dict(scope)
     exec(code, namespace)  # noqa: S102 - the released function, read from the wheel, run on drawn inputs
     return namespace[name]
+
+
+def released_definitions(release: str, path: str, names: tuple[str, ...], **scope) -> dict:
+    """The top-level functions, classes and constants `names` of `path` at `release`, compiled together (decorators
+    kept, the file's `from __future__` import with them) with `scope` as their globals (the imports they use);
+    skips (fails in CI) without the release's sources. A name the release does not define is left out."""
+    f = _file(release, path)
+    if not f.exists():
+        no_sources(f"no unpacked sglang {release} wheel under {WHEELS} (TPSIM_SGLANG_SRC)")
+    tree = ast.parse(f.read_text())
+
+    def named(n: ast.AST) -> str | None:
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            return n.name
+        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name):
+            return n.targets[0].id
+        return None
+
+    future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    kept = [n for n in tree.body if named(n) in names]
+    namespace = dict(scope)
+    exec(compile(ast.Module([*future, *kept], []), f"sglang-{release}/{path}", "exec"), namespace)  # noqa: S102
+    return namespace

@@ -18,6 +18,7 @@ from tpsim.draft.block import BlockDraft, Family, is_block_draft, read_block_dra
 from tpsim.profiles.block_taps import taps
 from tpsim.profiles.dflash import SGLANG_READ, Taps, out_of
 
+WIDTH_WORDS = ("DFlash drafter expects", "feature dim mismatch", "fc.weight shape mismatch")  # vLLM's, SGLang's
 RUNNER_V2 = "vllm@0.32.0"  # where runner v2 serves (a CUDA GPU with Triton): it extracts a DSpark draft's states
 
 
@@ -106,8 +107,10 @@ def finding(c: BlockCheck, raw: dict, t: Taps) -> TitledFinding | None:
 def _failure_title(t: Taps) -> str:
     if t.failure.startswith("IndexError"):
         return "the last decoder layer in target_layer_ids fails the Qwen3.5 capture"
-    if "DFlash drafter expects" in t.failure:
+    if any(w in t.failure for w in WIDTH_WORDS):
         return "the draft's fc width is not the runner's tap count"
+    if "markov" in t.failure:
+        return "SGLang refuses the DSpark draft's Markov head config"
     return "the engine refuses the draft's layer ids"
 
 
@@ -121,10 +124,17 @@ def _pos(ps) -> str:
     return "[" + ", ".join(map(str, ps)) + "]"
 
 
-def fixed_config(raw: dict, ids: list[int]) -> dict:
+def fixed_config(raw: dict, ids: list[int], layers: int | None = None) -> dict:
+    """`raw` with `ids` at dflash_config.target_layer_ids (what SGLang's draft sizes its fc from, and the key read
+    first) and at a DSpark draft's own dspark_target_layer_ids where it has one (read before them); `layers`: the
+    target's layer count written as dflash_config.num_target_layers (SGLang's draft checks its ids against it)."""
     out = copy.deepcopy(raw)
     block = out.setdefault("dflash_config", {})
     block["target_layer_ids"] = ids
+    if out.get("dspark_target_layer_ids") is not None:
+        out["dspark_target_layer_ids"] = ids
+    if layers is not None:
+        block["num_target_layers"] = layers
     return out
 
 
@@ -132,17 +142,34 @@ def fix_ids(c: BlockCheck, raw: dict, t: Taps) -> str:
     """Write the trained layers into dflash_config.target_layer_ids (the key SGLang and vLLM read first); said only
     once the same replay of the fixed config taps the trained layers."""
     ids = [p.layer if p.layer is not None else -1 for p in c.trained]
-    fixed = taps(t.server, read_block_draft(fixed_config(raw, ids), c.path), fixed_config(raw, ids), c.L, c.model_type,
-                 c.hidden)
+    layers, raw_fixed = None, fixed_config(raw, ids)
+    fixed = taps(t.server, read_block_draft(raw_fixed, c.path), raw_fixed, c.L, c.model_type, c.hidden)
+    if fixed.failure and t.server.startswith("sglang") and ("target_num_layers=" in fixed.failure
+                                                            or "num_target_layers" in fixed.failure):
+        layers, raw_fixed = c.L, fixed_config(raw, ids, c.L)  # SGLang's draft checks the ids against this count
+        fixed = taps(t.server, read_block_draft(raw_fixed, c.path), raw_fixed, c.L, c.model_type, c.hidden)
+    keys = {"target_layer_ids": ids, **({"num_target_layers": layers} if layers is not None else {})}
+    where = f'"dflash_config": {json.dumps(keys)}' + \
+        (f', "dspark_target_layer_ids": {json.dumps(ids)}' if raw.get("dspark_target_layer_ids") is not None else "")
     if fixed.failure or fixed.positions != c.trained:
-        return f"no fix replayed: writing {ids} at dflash_config.target_layer_ids still taps {_pos(fixed.positions)}"
-    return (f'write "dflash_config": {{"target_layer_ids": {json.dumps(ids)}}} in the draft config (the key '
-            f"{t.server} reads first); fix replayed: {t.server} then reads them and taps {_pos(fixed.positions)}")
+        return f"no fix replayed: writing {where} still taps {_pos(fixed.positions)}{_still(fixed)}"
+    return (f"write {where} in the draft config (the keys {t.server} reads); fix replayed: {t.server} then reads "
+            f"them and taps {_pos(fixed.positions)}")
+
+
+def _still(t: Taps) -> str:
+    return f" and fails: {t.failure}" if t.failure else ""
 
 
 def fix_failure(c: BlockCheck, raw: dict, t: Taps) -> str:
-    if "DFlash drafter expects" in t.failure and c.trained is not None:
-        return fix_ids(c, raw, t)
+    if c.trained is not None and (any(w in t.failure for w in WIDTH_WORDS) or "num_target_layers" in t.failure
+                                  or "target_num_layers=" in t.failure):
+        fixed = fix_ids(c, raw, t)
+        if not fixed.startswith("no fix") or not t.server.startswith("sglang"):
+            return fixed
+    if "markov" in t.failure:
+        return ("no fix replayed: the Markov head the draft was trained with is in its training config, not in this "
+                "one; write it (dspark_markov_rank, markov_head_type: vanilla, gated or rnn) and check again")
     if t.server.startswith("sglang"):
         later = [f"sglang@{v}" for v in SGLANG_READ if tuple(map(int, v.split("."))) > _v(t.server)]
         return fix_release(c, raw, t, tuple(later), "a later SGLang release")

