@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, List, Optional
 
-import msgspec  # SGLang's DSparkDraftConfig is a msgspec.Struct (the test extra)
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from sglang_src import released_definitions
+from sglang_src import no_sources, released_definitions
 from tpsim.app.block_draft import check as check_draft, fixed_config
 from tpsim.draft.block import read_block_draft
 from tpsim.profiles import dflash as d
@@ -32,6 +31,10 @@ def released(release: str):
     u = released_definitions(release, d.UTILS, UTILS_NAMES, Integral=Integral, dataclass=dataclass, **typing)
     if release < "0.5.16":
         return u["parse_dflash_draft_config"], None
+    try:
+        import msgspec  # DSparkDraftConfig is a msgspec.Struct: the test extra has it, a GPU image may not
+    except ImportError:
+        no_sources("no msgspec (pip install -e '.[test]')")
     s = released_definitions(release, DSPARK_CONFIG, DSPARK_NAMES, msgspec=msgspec,
                              parse_dflash_draft_config=u["parse_dflash_draft_config"], **typing)
     return u["parse_dflash_draft_config"], s["parse_dspark_draft_config"]
