@@ -295,12 +295,13 @@ def served_embedding(ckpt: DraftCheckpoint, server: str, target: torch.Tensor) -
     return own, f"the draft's own, not the target's ({server} keeps it: {loader.embed.source})"
 
 
-def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts,
-            cost: Cost | None = None, as_served: Inputs | None = None) -> AcceptanceReport | None:
+def measure(inputs: Inputs, draft: DraftCheckpoint, k: int, prompts: Prompts, cost: Cost | None = None,
+            as_served: Inputs | None = None, caps: Captures | None = None) -> AcceptanceReport | None:
     """AL trained vs served (None on a torchrun rank other than 0); `as_served`: the inputs the engine serves from
-    where they differ from training's (the draft config's ids rewritten), else `inputs`."""
+    where they differ from training's (the draft config's ids rewritten), else `inputs`; `caps`: their capture,
+    where the caller has read it already."""
     as_served = as_served or inputs
-    caps = captures(as_served)
+    caps = caps or captures(as_served)
     fed = served_fed(as_served, caps, draft.config.capture_width)
     spec = served_spec(as_served, fed)
     also = (spec,) if spec is not None and fed.tp == 1 else ()  # taken along by the trained capture's forward

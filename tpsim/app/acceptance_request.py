@@ -17,7 +17,7 @@ from tpsim.app.request import Ids, RunRequest
 from tpsim.app.returned import returned_paths, write_returned
 from tpsim.app.target import Target, check_vocab, target_for
 from tpsim.app.remedies import with_draft_ids
-from tpsim.app.triage import Inputs, Triage, captures, config_reading
+from tpsim.app.triage import Captures, Inputs, Triage, captures, config_reading
 from tpsim.base.errors import UsageError
 from tpsim.draft.checkpoint import DraftCheckpoint, runnable
 from tpsim.offline.align import DraftConfig, read_draft_config
@@ -93,6 +93,7 @@ class Configured:
     replayed_as: str | None
     spec: RunSpec | None  # what replays the served capture (None: the engine feeds the draft nothing)
     tp: int
+    caps: Captures  # the served capture as read and replayed (no rank runs for it)
 
 
 def setup(req: AcceptanceRequest) -> Setup:
@@ -117,8 +118,9 @@ def configured(req: AcceptanceRequest, s: Setup) -> Configured:
                   ids=Ids(server=server))
     as_given = Inputs(trained, serve, served, s.config, run, s.target)
     as_served = as_given if req.draft_ids is None else with_draft_ids(as_given, req.draft_ids)
-    fed = served_fed(as_served, captures(as_served), s.checkpoint.config.capture_width)
-    return Configured(as_given, as_served, server, replayed_as, served_spec(as_served, fed), fed.tp)
+    caps = captures(as_served)
+    fed = served_fed(as_served, caps, s.checkpoint.config.capture_width)
+    return Configured(as_given, as_served, server, replayed_as, served_spec(as_served, fed), fed.tp, caps)
 
 
 def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
@@ -132,7 +134,7 @@ def run_acceptance(req: AcceptanceRequest) -> AcceptanceResult | None:
     if req.returned is not None:
         for path in returned_paths(Path(req.returned), len(s.prompts.sequences) + len(s.prompts.to_answer)):
             check_output(path, "--returned-hidden-states", "x.safetensors", req.force, reads=(s.checkpoint.path,))
-    report = measure(c.trained, s.checkpoint, req.steps, s.prompts, cost, c.served)
+    report = measure(c.trained, s.checkpoint, req.steps, s.prompts, cost, c.served, c.caps)
     if report is None:  # a torchrun rank other than 0
         return None
     report.notes[:0] = [c.replayed_as] if c.replayed_as else []

@@ -66,7 +66,7 @@ def run_sweep(req: SweepRequest) -> SweepResult | None:
     if prep is None:
         return None
     shared = time.perf_counter()
-    caps = [captures(c.served) for c in each]  # the served capture's replay, once per configuration
+    caps = [c.caps for c in each]  # the served capture's replay, read once per configuration by configured()
     plans = [plan_served(prep, c.served, cap) for c, cap in zip(each, caps)]
     got = _captured(plans, prep)
     if got is None:
