@@ -10,8 +10,9 @@ vocab 102400), bf16, one GPU, uniform random routing. Medians of CUDA-event timi
 - the causal attention at 8192 tokens under each SDPA backend that takes it.
 
 One line per measurement, and JSON to the path given (default: none). First run on an H100 on 2026-12-07 at
-1a1c7d2 (benchmarks/results/probe-v2-lite-kernels-h100.json): the TMA-fed gate/up won (1.13 against 1.42 ms) and
-is the library kernel since; grouped_mm kept the down projection (0.49 ms; the TMA variants 0.73-0.80).
+1a1c7d2 (benchmarks/results/probe-v2-lite-kernels-h100.json): the gathered, TMA-fed gate/up won (1.13 against
+1.42 ms); grouped_mm kept the down projection (0.49 ms; the TMA variants 0.73-0.80). The library kernel fed that
+way, with this tile mapping shared, is on branch i54-tma-gate-up, untested on a GPU (docs/benchmarks.md).
 
     cd benchmarks/probes && PYTHONPATH=../.. python3 v2_lite_kernels.py OUT.json"""
 import json
@@ -42,7 +43,13 @@ def _grouped_tma(a_ptr, w_ptr, ends_ptr, tile_ends_ptr, out_ptr, N, K, NOUT, NT,
     tile_ends = tl.load(tile_ends_ptr + ei, mask=ei < E, other=2 ** 30)
     m_tiles = tl.load(tile_ends_ptr + E - 1)
     for tile in range(tl.program_id(0), m_tiles * NT, PROGRAMS):
-        e, m0, tn = tk.expert_tile(tile, NT, tile_ends, ends_ptr, tile_ends_ptr, m_tiles, BM, GROUP)
+        first = tile // (GROUP * NT) * GROUP
+        size = tl.minimum(m_tiles - first, GROUP)
+        tm, tn = first + (tile - first * NT) % size, (tile - first * NT) // size
+        e = tl.sum((tile_ends <= tm).to(tl.int32))
+        prev = tl.maximum(e - 1, 0)
+        first_row, first_tile = tl.load(ends_ptr + prev), tl.load(tile_ends_ptr + prev)
+        m0 = tl.where(e > 0, first_row, 0) + (tm - tl.where(e > 0, first_tile, 0)) * BM
         rows = m0 + tl.arange(0, BM)
         wrow = e * W_ROWS * NOUT + tn * BN
         g = tl.zeros((BM, BN), tl.float32)
@@ -105,7 +112,7 @@ def experts(rows):
     ref = fused.expert_gate_up(x, src, w13, ends)
     xs = x[src]
     row(rows, "gather x[src]", timed(lambda: x[src]), 0)
-    attempt(rows, "gate/up: tpsim.layers.triton_kernels", up_flops, lambda: tk.expert_gate_up(x, src, w13, ends), ref)
+    attempt(rows, "gate/up: current (gathered inside)", up_flops, lambda: tk.expert_gate_up(x, src, w13, ends), ref)
     attempt(rows, "gate/up: grouped_mm + silu_mul", up_flops, lambda: fused.expert_gate_up(x, src, w13, ends), ref)
     for ws in (False, True):
         for stages in (3, 4):

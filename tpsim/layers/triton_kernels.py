@@ -139,36 +139,29 @@ def fits_expert_gate_up(x: torch.Tensor, src: torch.Tensor, w13: torch.Tensor) -
 
 
 @triton.jit
-def expert_tile(tile, NT, tile_ends, ends_ptr, tile_ends_ptr, m_tiles, BM: tl.constexpr, GROUP: tl.constexpr):
-    """Persistent tile `tile` of a grouped GEMM over rows in expert order: (its expert, first row, column tile).
-    Groups of GROUP row tiles sweep the NT column tiles, so an expert's weights are read while its rows are in
-    L2; `tile_ends[e]`: the row tiles of experts 0..e."""
-    first = tile // (GROUP * NT) * GROUP
-    size = tl.minimum(m_tiles - first, GROUP)
-    tm, tn = first + (tile - first * NT) % size, (tile - first * NT) // size
-    e = tl.sum((tile_ends <= tm).to(tl.int32))  # the expert whose row tiles hold tile tm
-    prev = tl.maximum(e - 1, 0)
-    first_row, first_tile = tl.load(ends_ptr + prev), tl.load(tile_ends_ptr + prev)
-    return e, tl.where(e > 0, first_row, 0) + (tm - tl.where(e > 0, first_tile, 0)) * BM, tn
-
-
-@triton.jit
-def _expert_gate_up(xs_ptr, w_ptr, ends_ptr, tile_ends_ptr, out_ptr, N, K, I, NT, PROGRAMS,
+def _expert_gate_up(x_ptr, src_ptr, w_ptr, ends_ptr, tile_ends_ptr, out_ptr, N, K, I, sx, NT, PROGRAMS,
                     E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
                     GROUP: tl.constexpr):
-    a_desc = tl.make_tensor_descriptor(xs_ptr, shape=[N, K], strides=[K, 1], block_shape=[BM, BK])
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * 2 * I, K], strides=[K, 1], block_shape=[BH, BK])
     ei = tl.arange(0, BE)
     tile_ends = tl.load(tile_ends_ptr + ei, mask=ei < E, other=2 ** 30)
     m_tiles = tl.load(tile_ends_ptr + E - 1)
     for tile in range(tl.program_id(0), m_tiles * NT, PROGRAMS):
-        e, m0, tn = expert_tile(tile, NT, tile_ends, ends_ptr, tile_ends_ptr, m_tiles, BM, GROUP)
-        rows = m0 + tl.arange(0, BM)  # rows past the expert's: computed, not stored
+        first = tile // (GROUP * NT) * GROUP
+        size = tl.minimum(m_tiles - first, GROUP)
+        tm, tn = first + (tile - first * NT) % size, (tile - first * NT) // size
+        e = tl.sum((tile_ends <= tm).to(tl.int32))  # the expert whose row tiles hold tile tm
+        prev = tl.maximum(e - 1, 0)
+        first_row, first_tile = tl.load(ends_ptr + prev), tl.load(tile_ends_ptr + prev)
+        m0 = tl.where(e > 0, first_row, 0) + (tm - tl.where(e > 0, first_tile, 0)) * BM
+        rows = m0 + tl.arange(0, BM)
+        token = tl.load(src_ptr + tl.minimum(rows, N - 1)).to(tl.int64)  # rows past the expert's: computed, not stored
+        a = x_ptr + token[:, None] * sx + tl.arange(0, BK)[None, :]
         gate_row = e * 2 * I + tn * BH
         g = tl.zeros((BM, BH), tl.float32)
         u = tl.zeros((BM, BH), tl.float32)
         for k in range(0, K, BK):
-            xk = a_desc.load([m0, k])
+            xk = tl.load(a + k)
             g = tl.dot(xk, w_desc.load([gate_row, k]).T, g)
             u = tl.dot(xk, w_desc.load([gate_row + I, k]).T, u)
         g = g.to(tl.bfloat16).to(tl.float32)  # rounded as the GEMM's bf16 output is
@@ -179,22 +172,18 @@ def _expert_gate_up(xs_ptr, w_ptr, ends_ptr, tile_ends_ptr, out_ptr, N, K, I, NT
                  mask=keep)
 
 
-# the rows gathered first, then fed by TMA: on the H100 at V2-Lite's 8192 tokens (49,152 rows, 64 experts) the
-# gather and the kernel took 1.132 ms where gathering inside the kernel (plain loads of x[src]) took 1.422 ms
-# (benchmarks/results/probe-v2-lite-kernels-h100.json)
 @triton_op("tpsim::expert_gate_up", mutates_args={})
 def expert_gate_up(x: torch.Tensor, src: torch.Tensor, w13: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """As `fused.expert_gate_up` (`fits_expert_gate_up` says when it applies): the rows gathered, then one
-    persistent kernel, one program per SM."""
+    """As `fused.expert_gate_up` (`fits_expert_gate_up` says when it applies): one persistent kernel, one
+    program per SM."""
     N, (E, I2, K) = src.shape[0], w13.shape
     I, c = I2 // 2, EXPERT_TILE
-    xs = x.index_select(0, src)
     tiles = (torch.diff(ends, prepend=ends.new_zeros(1)) + c["BM"] - 1) // c["BM"]
     tile_ends = torch.cumsum(tiles, 0).to(torch.int32)
     out = x.new_empty((N, I))
     programs = torch.cuda.get_device_properties(x.device).multi_processor_count
     wrap_triton(_expert_gate_up)[(programs,)](
-        xs, w13, ends, tile_ends, out, N, K, I, triton.cdiv(I, c["BH"]), programs,
+        x, src, w13, ends, tile_ends, out, N, K, I, x.stride(0), triton.cdiv(I, c["BH"]), programs,
         E=E, BE=triton.next_power_of_2(E), BM=c["BM"], BH=c["BH"], BK=c["BK"], GROUP=c["GROUP"],
         num_warps=c["num_warps"], num_stages=c["num_stages"])
     return out
