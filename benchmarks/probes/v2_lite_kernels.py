@@ -9,8 +9,8 @@ vocab 102400), bf16, one GPU, uniform random routing. Medians of CUDA-event timi
 - the dense projections one by one, and q_proj with kv_a_proj_with_mqa as one GEMM;
 - the causal attention at 8192 tokens under each SDPA backend that takes it.
 
-One line per measurement, and JSON to the path given (default: none). First run on an H100 on 2026-12-07 at
-1a1c7d2 (benchmarks/results/probe-v2-lite-kernels-h100.json): the gathered, TMA-fed gate/up won (1.13 against
+One line per measurement, and JSON to the path given (default: none). First run on an H100 on 2026-12-07, on
+8074ee1's tree (benchmarks/results/probe-v2-lite-kernels-h100.json): the gathered, TMA-fed gate/up won (1.13 against
 1.42 ms); grouped_mm kept the down projection (0.49 ms; the TMA variants 0.73-0.80). The library kernel fed that
 way, with this tile mapping shared, is on branch i54-tma-gate-up, untested on a GPU (docs/benchmarks.md).
 
