@@ -144,8 +144,7 @@ def fix_ids(c: BlockCheck, raw: dict, t: Taps) -> str:
     ids = [p.layer if p.layer is not None else -1 for p in c.trained]
     layers, raw_fixed = None, fixed_config(raw, ids)
     fixed = taps(t.server, read_block_draft(raw_fixed, c.path), raw_fixed, c.L, c.model_type, c.hidden)
-    if fixed.failure and t.server.startswith("sglang") and ("target_num_layers=" in fixed.failure
-                                                            or "num_target_layers" in fixed.failure):
+    if t.server.startswith("sglang") and _bound_refusal(fixed.failure):
         layers, raw_fixed = c.L, fixed_config(raw, ids, c.L)  # SGLang's draft checks the ids against this count
         fixed = taps(t.server, read_block_draft(raw_fixed, c.path), raw_fixed, c.L, c.model_type, c.hidden)
     keys = {"target_layer_ids": ids, **({"num_target_layers": layers} if layers is not None else {})}
@@ -157,13 +156,18 @@ def fix_ids(c: BlockCheck, raw: dict, t: Taps) -> str:
             f"them and taps {_pos(fixed.positions)}")
 
 
+def _bound_refusal(failure: str) -> bool:
+    """SGLang refusing ids against a layer count (resolve_target_layer_ids' range check, build_target_layer_ids
+    under 4 layers): writing the target's count as num_target_layers may clear it."""
+    return "target_num_layers=" in failure or "num_target_layers" in failure
+
+
 def _still(t: Taps) -> str:
     return f" and fails: {t.failure}" if t.failure else ""
 
 
 def fix_failure(c: BlockCheck, raw: dict, t: Taps) -> str:
-    if c.trained is not None and (any(w in t.failure for w in WIDTH_WORDS) or "num_target_layers" in t.failure
-                                  or "target_num_layers=" in t.failure):
+    if c.trained is not None and (any(w in t.failure for w in WIDTH_WORDS) or _bound_refusal(t.failure)):
         fixed = fix_ids(c, raw, t)
         if not fixed.startswith("no fix") or not t.server.startswith("sglang"):
             return fixed

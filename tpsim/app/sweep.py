@@ -66,17 +66,16 @@ def run_sweep(req: SweepRequest) -> SweepResult | None:
     if prep is None:
         return None
     shared = time.perf_counter()
-    caps = [c.caps for c in each]  # the served capture's replay, read once per configuration by configured()
-    plans = [plan_served(prep, c.served, cap) for c, cap in zip(each, caps)]
+    plans = [plan_served(prep, c.served, c.caps) for c in each]
     got = _captured(plans, prep)
     if got is None:
         return None
     ran = time.perf_counter()
     measured = _measured(prep, plans, got, req.lines)
-    rows = [SweepRow(line, AcceptanceReport(c.served, cap, prep.k, prep.sequences, prep.trained, m,
+    rows = [SweepRow(line, AcceptanceReport(c.served, c.caps, prep.k, prep.sequences, prep.trained, m,
                                             ([c.replayed_as] if c.replayed_as else []) + prep.notes),
-                     config_reading(c.served, cap), c.server, unverified(c.server, s.target.real.model_type))
-            for line, c, cap, m in zip(req.lines, each, caps, measured)]
+                     config_reading(c.served, c.caps), c.server, unverified(c.server, s.target.real.model_type))
+            for line, c, m in zip(req.lines, each, measured)]
     done = time.perf_counter()
     return SweepResult(prep.trained, rows, s.prompts.origin,
                        {"shared_s": round(shared - started, 2), "captures_s": round(ran - shared, 2),

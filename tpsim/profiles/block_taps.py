@@ -82,11 +82,9 @@ def _target_ids(server: str, draft: BlockDraft, raw: dict, L: int, v: tuple[int,
     start-up failure."""
     if draft.fc_ids is not None:
         ids, how, sources = draft.fc_ids, f"read from {_fc_key(draft)}", (d.PARSE,)
-        bad = next((j for j in ids if j >= L), None)
-        if bad is not None:
-            return d.Taps(server, ids, (), how, sources, failure=(
-                "ValueError: DFLASH target_layer_ids contains an out-of-range layer id. "
-                f"target_layer_ids[{ids.index(bad)}]={bad}, target_num_layers={L}."))
+        refused = out_of_range(ids, L)
+        if refused:
+            return d.Taps(server, ids, (), how, sources, failure=refused)
     else:
         built = d.build_target_layer_ids(L, draft.num_hidden_layers)
         if isinstance(built, str):
@@ -117,11 +115,9 @@ def _draft_fc(v: tuple[int, ...], draft: BlockDraft, hidden: int | None, capture
     bound = draft.num_target_layers or (max(draft.fc_ids) + 1 if draft.fc_ids and v[:3] >= (0, 5, 18)
                                         else draft.num_hidden_layers)
     if draft.fc_ids is not None:
-        bad = next((j for j in draft.fc_ids if j >= bound), None)
-        if bad is not None:
-            return ("ValueError: DFLASH target_layer_ids contains an out-of-range layer id. "
-                    f"target_layer_ids[{draft.fc_ids.index(bad)}]={bad}, target_num_layers={bound}.",
-                    (d.DRAFT_FC, bound_src))
+        refused = out_of_range(draft.fc_ids, bound)
+        if refused:
+            return refused, (d.DRAFT_FC, bound_src)
         width = len(draft.fc_ids)
     else:
         built = d.build_target_layer_ids(bound, draft.num_hidden_layers)
@@ -138,6 +134,13 @@ def _draft_fc(v: tuple[int, ...], draft: BlockDraft, hidden: int | None, capture
         return (d.WIDTH_ERROR.format(expected=_times(width, hidden), count=width, hidden=h,
                                      got=_times(captured, hidden)), (d.DRAFT_FC, d.WIDTH_CHECK))
     return None
+
+
+def out_of_range(ids: tuple[int, ...], bound: int) -> str:
+    """resolve_target_layer_ids' refusal of the first id at or past `bound`, in its words; "" when none is."""
+    bad = next((j for j in ids if j >= bound), None)
+    return "" if bad is None else ("ValueError: DFLASH target_layer_ids contains an out-of-range layer id. "
+                                   f"target_layer_ids[{ids.index(bad)}]={bad}, target_num_layers={bound}.")
 
 
 def _times(n: int, hidden: int | None) -> str:
