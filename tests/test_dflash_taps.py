@@ -198,6 +198,8 @@ def test_bad_input_is_one_line_exit_2():
     for argv, words in ((("draft", cfg), "give --model M"),
                         (("draft", cfg, "--model", "qwen3-8b", "--server", "sglang@0.5.9"), "from 0.5.11"),
                         (("draft", cfg, "--model", "qwen3-8b", "--server", "vllm@0.31.0"), "at 0.32.0 only"),
+                        (("draft", str(SCEN / "dspark-qwen3-draft.json"), "--model", "qwen3-8b", "--server",
+                          "sglang@0.5.15"), "SGLang serves DSpark from 0.5.16"),
                         (("align", "--draft-config", cfg, "--num-layers", "64", "--train", "specforge-ids:1,2"),
                          "--train gives 2 layers but the draft's fc takes 5")):
         assert_one_line_error(run_cli(*argv), [words])

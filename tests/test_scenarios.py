@@ -69,3 +69,10 @@ def test_one_scenario_by_name_prints_its_class_sources_and_verdict():
 def test_unknown_scenario_is_a_usage_error():
     r = run_cli("scenario", "no-such-case")
     assert r.returncode == 2 and "unknown scenario 'no-such-case'" in r.stderr, r
+
+
+def test_the_readme_counts_every_scenario():
+    """The README says how many `--all` runs: the number of scenario files, kept true as they are added."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"`--all [--json]` runs all {len(available())} (" in readme
